@@ -1,0 +1,174 @@
+"""Kernel ops: the functional API every mixer calls (DESIGN.md, contract 1).
+
+Each op takes the same arguments as its twin in :mod:`kernels.reference` plus a keyword
+``backend``:
+
+- ``None``: pick the implementation for the tensors' device. Triton kernels for CUDA tensors are
+  registered here as they land; until then (and always for CPU tensors) this is the reference.
+- ``"reference"``: force the pure-PyTorch reference (:mod:`kernels.reference`).
+- ``"triton"``: force the Triton kernel; raises ``NotImplementedError`` while the op has none.
+- anything else: ``ValueError`` listing the valid backends.
+
+A Triton kernel is plugged in by adding it to ``_TRITON_OPS`` under the op's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from kernels import reference
+
+__all__ = [
+    "flash_attention",
+    "flash_decode",
+    "selective_scan",
+    "selective_state_update",
+    "linear_attention",
+    "linear_attention_step",
+]
+
+BACKENDS = (None, "reference", "triton")
+
+# Op name -> Triton implementation with the reference's signature. Empty until the kernels land.
+_TRITON_OPS: dict[str, Callable] = {}
+
+
+def _dispatch(op_name: str, backend: str | None, tensor: torch.Tensor) -> Callable:
+    """Return the implementation of ``op_name`` for ``backend`` and the device of ``tensor``.
+
+    Raises:
+        ValueError: ``backend`` is not one of None, "reference", "triton".
+        NotImplementedError: ``backend="triton"`` for an op whose Triton kernel has not landed.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"{op_name}: unknown backend {backend!r}; valid backends are None, 'reference', 'triton'"
+        )
+    if backend == "reference":
+        return getattr(reference, op_name)
+    if backend == "triton":
+        if op_name not in _TRITON_OPS:
+            raise NotImplementedError(
+                f"{op_name}: the Triton kernel has not landed yet; use backend='reference' (or backend=None)"
+            )
+        return _TRITON_OPS[op_name]
+    if isinstance(tensor, torch.Tensor) and tensor.is_cuda and op_name in _TRITON_OPS:
+        return _TRITON_OPS[op_name]
+    return getattr(reference, op_name)
+
+
+def flash_attention(q, k, v, *, causal=True, window=None, scale=None, return_lse=False, backend=None):
+    """Exact masked softmax attention; see :func:`kernels.reference.flash_attention` for shapes,
+    dtypes, masking semantics, errors and sources.
+
+    q (B, Tq, Hq, D), k / v (B, Tk, Hkv, D) -> o (B, Tq, Hq, D) in q's dtype [, lse (B, Hq, Tq)].
+    ``backend``: None (Triton for CUDA tensors once landed, else the reference), "reference",
+    "triton" (NotImplementedError until the kernel lands); anything else is a ValueError.
+    """
+    impl = _dispatch("flash_attention", backend, q)
+    return impl(q, k, v, causal=causal, window=window, scale=scale, return_lse=return_lse)
+
+
+def flash_decode(
+    q, k_cache, v_cache, block_table, seqlens, *, window=None, scale=None, num_splits=None, backend=None
+):
+    """Paged-KV-cache decode attention; see :func:`kernels.reference.flash_decode` for shapes,
+    dtypes, paging semantics, errors and sources.
+
+    q (B, Hq, D), caches (num_blocks, block_size, Hkv, D), block_table (B, max_blocks) int32,
+    seqlens (B,) int32 -> (B, Hq, D) in q's dtype.
+    ``backend``: None (Triton for CUDA tensors once landed, else the reference), "reference",
+    "triton" (NotImplementedError until the kernel lands); anything else is a ValueError.
+    """
+    impl = _dispatch("flash_decode", backend, q)
+    return impl(q, k_cache, v_cache, block_table, seqlens, window=window, scale=scale, num_splits=num_splits)
+
+
+def selective_scan(
+    u,
+    delta,
+    A,
+    B,
+    C,
+    D=None,
+    z=None,
+    delta_bias=None,
+    delta_softplus=False,
+    return_last_state=False,
+    initial_state=None,
+    *,
+    backend=None,
+):
+    """Mamba selective scan (mamba_ssm selective_scan_fn semantics); see
+    :func:`kernels.reference.selective_scan` for shapes, dtypes, errors and sources.
+
+    u, delta, z (batch, dim, L); A (dim, N); B, C (batch, N, L) or (batch, G, N, L)
+    -> y (batch, dim, L) in u's dtype [, last_state (batch, dim, N) fp32 / fp64].
+    ``backend``: None (Triton for CUDA tensors once landed, else the reference), "reference",
+    "triton" (NotImplementedError until the kernel lands); anything else is a ValueError.
+    """
+    impl = _dispatch("selective_scan", backend, u)
+    return impl(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial_state)
+
+
+def selective_state_update(
+    state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *, backend=None
+):
+    """One selective-scan decode step, updating ``state`` in place; see
+    :func:`kernels.reference.selective_state_update` for shapes, dtypes, errors and sources.
+
+    state (batch, dim, N) fp32, x / dt / z (batch, dim), B / C (batch, N) or (batch, G, N)
+    -> y (batch, dim) in x's dtype.
+    ``backend``: None (Triton for CUDA tensors once landed, else the reference), "reference",
+    "triton" (NotImplementedError until the kernel lands); anything else is a ValueError.
+    """
+    impl = _dispatch("selective_state_update", backend, x)
+    return impl(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+
+
+def linear_attention(
+    q,
+    k,
+    v,
+    *,
+    scale=None,
+    normalize=True,
+    eps=1e-10,
+    initial_state=None,
+    output_final_state=False,
+    backend=None,
+):
+    """Causal linear attention; see :func:`kernels.reference.linear_attention` for shapes, dtypes,
+    state forms, errors and sources.
+
+    q, k (B, T, H, K), v (B, T, H, V) -> o (B, T, H, V) in q's dtype [, final_state: kv (B, H, K, V)
+    or (kv, z (B, H, K)) when normalize, fp32 / fp64].
+    ``backend``: None (Triton for CUDA tensors once landed, else the reference), "reference",
+    "triton" (NotImplementedError until the kernel lands); anything else is a ValueError.
+    """
+    impl = _dispatch("linear_attention", backend, q)
+    return impl(
+        q,
+        k,
+        v,
+        scale=scale,
+        normalize=normalize,
+        eps=eps,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+    )
+
+
+def linear_attention_step(q, k, v, state, *, scale=None, z_state=None, eps=1e-10, backend=None):
+    """One linear-attention decode step, updating ``state`` (and ``z_state``) in place; see
+    :func:`kernels.reference.linear_attention_step` for shapes, dtypes, errors and sources.
+
+    q, k (B, H, K), v (B, H, V), state (B, H, K, V) fp32, z_state (B, H, K) or None
+    -> (B, H, V) in q's dtype.
+    ``backend``: None (Triton for CUDA tensors once landed, else the reference), "reference",
+    "triton" (NotImplementedError until the kernel lands); anything else is a ValueError.
+    """
+    impl = _dispatch("linear_attention_step", backend, q)
+    return impl(q, k, v, state, scale=scale, z_state=z_state, eps=eps)

@@ -1,0 +1,88 @@
+"""Sequence mixers and their registry (DESIGN.md, contract 2).
+
+Every mixer maps (B, T, d_model) -> (B, T, d_model) and is used the same way::
+
+    mixer = build_mixer("mamba", d_model=64, d_state=16)
+    y = mixer(x)                                   # full sequence (training, prefill)
+    cache = mixer.allocate_cache(batch_size, max_seqlen)
+    y = mixer(x_new, cache=cache)                  # T new tokens: prefill, chunked prefill or decode
+    cache.nbytes() == batch_size * mixer.state_size(max_seqlen)
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from torch import nn
+
+from mixers.attention import Attention, KVCache
+from mixers.common import MixerCache
+from mixers.linear_attention import LinearAttention, LinearAttentionCache
+from mixers.mamba import Mamba, MambaCache
+from mixers.sliding_window import RingKVCache, SlidingWindowAttention
+
+__all__ = [
+    "MIXERS",
+    "build_mixer",
+    "Attention",
+    "SlidingWindowAttention",
+    "LinearAttention",
+    "Mamba",
+    "MixerCache",
+    "KVCache",
+    "RingKVCache",
+    "LinearAttentionCache",
+    "MambaCache",
+]
+
+MIXERS: dict[str, type[nn.Module]] = {
+    "attention": Attention,
+    "sliding_window": SlidingWindowAttention,
+    "linear_attention": LinearAttention,
+    "mamba": Mamba,
+}
+
+
+def _settings_of(cls: type[nn.Module]) -> dict[str, inspect.Parameter]:
+    """Named constructor settings of a mixer class (d_model excluded), following **kwargs into the base
+    classes (SlidingWindowAttention forwards them to Attention)."""
+    settings: dict[str, inspect.Parameter] = {}
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(klass.__init__).parameters
+        for name, param in params.items():
+            if name not in ("self", "d_model") and param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+                settings.setdefault(name, param)
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            break
+    return settings
+
+
+def build_mixer(name: str, d_model: int, **settings) -> nn.Module:
+    """Build a registered mixer: `MIXERS[name](d_model, **settings)`.
+
+    Args:
+        name: one of MIXERS ("attention", "sliding_window", "linear_attention", "mamba").
+        d_model: model width.
+        **settings: the mixer's constructor arguments (e.g. num_heads, window, d_state).
+
+    Returns:
+        The mixer, an nn.Module mapping (B, T, d_model) -> (B, T, d_model).
+
+    Raises:
+        ValueError: unknown name (lists the known ones), a setting the mixer does not take, or a
+            required setting missing (both name the setting and the mixer); and whatever the mixer's
+            constructor raises for bad values.
+    """
+    if name not in MIXERS:
+        raise ValueError(f"unknown mixer {name!r}; known mixers: {sorted(MIXERS)}")
+    cls = MIXERS[name]
+    known = _settings_of(cls)
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise ValueError(f"mixer {name!r} has no setting(s) {unknown}; its settings are {sorted(known)}")
+    missing = [s for s, p in known.items() if p.default is p.empty and s not in settings]
+    if missing:
+        raise ValueError(f"mixer {name!r} needs the setting(s) {missing}")
+    return cls(d_model, **settings)

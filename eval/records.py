@@ -1,0 +1,112 @@
+"""Result records: the JSON rows every table and plot of mixerlab is rebuilt from.
+
+A record is one measurement (DESIGN.md, contract 5)::
+
+    {run, mixer, layout, params, task, metric, value, state_bytes, seqlen, tokens_per_s,
+     device, git_sha, time, ...extra keys such as slice, path, split}
+
+Records are written next to the run (``<run_dir>/results/<name>.json``, a JSON list) atomically,
+so ``eval/report.py`` can rebuild everything offline, and are also logged to W&B when enabled.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.checkpoint import atomic_write_bytes
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def git_sha() -> str | None:
+    """The commit of the mixerlab checkout that produced a result, or ``None`` outside git."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def device_name(device: torch.device | str) -> str:
+    """Human-readable device for records: the GPU's name on CUDA, ``cpu`` otherwise."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
+
+
+def make_record(
+    *,
+    run: str,
+    model,
+    task: str,
+    metric: str,
+    value: float,
+    seqlen: int | None = None,
+    tokens_per_s: float | None = None,
+    device: torch.device | str = "cpu",
+    sha: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Build one result record for ``model`` (a :class:`models.LanguageModel`).
+
+    ``state_bytes`` is the analytic decode-state bytes per sequence at ``seqlen``
+    (``model.state_size(seqlen)``), ``None`` without a seqlen; ``tokens_per_s`` is in tokens/s.
+    """
+    config = model.config
+    return {
+        "run": run,
+        "mixer": config.name,
+        "layout": config.layout,
+        "params": model.num_params(),
+        "task": task,
+        "metric": metric,
+        "value": float(value),
+        "state_bytes": model.state_size(seqlen) if seqlen else None,
+        "seqlen": seqlen,
+        "tokens_per_s": tokens_per_s,
+        "device": device_name(device),
+        "git_sha": sha,
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **extra,
+    }
+
+
+def write_records(path: str | os.PathLike, records: list[dict[str, Any]]) -> Path:
+    """Write ``records`` as a JSON list to ``path`` atomically (temp file + rename); returns the path."""
+    path = Path(path)
+    payload = json.dumps(records, indent=2).encode()
+    atomic_write_bytes(path, lambda f: f.write(payload))
+    return path
+
+
+def log_records_to_wandb(records: list[dict[str, Any]], *, enabled: bool, project: str, name: str, mode: str,
+                         save_dir: str | os.PathLike, table: str) -> None:
+    """Log records as a W&B table in a new run (offline unless ``mode="online"``); no-op when disabled.
+
+    A missing wandb install is reported on stderr and otherwise ignored: the JSON records remain
+    the source of truth.
+    """
+    if not enabled or not records:
+        return
+    try:
+        import wandb
+    except ImportError:
+        print("wandb is not installed: records were written as JSON only")
+        return
+    run = wandb.init(project=project, name=name, mode=mode, dir=str(save_dir), job_type="eval", reinit="finish_previous")
+    try:
+        columns = sorted({k for r in records for k in r})
+        rows = [[json.dumps(r.get(c)) if isinstance(r.get(c), list | dict) else r.get(c) for c in columns] for r in records]
+        run.log({table: wandb.Table(columns=columns, data=rows)})
+    finally:
+        wandb.finish()

@@ -1,0 +1,798 @@
+"""Pure-PyTorch references for every kernel op.
+
+These are the ground truth the Triton kernels are tested against and the path models take on CPU,
+so they are exact (no approximations beyond floating-point rounding) and written to be read.
+
+Precision policy, shared by every op: the reference computes in the dtype it is given, except that
+16-bit inputs (float16, bfloat16) are upcast to float32 internally; outputs are cast back to the
+input's dtype, while log-sum-exps and recurrent states stay in the compute dtype (float32, or
+float64 for float64 inputs).
+
+Shapes follow the field's conventions so results compare directly with public kernels: attention
+and linear attention use ``(batch, seqlen, num_heads, head_dim)`` like flash-attn and fla; the
+selective scan uses mamba_ssm's ``(batch, dim, seqlen)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch.autograd.function import once_differentiable
+
+__all__ = [
+    "flash_attention",
+    "flash_decode",
+    "selective_scan",
+    "selective_state_update",
+    "linear_attention",
+    "linear_attention_step",
+]
+
+# Sequence chunk of the chunked linear-attention form (fla's chunk_linear_attn): a chunk is handled
+# in its quadratic form, the state carries between chunks. It only bounds memory; results are exact.
+_LINEAR_ATTENTION_CHUNK_SIZE = 64
+
+# The selective scan's backward recomputes states inside chunks of this many steps from states
+# checkpointed at chunk starts, so it keeps O(L / chunk + chunk) states instead of O(L).
+_SCAN_CHECKPOINT_STEPS = 16
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared validation helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; everything else (16-bit, float32) computes in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_tensor(name: str, x, ndim: int | tuple[int, ...], *, floating: bool = True) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    ndims = (ndim,) if isinstance(ndim, int) else ndim
+    if x.ndim not in ndims:
+        expected = " or ".join(str(n) for n in ndims)
+        raise ValueError(f"{name} must have {expected} dimensions, got shape {tuple(x.shape)}")
+    if floating and not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+
+
+def _check_same_dtype(**tensors: torch.Tensor) -> None:
+    dtypes = {name: t.dtype for name, t in tensors.items()}
+    if len(set(dtypes.values())) > 1:
+        listing = ", ".join(f"{name}={dtype}" for name, dtype in dtypes.items())
+        raise TypeError(f"dtypes must match, got {listing}; cast them to one dtype")
+
+
+def _check_window(window, causal: bool = True) -> None:
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int):
+        raise TypeError(f"window must be a positive int or None, got {window!r}")
+    if window <= 0:
+        raise ValueError(f"window must be > 0 (it counts the current token), got {window}")
+    if not causal:
+        raise ValueError("window requires causal=True: a sliding window is only defined for causal attention")
+
+
+def _check_scale(scale) -> None:
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scale must be a number or None, got {scale!r}")
+
+
+def _check_heads(num_heads: int, num_kv_heads: int) -> None:
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}) for "
+            "grouped-query attention"
+        )
+
+
+def _masked_softmax(scores: torch.Tensor, visible: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over the last dim restricted to ``visible`` keys, plus its natural-log sum-exp.
+
+    Rows with no visible key get all-zero probabilities and lse = -inf. The row max is taken
+    over visible scores only and replaced by 0 for empty rows, so no exp(-inf - -inf) = NaN appears;
+    it is detached because the softmax and lse do not depend on the shift (exact gradients). The
+    denominator is guarded the same way, so empty rows give zero (finite) gradients.
+    """
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True).detach()
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    weights = torch.exp(scores - row_max)
+    denom = weights.sum(dim=-1, keepdim=True)
+    has_key = denom > 0
+    safe_denom = torch.where(has_key, denom, torch.ones_like(denom))
+    probs = weights / safe_denom
+    lse = torch.where(has_key, torch.log(safe_denom) + row_max, torch.full_like(denom, float("-inf")))
+    return probs, lse.squeeze(-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Exact attention
+# ----------------------------------------------------------------------------------------------
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    window: int | None = None,
+    scale: float | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Exact masked softmax attention, ``o = softmax(scale * q k^T + mask) v``.
+
+    Follows FlashAttention (Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact
+    Attention with IO-Awareness", eq. 1 / Algorithm 1), computed directly (scores materialised).
+
+    Args:
+        q: (B, Tq, Hq, D) queries, float16 / bfloat16 / float32 / float64.
+        k: (B, Tk, Hkv, D) keys, same dtype as q.
+        v: (B, Tk, Hkv, D) values, same shape and dtype as k.
+        causal: mask bottom-right aligned: query i sees key j iff ``j <= i + Tk - Tq``.
+        window: sliding window w > 0 (only with causal=True), counting the current token:
+            query i additionally needs ``j > i + Tk - Tq - w``.
+        scale: score scale; defaults to ``D ** -0.5``.
+        return_lse: also return the log-sum-exp of the scaled, masked scores.
+
+    Grouped-query attention: query head h reads KV head ``h // (Hq // Hkv)``.
+    Rows that see no key return 0, lse -inf and finite (zero) gradients.
+
+    Returns:
+        o (B, Tq, Hq, D) in q's dtype; with return_lse also lse (B, Hq, Tq), natural log, float32
+        for 16-bit inputs and the input dtype otherwise.
+
+    Raises:
+        TypeError: non-tensor or non-floating inputs, mismatched dtypes, non-int window, bad scale.
+        ValueError: wrong ndim, mismatched batch / head_dim / k-v shapes, Hq not a multiple of Hkv,
+            Tk == 0, window <= 0, window with causal=False.
+    """
+    _check_tensor("q", q, 4)
+    _check_tensor("k", k, 4)
+    _check_tensor("v", v, 4)
+    _check_same_dtype(q=q, k=k, v=v)
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape (B, Tk, Hkv, D), got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    _, seqlen_k, num_kv_heads, _ = k.shape
+    if k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(
+            f"q (B, Tq, Hq, D) = {tuple(q.shape)} and k (B, Tk, Hkv, D) = {tuple(k.shape)} must agree on B and D"
+        )
+    if seqlen_k == 0:
+        raise ValueError("k and v must hold at least one key (Tk >= 1)")
+    _check_heads(num_heads, num_kv_heads)
+    _check_window(window, causal)
+    _check_scale(scale)
+    if scale is None:
+        scale = head_dim**-0.5
+
+    dtype = _compute_dtype(q.dtype)
+    group = num_heads // num_kv_heads
+    # Query heads sharing a KV head sit next to each other: h = kv_head * group + g.
+    qg = rearrange(q.to(dtype), "b t (h g) d -> b h g t d", g=group)  # (B, Hkv, G, Tq, D)
+    kh = rearrange(k.to(dtype), "b s h d -> b h s d")  # (B, Hkv, Tk, D)
+    vh = rearrange(v.to(dtype), "b s h d -> b h s d")  # (B, Hkv, Tk, D)
+
+    scores = torch.einsum("bhgtd,bhsd->bhgts", qg, kh) * scale  # (B, Hkv, G, Tq, Tk)
+    visible = None
+    if causal:
+        i = torch.arange(seqlen_q, device=q.device)[:, None]
+        j = torch.arange(seqlen_k, device=q.device)[None, :]
+        last_visible = i + (seqlen_k - seqlen_q)  # bottom-right aligned diagonal
+        visible = j <= last_visible  # (Tq, Tk)
+        if window is not None:
+            visible = visible & (j > last_visible - window)
+    probs, lse = _masked_softmax(scores, visible)  # (B, Hkv, G, Tq, Tk), (B, Hkv, G, Tq)
+    out = torch.einsum("bhgts,bhsd->bhgtd", probs, vh)  # (B, Hkv, G, Tq, D)
+
+    out = rearrange(out, "b h g t d -> b t (h g) d").to(q.dtype)
+    if not return_lse:
+        return out
+    return out, rearrange(lse, "b h g t -> b (h g) t")
+
+
+def flash_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seqlens: torch.Tensor,
+    *,
+    window: int | None = None,
+    scale: float | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """One decode step of attention over a paged KV cache.
+
+    Follows Flash-Decoding (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context
+    inference", PyTorch blog) with vLLM-style paging (Kwon et al. 2023, PagedAttention); the
+    reference gathers each sequence's pages and does one masked softmax, so ``num_splits`` (the
+    split-K factor of the kernel) is accepted and ignored.
+
+    Sequence b's token t lives at ``k_cache[block_table[b, t // block_size], t % block_size]``.
+    The cache already holds the new token: the query of sequence b attends to its first
+    ``seqlens[b]`` tokens, only the last ``window`` of them when a window is set. Table entries
+    beyond ``ceil(seqlens[b] / block_size)`` are never read (they may hold any value, e.g. -1).
+    Under GQA query head h reads KV head ``h // (Hq // Hkv)``.
+
+    Args:
+        q: (B, Hq, D) queries, float16 / bfloat16 / float32 / float64.
+        k_cache: (num_blocks, block_size, Hkv, D) key pages, same dtype as q.
+        v_cache: (num_blocks, block_size, Hkv, D) value pages, same shape and dtype as k_cache.
+        block_table: (B, max_blocks) integer (int32) page indices.
+        seqlens: (B,) integer (int32) number of cached tokens per sequence,
+            0 <= seqlens[b] <= max_blocks * block_size.
+        window: sliding window w > 0 counting the current token, or None.
+        scale: score scale; defaults to ``D ** -0.5``.
+        num_splits: ignored by the reference (None or a positive int).
+
+    Returns:
+        (B, Hq, D) in q's dtype; sequences with seqlens == 0 return 0.
+
+    Raises:
+        TypeError: non-tensor inputs, non-floating q / caches or mismatched dtypes, non-integer
+            block_table / seqlens, non-int window or num_splits.
+        ValueError: wrong ndim or mismatched shapes, Hq not a multiple of Hkv, seqlens out of
+            [0, max_blocks * block_size], a used page index outside [0, num_blocks), window <= 0.
+    """
+    _check_tensor("q", q, 3)
+    _check_tensor("k_cache", k_cache, 4)
+    _check_tensor("v_cache", v_cache, 4)
+    _check_tensor("block_table", block_table, 2, floating=False)
+    _check_tensor("seqlens", seqlens, 1, floating=False)
+    _check_same_dtype(q=q, k_cache=k_cache, v_cache=v_cache)
+    for name, t in (("block_table", block_table), ("seqlens", seqlens)):
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer tensor (int32), got dtype {t.dtype}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    batch, num_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, cache_head_dim = k_cache.shape
+    max_blocks = block_table.shape[1]
+    if cache_head_dim != head_dim:
+        raise ValueError(f"q head_dim ({head_dim}) must equal the cache head_dim ({cache_head_dim})")
+    if block_table.shape[0] != batch or seqlens.shape[0] != batch:
+        raise ValueError(
+            f"block_table (B, max_blocks) = {tuple(block_table.shape)} and seqlens (B,) = "
+            f"{tuple(seqlens.shape)} must have B = {batch} rows like q"
+        )
+    _check_heads(num_heads, num_kv_heads)
+    _check_window(window)
+    _check_scale(scale)
+    if num_splits is not None and (
+        isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1
+    ):
+        raise TypeError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    capacity = max_blocks * block_size
+    if batch > 0 and (int(seqlens.min()) < 0 or int(seqlens.max()) > capacity):
+        raise ValueError(
+            f"seqlens must lie in [0, max_blocks * block_size] = [0, {capacity}], got {seqlens.tolist()}"
+        )
+    seqlens = seqlens.long()
+    # Pages a sequence actually uses must exist; unused table entries are ignored (clamped below).
+    used = (
+        torch.arange(max_blocks, device=q.device)[None, :] * block_size < seqlens[:, None]
+    )  # (B, max_blocks)
+    used_pages = block_table[used]
+    if used_pages.numel() > 0 and (int(used_pages.min()) < 0 or int(used_pages.max()) >= num_blocks):
+        raise ValueError(
+            f"block_table entries used by seqlens must lie in [0, num_blocks) = [0, {num_blocks})"
+        )
+    if scale is None:
+        scale = head_dim**-0.5
+
+    dtype = _compute_dtype(q.dtype)
+    group = num_heads // num_kv_heads
+    pos = torch.arange(capacity, device=q.device)  # (T,) token positions, T = max_blocks * block_size
+    pages = block_table.long().clamp(0, num_blocks - 1)[:, pos // block_size]  # (B, T)
+    slots = (pos % block_size).expand_as(pages)  # (B, T)
+    keys = k_cache[pages, slots].to(dtype)  # (B, T, Hkv, D)
+    values = v_cache[pages, slots].to(dtype)  # (B, T, Hkv, D)
+
+    qg = rearrange(q.to(dtype), "b (h g) d -> b h g d", g=group)  # (B, Hkv, G, D)
+    scores = torch.einsum("bhgd,bthd->bhgt", qg, keys) * scale  # (B, Hkv, G, T)
+    visible = pos[None, :] < seqlens[:, None]  # (B, T)
+    if window is not None:
+        visible = visible & (pos[None, :] >= seqlens[:, None] - window)
+    probs, _ = _masked_softmax(scores, visible[:, None, None, :])
+    out = torch.einsum("bhgt,bthd->bhgd", probs, values)  # (B, Hkv, G, D)
+    return rearrange(out, "b h g d -> b (h g) d").to(q.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Selective scan (Mamba)
+# ----------------------------------------------------------------------------------------------
+
+
+def _scan_chunk_states(h, u, dt, A, B):
+    """States and decays of consecutive scan steps, starting from the state ``h`` before them.
+
+    Shapes (c steps): h (batch, G, P, N); u, dt (c, batch, G, P); A (G, P, N); B (c, batch, G, N).
+    Returns states h_t and decays exp(dt_t A), both (c, batch, G, P, N). Everything but the
+    one-line recurrence is vectorised over the chunk, so the Python loop does one op per step.
+    """
+    decays = torch.exp(dt.unsqueeze(-1) * A)  # (c, batch, G, P, N)
+    states = (dt * u).unsqueeze(-1) * B.unsqueeze(3)  # (c, batch, G, P, N): the input term dt_t u_t B_t
+    states[0].addcmul_(decays[0], h)
+    for i in range(1, states.shape[0]):
+        states[i].addcmul_(decays[i], states[i - 1])  # h_t = exp(dt_t A) h_{t-1} + dt_t u_t B_t
+    return states, decays
+
+
+class _SelectiveScanRecurrence(torch.autograd.Function):
+    """The linear recurrence of the selective scan, with a hand-written reverse-time backward.
+
+    Inputs are time-major and grouped so every step is a broadcast op on (batch, G, P, N) states,
+    where channel ``g * P + p`` uses group g of B and C:
+
+        u, dt: (L, batch, G, P)   A: (G, P, N)   B, C: (L, batch, G, N)   h0: (batch, G, P, N)
+
+        h_t = exp(dt_t A) * h_{t-1} + (dt_t u_t) B_t,    y_t = sum_n C_t h_t
+
+    Returns y (L, batch, G, P) and h_L (batch, G, P, N). A plain loop over time is used because on
+    CPU it is several times faster than vectorised log-space / cumsum scans at these sizes. The
+    forward keeps only the state before every chunk of ``_SCAN_CHECKPOINT_STEPS`` steps; the
+    backward recomputes a chunk's states from it and walks the chunk backwards in time:
+
+        dL/dh_t = C_t dL/dy_t + exp(dt_{t+1} A) dL/dh_{t+1}
+    """
+
+    @staticmethod
+    def forward(ctx, u, dt, A, B, C, h0):
+        h = h0
+        checkpoints = []
+        outputs = []
+        for start in range(0, u.shape[0], _SCAN_CHECKPOINT_STEPS):
+            steps = slice(start, start + _SCAN_CHECKPOINT_STEPS)
+            checkpoints.append(h)
+            states, _ = _scan_chunk_states(h, u[steps], dt[steps], A, B[steps])
+            outputs.append((states * C[steps].unsqueeze(3)).sum(-1))  # (c, batch, G, P)
+            h = states[-1].clone()  # a copy, so the chunk's states are freed
+        ctx.save_for_backward(u, dt, A, B, C, *checkpoints)
+        y = torch.cat(outputs) if outputs else u.new_empty(u.shape)
+        return y, (h if outputs else h0.clone())
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y, grad_last):
+        u, dt, A, B, C, *checkpoints = ctx.saved_tensors
+        grad_u, grad_dt = torch.empty_like(u), torch.empty_like(dt)
+        grad_B, grad_C = torch.empty_like(B), torch.empty_like(C)
+        grad_A = torch.zeros_like(A)
+        grad_h = grad_last.clone()  # dL/dh after the current chunk (autograd passes zeros if unused)
+        for chunk in reversed(range(len(checkpoints))):
+            steps = slice(chunk * _SCAN_CHECKPOINT_STEPS, (chunk + 1) * _SCAN_CHECKPOINT_STEPS)
+            h_before = checkpoints[chunk]
+            u_c, dt_c, B_c, C_c, grad_y_c = u[steps], dt[steps], B[steps], C[steps], grad_y[steps]
+            states, decays = _scan_chunk_states(h_before, u_c, dt_c, A, B_c)
+            # dL/dh_t for every step of the chunk: the y_t term, then the reverse recurrence.
+            grad_states = grad_y_c.unsqueeze(-1) * C_c.unsqueeze(3)  # (c, batch, G, P, N)
+            grad_states[-1].add_(grad_h)
+            for i in reversed(range(grad_states.shape[0] - 1)):
+                grad_states[i].addcmul_(decays[i + 1], grad_states[i + 1])
+            grad_h = decays[0] * grad_states[0]  # dL/dh before the chunk
+
+            x = dt_c * u_c  # (c, batch, G, P): the scalar input of each step
+            grad_C[steps] = (grad_y_c.unsqueeze(-1) * states).sum(3)
+            grad_B[steps] = (grad_states * x.unsqueeze(-1)).sum(3)
+            grad_x = (grad_states * B_c.unsqueeze(3)).sum(-1)  # (c, batch, G, P)
+            # dL/d(dt_t A) = dL/dh_t * h_{t-1} * exp(dt_t A)
+            grad_log_decay = grad_states * decays
+            grad_log_decay[1:] *= states[:-1]
+            grad_log_decay[0] *= h_before
+            grad_dt[steps] = (grad_log_decay * A).sum(-1) + grad_x * u_c
+            grad_u[steps] = grad_x * dt_c
+            grad_A += (grad_log_decay * dt_c.unsqueeze(-1)).sum((0, 1))
+        return grad_u, grad_dt, grad_A, grad_B, grad_C, grad_h
+
+
+def _check_scan_params(
+    dim: int, d_state: int, A, B, C, D, delta_bias, *, bc_ndims: tuple[int, ...], batch: int
+):
+    """Validate the shared selective-scan parameters; returns the number of B/C groups."""
+    _check_tensor("A", A, 2)
+    if A.shape[0] != dim:
+        raise ValueError(f"A must be (dim, d_state) with dim = {dim}, got {tuple(A.shape)}")
+    _check_tensor("B", B, bc_ndims)
+    _check_tensor("C", C, bc_ndims)
+    if B.shape != C.shape:
+        raise ValueError(f"B and C must have the same shape, got {tuple(B.shape)} and {tuple(C.shape)}")
+    grouped = B.ndim == bc_ndims[1]
+    groups = B.shape[1] if grouped else 1
+    n_axis = 2 if grouped else 1
+    if B.shape[0] != batch or B.shape[n_axis] != d_state:
+        raise ValueError(
+            f"B and C must have batch {batch} and d_state {d_state} (A is (dim, d_state)), got {tuple(B.shape)}"
+        )
+    if groups < 1 or dim % groups != 0:
+        raise ValueError(f"the number of B/C groups ({groups}) must divide dim ({dim})")
+    for name, t in (("D", D), ("delta_bias", delta_bias)):
+        if t is not None:
+            _check_tensor(name, t, 1)
+            if t.shape[0] != dim:
+                raise ValueError(f"{name} must have shape (dim,) = ({dim},), got {tuple(t.shape)}")
+    return groups
+
+
+def selective_scan(
+    u: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = False,
+    return_last_state: bool = False,
+    initial_state: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Selective state-space scan with mamba_ssm's ``selective_scan_fn`` semantics.
+
+    Follows Mamba (Gu & Dao 2023, "Mamba: Linear-Time Sequence Modeling with Selective State
+    Spaces", Algorithm 2 and eq. 2a-2b, zero-order-hold discretisation of A and Euler for B):
+
+        dt = delta (+ delta_bias) (softplus if delta_softplus)
+        h_t = exp(dt_t A) * h_{t-1} + dt_t B_t u_t,   h_0 = initial_state (zeros if None)
+        y_t = C_t . h_t + D u_t,   then y *= silu(z)
+
+    Args:
+        u: (batch, dim, L) input.
+        delta: (batch, dim, L) step sizes dt before bias / softplus.
+        A: (dim, d_state) state matrix (diagonal per channel; negative for a decaying state).
+        B: (batch, d_state, L), or grouped (batch, G, d_state, L) with G dividing dim: group g
+            serves channels g * dim / G ... (g + 1) * dim / G - 1.
+        C: same shape as B.
+        D: (dim,) skip connection, or None.
+        z: (batch, dim, L) gate, or None.
+        delta_bias: (dim,) added to delta, or None.
+        delta_softplus: apply softplus to dt.
+        return_last_state: also return h_L.
+        initial_state: (batch, dim, d_state) h_0, float32 (float64 for float64 inputs), or None.
+
+    Computes in float32 (float64 when u is float64); every floating input is cast to that dtype.
+    Differentiable w.r.t. u, delta, A, B, C, D, z, delta_bias and initial_state.
+
+    Returns:
+        y (batch, dim, L) in u's dtype; with return_last_state also last_state
+        (batch, dim, d_state) in the compute dtype.
+
+    Raises:
+        TypeError: non-tensor or non-floating inputs.
+        ValueError: wrong ndim or any shape mismatch, G not dividing dim.
+    """
+    _check_tensor("u", u, 3)
+    batch, dim, seqlen = u.shape
+    _check_tensor("delta", delta, 3)
+    if delta.shape != u.shape:
+        raise ValueError(
+            f"delta must have u's shape (batch, dim, L) = {tuple(u.shape)}, got {tuple(delta.shape)}"
+        )
+    if z is not None:
+        _check_tensor("z", z, 3)
+        if z.shape != u.shape:
+            raise ValueError(
+                f"z must have u's shape (batch, dim, L) = {tuple(u.shape)}, got {tuple(z.shape)}"
+            )
+    d_state = A.shape[1] if isinstance(A, torch.Tensor) and A.ndim == 2 else None
+    groups = _check_scan_params(dim, d_state, A, B, C, D, delta_bias, bc_ndims=(3, 4), batch=batch)
+    if B.shape[-1] != seqlen:
+        raise ValueError(f"B and C must have L = {seqlen} steps in their last dim, got {tuple(B.shape)}")
+    if initial_state is not None:
+        _check_tensor("initial_state", initial_state, 3)
+        if initial_state.shape != (batch, dim, d_state):
+            raise ValueError(
+                f"initial_state must be (batch, dim, d_state) = {(batch, dim, d_state)}, got {tuple(initial_state.shape)}"
+            )
+
+    dtype = _compute_dtype(u.dtype)
+    dt = delta.to(dtype)
+    if delta_bias is not None:
+        dt = dt + delta_bias.to(dtype)[:, None]
+    if delta_softplus:
+        dt = F.softplus(dt)
+    if B.ndim == 3:
+        B, C = B.unsqueeze(1), C.unsqueeze(1)  # (batch, 1, d_state, L)
+    if initial_state is None:
+        h0 = u.new_zeros(batch, groups, dim // groups, d_state, dtype=dtype)
+    else:
+        h0 = rearrange(initial_state.to(dtype), "b (g p) n -> b g p n", g=groups)
+
+    # Time-major, contiguous layouts so each step of the loop reads one contiguous slab.
+    y, last_state = _SelectiveScanRecurrence.apply(
+        rearrange(u.to(dtype), "b (g p) l -> l b g p", g=groups).contiguous(),
+        rearrange(dt, "b (g p) l -> l b g p", g=groups).contiguous(),
+        rearrange(A.to(dtype), "(g p) n -> g p n", g=groups).contiguous(),
+        rearrange(B.to(dtype), "b g n l -> l b g n").contiguous(),
+        rearrange(C.to(dtype), "b g n l -> l b g n").contiguous(),
+        h0.contiguous(),
+    )
+    y = rearrange(y, "l b g p -> b (g p) l")  # (batch, dim, L)
+    if D is not None:
+        y = y + D.to(dtype)[:, None] * u.to(dtype)
+    if z is not None:
+        y = y * F.silu(z.to(dtype))
+    y = y.to(u.dtype)
+    if not return_last_state:
+        return y
+    return y, rearrange(last_state, "b g p n -> b (g p) n")
+
+
+def selective_state_update(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+) -> torch.Tensor:
+    """One recurrent decode step of the selective scan, updating ``state`` in place.
+
+    Follows Mamba (Gu & Dao 2023, eq. 2a-2b; mamba_ssm's selective_state_update), one step of
+    :func:`selective_scan`:
+
+        dt = dt (+ dt_bias) (softplus if dt_softplus)
+        state = exp(dt A) * state + dt B x,   y = C . state + D x,   y *= silu(z)
+
+    Args:
+        state: (batch, dim, d_state) float32 (or float64) SSM state; overwritten with the new state.
+        x: (batch, dim) input of this step.
+        dt: (batch, dim) step size before bias / softplus.
+        A: (dim, d_state).
+        B, C: (batch, d_state) or grouped (batch, G, d_state) with G dividing dim.
+        D: (dim,) or None.   z: (batch, dim) or None.   dt_bias: (dim,) or None.
+        dt_softplus: apply softplus to dt.
+
+    Computes in float32 (float64 when x or state is float64).
+
+    Returns:
+        y (batch, dim) in x's dtype.
+
+    Raises:
+        TypeError: non-tensor or non-floating inputs.
+        ValueError: wrong ndim or any shape mismatch, G not dividing dim.
+    """
+    _check_tensor("state", state, 3)
+    batch, dim, d_state = state.shape
+    for name, t in (("x", x), ("dt", dt), ("z", z)):
+        if t is not None:
+            _check_tensor(name, t, 2)
+            if t.shape != (batch, dim):
+                raise ValueError(
+                    f"{name} must be (batch, dim) = {(batch, dim)} like state, got {tuple(t.shape)}"
+                )
+    if not isinstance(A, torch.Tensor) or A.ndim != 2 or A.shape[1] != d_state:
+        shape = tuple(A.shape) if isinstance(A, torch.Tensor) else type(A).__name__
+        raise ValueError(f"A must be (dim, d_state) = {(dim, d_state)} like state, got {shape}")
+    groups = _check_scan_params(dim, d_state, A, B, C, D, dt_bias, bc_ndims=(2, 3), batch=batch)
+
+    dtype = torch.float64 if torch.float64 in (x.dtype, state.dtype) else torch.float32
+    step = dt.to(dtype)
+    if dt_bias is not None:
+        step = step + dt_bias.to(dtype)
+    if dt_softplus:
+        step = F.softplus(step)
+    Bg = B.to(dtype).reshape(batch, groups, 1, d_state)  # (batch, G, 1, N)
+    Cg = C.to(dtype).reshape(batch, groups, 1, d_state)
+    h = rearrange(state.to(dtype), "b (g p) n -> b g p n", g=groups)
+    step_g = rearrange(step, "b (g p) -> b g p", g=groups)
+    x_g = rearrange(x.to(dtype), "b (g p) -> b g p", g=groups)
+    h = torch.exp(step_g.unsqueeze(-1) * rearrange(A.to(dtype), "(g p) n -> g p n", g=groups)) * h
+    h = h + (step_g * x_g).unsqueeze(-1) * Bg  # (batch, G, P, N)
+    y = rearrange((h * Cg).sum(-1), "b g p -> b (g p)")  # (batch, dim)
+    state.copy_(rearrange(h, "b g p n -> b (g p) n"))
+    if D is not None:
+        y = y + D.to(dtype) * x.to(dtype)
+    if z is not None:
+        y = y * F.silu(z.to(dtype))
+    return y.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Linear attention
+# ----------------------------------------------------------------------------------------------
+
+
+def _split_linear_state(initial_state, normalize: bool, batch: int, num_heads: int, k_dim: int, v_dim: int):
+    """Validate a linear-attention state and return (kv, z) (z is None without normalisation)."""
+    if normalize:
+        if isinstance(initial_state, torch.Tensor) or not (
+            isinstance(initial_state, (tuple, list)) and len(initial_state) == 2
+        ):
+            raise TypeError(
+                "with normalize=True, initial_state must be the pair (kv (B, H, K, V), z (B, H, K)) returned "
+                "by linear_attention(..., output_final_state=True), not a single tensor"
+            )
+        kv, z = initial_state
+    else:
+        if not isinstance(initial_state, torch.Tensor):
+            raise TypeError(
+                "with normalize=False, initial_state must be the tensor kv (B, H, K, V), not "
+                f"{type(initial_state).__name__}"
+            )
+        kv, z = initial_state, None
+    _check_tensor("initial_state kv", kv, 4)
+    if kv.shape != (batch, num_heads, k_dim, v_dim):
+        raise ValueError(
+            f"initial_state kv must be (B, H, K, V) = {(batch, num_heads, k_dim, v_dim)}, got {tuple(kv.shape)}"
+        )
+    if z is not None:
+        _check_tensor("initial_state z", z, 3)
+        if z.shape != (batch, num_heads, k_dim):
+            raise ValueError(
+                f"initial_state z must be (B, H, K) = {(batch, num_heads, k_dim)}, got {tuple(z.shape)}"
+            )
+    return kv, z
+
+
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    normalize: bool = True,
+    eps: float = 1e-10,
+    initial_state: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
+    output_final_state: bool = False,
+):
+    """Causal linear attention over feature-mapped queries and keys.
+
+    Follows Katharopoulos et al. 2020, "Transformers are RNNs" (eq. 4-6), in the chunked form of
+    fla's ``chunk_linear_attn``: within a chunk the quadratic form ``tril(scale q k^T) v``, across
+    chunks the state ``S = sum_s k_s v_s^T``. Exact (no approximation):
+
+        o_t = scale q_t . (S_0 + sum_{s<=t} k_s v_s^T)
+        with normalize: o_t /= scale q_t . (z_0 + sum_{s<=t} k_s) + eps
+
+    Args:
+        q: (B, T, H, K) feature-mapped queries.
+        k: (B, T, H, K) feature-mapped keys, same dtype as q.
+        v: (B, T, H, V) values, same dtype as q.
+        scale: defaults to ``K ** -0.5``.
+        normalize: divide by the normaliser above.
+        eps: added to the normaliser.
+        initial_state: kv (B, H, K, V) when normalize=False, the pair (kv, z (B, H, K)) when
+            normalize=True, or None (zeros); float32 (float64 for float64 inputs).
+        output_final_state: also return the state after the last token, in the same form.
+
+    Returns:
+        o (B, T, H, V) in q's dtype, or (o, final_state) with output_final_state; the state is in
+        the compute dtype (float32, float64 for float64 inputs).
+
+    Raises:
+        TypeError: non-tensor / non-floating inputs, mismatched dtypes, the wrong state form for
+            ``normalize`` (e.g. a bare tensor with normalize=True).
+        ValueError: wrong ndim or mismatched shapes.
+    """
+    _check_tensor("q", q, 4)
+    _check_tensor("k", k, 4)
+    _check_tensor("v", v, 4)
+    _check_same_dtype(q=q, k=k, v=v)
+    _check_scale(scale)
+    if k.shape != q.shape:
+        raise ValueError(
+            f"q and k must have the same shape (B, T, H, K), got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    batch, seqlen, num_heads, k_dim = q.shape
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"v must be (B, T, H, V) with (B, T, H) = {tuple(q.shape[:3])}, got {tuple(v.shape)}"
+        )
+    v_dim = v.shape[3]
+    if scale is None:
+        scale = k_dim**-0.5
+
+    dtype = _compute_dtype(q.dtype)
+    if initial_state is None:
+        kv = q.new_zeros(batch, num_heads, k_dim, v_dim, dtype=dtype)
+        z = q.new_zeros(batch, num_heads, k_dim, dtype=dtype) if normalize else None
+    else:
+        kv, z = _split_linear_state(initial_state, normalize, batch, num_heads, k_dim, v_dim)
+        kv = kv.to(dtype)
+        z = z.to(dtype) if z is not None else None
+
+    qh = rearrange(q.to(dtype), "b t h k -> b h t k") * scale
+    kh = rearrange(k.to(dtype), "b t h k -> b h t k")
+    vh = rearrange(v.to(dtype), "b t h v -> b h t v")
+    outputs = []
+    for start in range(0, seqlen, _LINEAR_ATTENTION_CHUNK_SIZE):
+        qc, kc, vc = (t[:, :, start : start + _LINEAR_ATTENTION_CHUNK_SIZE] for t in (qh, kh, vh))
+        scores = torch.tril(qc @ kc.transpose(-1, -2))  # (B, H, C, C), causal within the chunk
+        out = scores @ vc + qc @ kv  # (B, H, C, V)
+        if normalize:
+            # scale q_t . (z_0 + sum_{s<=t} k_s): the in-chunk part is the row sum of the scores.
+            out = out / (scores.sum(-1, keepdim=True) + qc @ z.unsqueeze(-1) + eps)
+            z = z + kc.sum(2)
+        kv = kv + kc.transpose(-1, -2) @ vc
+        outputs.append(out)
+    if outputs:
+        o = rearrange(torch.cat(outputs, dim=2), "b h t v -> b t h v").to(q.dtype)
+    else:
+        o = v.new_empty(batch, 0, num_heads, v_dim).to(q.dtype)
+    if not output_final_state:
+        return o
+    return o, ((kv, z) if normalize else kv)
+
+
+def linear_attention_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state: torch.Tensor,
+    *,
+    scale: float | None = None,
+    z_state: torch.Tensor | None = None,
+    eps: float = 1e-10,
+) -> torch.Tensor:
+    """One recurrent decode step of causal linear attention, updating the state in place.
+
+    Follows Katharopoulos et al. 2020, "Transformers are RNNs", eq. 5-6 (the RNN form):
+
+        state += k v^T;  o = scale q . state
+        with z_state:  z_state += k;  o /= scale q . z_state + eps
+
+    Args:
+        q: (B, H, K) feature-mapped query.   k: (B, H, K) feature-mapped key.   v: (B, H, V).
+        state: (B, H, K, V) float32 (float64) kv state, updated in place.
+        scale: defaults to ``K ** -0.5``.
+        z_state: (B, H, K) normaliser state updated in place; normalises exactly when given.
+        eps: added to the normaliser.
+
+    Computes in float32 (float64 when q or the state is float64).
+
+    Returns:
+        (B, H, V) in q's dtype.
+
+    Raises:
+        TypeError: non-tensor / non-floating inputs or mismatched q / k / v dtypes.
+        ValueError: wrong ndim or mismatched shapes.
+    """
+    _check_tensor("q", q, 3)
+    _check_tensor("k", k, 3)
+    _check_tensor("v", v, 3)
+    _check_tensor("state", state, 4)
+    _check_same_dtype(q=q, k=k, v=v)
+    _check_scale(scale)
+    if k.shape != q.shape or v.shape[:2] != q.shape[:2]:
+        raise ValueError(
+            f"q, k must be (B, H, K) and v (B, H, V) with equal (B, H), got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    batch, num_heads, k_dim = q.shape
+    expected = (batch, num_heads, k_dim, v.shape[2])
+    if state.shape != expected:
+        raise ValueError(f"state must be (B, H, K, V) = {expected}, got {tuple(state.shape)}")
+    if z_state is not None:
+        _check_tensor("z_state", z_state, 3)
+        if z_state.shape != q.shape:
+            raise ValueError(f"z_state must be (B, H, K) = {tuple(q.shape)}, got {tuple(z_state.shape)}")
+    if scale is None:
+        scale = k_dim**-0.5
+
+    dtype = torch.float64 if torch.float64 in (q.dtype, state.dtype) else torch.float32
+    qs = q.to(dtype) * scale
+    kf = k.to(dtype)
+    kv = state.to(dtype) + kf.unsqueeze(-1) * v.to(dtype).unsqueeze(-2)  # (B, H, K, V)
+    state.copy_(kv)
+    out = torch.einsum("bhk,bhkv->bhv", qs, kv)
+    if z_state is not None:
+        z = z_state.to(dtype) + kf
+        z_state.copy_(z)
+        out = out / ((qs * z).sum(-1, keepdim=True) + eps)
+    return out.to(q.dtype)

@@ -1,0 +1,269 @@
+"""Causal multi-head / grouped-query softmax attention with a KV cache.
+
+Attention (Vaswani et al. 2017, eq. 1): o = softmax(q k^T / sqrt(head_dim) + causal mask) v, per head.
+Grouped-query attention (Ainslie et al. 2023): num_kv_heads <= num_heads key/value heads, query head h
+reads KV head h // (num_heads // num_kv_heads); only the KV heads are cached, which is GQA's point.
+Positions: rotary embeddings (RoPE, Su et al. 2021, eq. 34, rotate-half convention), a learned
+absolute position table added to the input (GPT-2), or none.
+
+All attention math goes through `kernels` (looked up as module attributes so tests can count calls):
+`kernels.flash_attention` for a full forward and for (chunked) prefill, `kernels.flash_decode` for a
+decode step of one token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from einops import rearrange
+from torch import nn
+
+import kernels
+from mixers.common import MixerCache, check_input, check_positive_int
+
+POS_EMBS = ("rope", "learned", "none")
+
+
+@dataclasses.dataclass(kw_only=True)
+class KVCache(MixerCache):
+    """Contiguous key/value cache of one attention layer.
+
+    Fields:
+        k, v: (B, max_seqlen, num_kv_heads, head_dim) in the cache dtype; token t of sequence b lives
+            at [b, t]. Keys are cached after RoPE, so a cached key never needs its position again.
+        max_seqlen: number of token slots per sequence.
+        seqlen: tokens written so far (the same for every sequence).
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Rotate-half of RoPE: (x1, x2) -> (-x2, x1) over the two halves of the last dim, (..., D)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, offset: int, base: float) -> torch.Tensor:
+    """Apply rotary position embeddings (Su et al. 2021, eq. 34; rotate-half pairing of dims i, i + D/2).
+
+    Args:
+        x: (B, T, H, D) queries or keys, D even; token t sits at absolute position offset + t.
+        offset: absolute position of the first token (the cache's seqlen when decoding).
+        base: RoPE base theta; frequency i is base^(-2i/D).
+
+    Returns:
+        (B, T, H, D) in x's dtype.
+    """
+    T, D = x.shape[1], x.shape[-1]
+    # Angles are computed here rather than cached in a buffer: a buffer would be cast by
+    # module.half(), and position * frequency in 16 bits is wrong by whole radians at long contexts.
+    # float32 is enough for any realistic position; float64 inputs get float64 angles (exact tests).
+    angle_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    inv_freq = base ** (-torch.arange(0, D, 2, device=x.device, dtype=angle_dtype) / D)  # (D/2,)
+    positions = torch.arange(offset, offset + T, device=x.device, dtype=angle_dtype)  # (T,)
+    angles = torch.outer(positions, inv_freq).repeat(1, 2)  # (T, D), dims i and i + D/2 share a frequency
+    cos = angles.cos()[None, :, None, :].to(x.dtype)  # (1, T, 1, D)
+    sin = angles.sin()[None, :, None, :].to(x.dtype)
+    return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    """Causal MHA / GQA softmax attention (Vaswani et al. 2017; GQA: Ainslie et al. 2023).
+
+    Args:
+        d_model: model width; input and output are (B, T, d_model).
+        num_heads: query heads.
+        num_kv_heads: key/value heads (default num_heads); must divide num_heads.
+        head_dim: per-head width (default d_model // num_heads, then num_heads must divide d_model).
+        pos_emb: "rope" (rotary on q and k), "learned" (an nn.Embedding(max_position, d_model) added to
+            the input before the projections) or "none".
+        rope_base: RoPE base theta (used with pos_emb="rope").
+        max_position: size of the learned position table (used with pos_emb="learned"); a token at a
+            position >= max_position is an error.
+        bias: whether the q/k/v and output projections have biases.
+
+    Raises:
+        TypeError / ValueError: non-positive or non-int sizes, num_heads not dividing d_model (without
+            head_dim), num_kv_heads not dividing num_heads, unknown pos_emb, odd head_dim with RoPE.
+    """
+
+    name = "attention"
+    cache_class = KVCache
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        pos_emb: str = "rope",
+        rope_base: float = 10000.0,
+        max_position: int = 2048,
+        bias: bool = False,
+    ):
+        super().__init__()
+        check_positive_int(d_model, "d_model", self.name)
+        check_positive_int(num_heads, "num_heads", self.name)
+        if num_kv_heads is None:
+            num_kv_heads = num_heads
+        check_positive_int(num_kv_heads, "num_kv_heads", self.name)
+        if head_dim is None:
+            if d_model % num_heads != 0:
+                raise ValueError(
+                    f"{self.name}: num_heads={num_heads} does not divide d_model={d_model}; "
+                    "choose num_heads dividing d_model or pass head_dim explicitly"
+                )
+            head_dim = d_model // num_heads
+        check_positive_int(head_dim, "head_dim", self.name)
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"{self.name}: num_kv_heads={num_kv_heads} must divide num_heads={num_heads} "
+                "(each KV head serves a whole group of query heads)"
+            )
+        if pos_emb not in POS_EMBS:
+            raise ValueError(f"{self.name}: unknown pos_emb {pos_emb!r}; choose one of {POS_EMBS}")
+        if pos_emb == "rope" and head_dim % 2 != 0:
+            raise ValueError(f"{self.name}: RoPE rotates pairs of dims, so head_dim must be even, got {head_dim}")
+        if pos_emb == "rope" and not rope_base > 1:
+            raise ValueError(f"{self.name}: rope_base must be > 1, got {rope_base}")
+
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.pos_emb = pos_emb
+        self.rope_base = float(rope_base)
+        self.max_position = check_positive_int(max_position, "max_position", self.name)
+        self.window: int | None = None  # no window: SlidingWindowAttention sets one
+
+        # One fused projection for q, k, v: a single matmul instead of three.
+        self.qkv_proj = nn.Linear(d_model, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias)
+        self.out_proj = nn.Linear(num_heads * head_dim, d_model, bias=bias)
+        self.wpe = nn.Embedding(max_position, d_model) if pos_emb == "learned" else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 / nanoGPT init: weights N(0, 0.02), biases zero.
+
+        std 0.02 keeps q·k small at init, so the softmax starts near uniform and its gradients are
+        not saturated. The model may rescale out_proj by 1/sqrt(2 * n_layers) (GPT-2's residual
+        scaling); a mixer does not know the depth.
+        """
+        for linear in (self.qkv_proj, self.out_proj):
+            nn.init.normal_(linear.weight, std=0.02)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+        if self.wpe is not None:
+            nn.init.normal_(self.wpe.weight, std=0.02)
+
+    def _project(self, x: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Position-encode and project x (B, T, d_model) whose first token is at position `offset`.
+
+        Returns:
+            q (B, T, num_heads, head_dim), k and v (B, T, num_kv_heads, head_dim), RoPE applied to q, k.
+
+        Raises:
+            ValueError: with pos_emb="learned", a position >= max_position.
+        """
+        T = x.shape[1]
+        if self.wpe is not None:
+            if offset + T > self.max_position:
+                raise ValueError(
+                    f"{self.name}: positions up to {offset + T - 1} exceed the learned position table "
+                    f"(max_position={self.max_position}); build the mixer with a larger max_position"
+                )
+            positions = torch.arange(offset, offset + T, device=x.device)  # (T,)
+            x = x + self.wpe(positions)  # (B, T, d_model)
+        qkv = self.qkv_proj(x)  # (B, T, (Hq + 2 Hkv) * D)
+        q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_dim, kv_dim, kv_dim], dim=-1)
+        q = rearrange(q, "b t (h d) -> b t h d", d=self.head_dim)  # (B, T, Hq, D)
+        k = rearrange(k, "b t (h d) -> b t h d", d=self.head_dim)  # (B, T, Hkv, D)
+        v = rearrange(v, "b t (h d) -> b t h d", d=self.head_dim)  # (B, T, Hkv, D)
+        if self.pos_emb == "rope":
+            q = apply_rope(q, offset, self.rope_base)
+            k = apply_rope(k, offset, self.rope_base)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Causal attention over x, continuing the cached sequences when a cache is given.
+
+        Args:
+            x: (B, T, d_model). Without a cache, the whole sequence (positions 0 .. T-1). With a cache,
+                T new tokens at positions cache.seqlen ..: a prefill / chunked prefill (T > 1) or a
+                decode step (T == 1).
+            cache: from `allocate_cache`; updated in place (new K/V written, seqlen advanced by T).
+
+        Returns:
+            (B, T, d_model) in x's dtype.
+
+        Raises:
+            ValueError: x of the wrong shape, a cache of another batch size, cache overflow, or a
+                position beyond the learned table.
+        """
+        B, T = check_input(x, self.d_model, self.name)
+        offset = 0
+        if cache is not None:
+            cache.check_step(B, T, self.name)
+            offset = cache.seqlen
+        q, k, v = self._project(x, offset)
+        if cache is None:
+            o = kernels.flash_attention(q, k, v, causal=True, window=self.window)  # (B, T, Hq, D)
+        else:
+            o = self._attend_with_cache(q, k, v, cache)
+            cache.seqlen += T
+        return self.out_proj(rearrange(o, "b t h d -> b t (h d)"))
+
+    def _attend_with_cache(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Write the new k, v (B, T, Hkv, D) at [seqlen : seqlen + T] and attend q (B, T, Hq, D) to
+        everything cached so far; returns (B, T, Hq, D)."""
+        B, T = q.shape[:2]
+        start, end = cache.seqlen, cache.seqlen + T
+        cache.k[:, start:end] = k
+        cache.v[:, start:end] = v
+        if T == 1:
+            # Decode: view the contiguous cache as a paged one, one page of max_seqlen slots per sequence
+            # (num_blocks = B, block_size = max_seqlen), so the split-K decode kernel reads it directly.
+            block_table = torch.arange(B, device=q.device, dtype=torch.int32)[:, None]  # (B, 1)
+            seqlens = torch.full((B,), end, device=q.device, dtype=torch.int32)  # (B,)
+            o = kernels.flash_decode(q[:, 0], cache.k, cache.v, block_table, seqlens, window=self.window)
+            return o[:, None]  # (B, 1, Hq, D)
+        # (Chunked) prefill: T queries against the first `end` keys; the kernel's bottom-right causal
+        # alignment lets query i (position start + i) see keys j <= start + i.
+        return kernels.flash_attention(q, cache.k[:, :end], cache.v[:, :end], causal=True, window=self.window)
+
+    def _cache_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
+        """KV caches default to the parameter dtype (K/V are produced in it)."""
+        return dtype or self.qkv_proj.weight.dtype
+
+    def _cache_slots(self, max_seqlen: int) -> int:
+        """Token slots per sequence of a cache for max_seqlen tokens (all of them, without a window)."""
+        return max_seqlen
+
+    def allocate_cache(
+        self, batch_size: int, max_seqlen: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> KVCache:
+        """Allocate an empty KV cache: k, v zeros of (batch_size, max_seqlen, num_kv_heads, head_dim).
+
+        Args:
+            batch_size: sequences decoded together.
+            max_seqlen: tokens each sequence may hold (prompt + generated).
+            device: defaults to the parameters' device.
+            dtype: defaults to the parameters' dtype.
+
+        Raises:
+            TypeError / ValueError: batch_size or max_seqlen not an int > 0.
+        """
+        check_positive_int(batch_size, "batch_size", self.name)
+        check_positive_int(max_seqlen, "max_seqlen", self.name)
+        shape = (batch_size, self._cache_slots(max_seqlen), self.num_kv_heads, self.head_dim)
+        kw = dict(device=device or self.qkv_proj.weight.device, dtype=self._cache_dtype(dtype))
+        return self.cache_class(max_seqlen=max_seqlen, k=torch.zeros(shape, **kw), v=torch.zeros(shape, **kw))
+
+    def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
+        """Bytes per sequence of a cache with max_seqlen = seqlen: 2 * slots * num_kv_heads * head_dim *
+        itemsize (keys and values of every KV head), with slots = seqlen here."""
+        return 2 * self._cache_slots(seqlen) * self.num_kv_heads * self.head_dim * self._cache_dtype(dtype).itemsize

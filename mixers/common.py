@@ -1,0 +1,154 @@
+"""Pieces shared by every mixer: the cache base class, input checks, dtype rules, causal conv.
+
+The short causal depthwise convolution lives here because two mixers use it with a decode cache:
+Mamba's conv on x (Gu & Dao 2023, Fig. 3) and the optional short convolutions on q, k, v of linear
+attention (Based, Arora et al. 2024; fla's ShortConvolution).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def check_input(x: torch.Tensor, d_model: int, mixer: str) -> tuple[int, int]:
+    """Check a mixer input and return its (batch, seqlen).
+
+    Args:
+        x: (B, T, d_model) float tensor.
+        d_model: the mixer's model width.
+        mixer: the mixer's name, for the error message.
+
+    Raises:
+        TypeError: x is not a floating-point tensor.
+        ValueError: x is not 3-D, its last dim is not d_model, or T == 0.
+    """
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"{mixer}: x must be a floating-point tensor of shape (B, T, d_model), got {x!r:.80}")
+    if x.dim() != 3 or x.shape[-1] != d_model:
+        raise ValueError(f"{mixer}: x must have shape (B, T, d_model={d_model}), got {tuple(x.shape)}")
+    if x.shape[1] == 0:
+        raise ValueError(f"{mixer}: x has no tokens (T == 0); pass at least one token")
+    return x.shape[0], x.shape[1]
+
+
+def check_positive_int(value: object, name: str, mixer: str) -> int:
+    """Return `value` if it is an int > 0.
+
+    Raises:
+        TypeError: value is not an int (bools are rejected too).
+        ValueError: value <= 0.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{mixer}: {name} must be an int, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{mixer}: {name} must be > 0, got {value}")
+    return value
+
+
+def state_dtype(module_dtype: torch.dtype, dtype: torch.dtype | None = None) -> torch.dtype:
+    """The dtype of a recurrent state (linear attention, Mamba) for a given compute dtype.
+
+    A recurrent state sums contributions over the whole sequence, so it is kept in float32 even for
+    16-bit models (mamba_ssm and fla do the same); float64 models keep float64 so that float64
+    tests compare exactly. `dtype` (the caller's request, e.g. a model-wide cache dtype) wins over
+    the module's parameter dtype when given.
+
+    Returns:
+        torch.float64 if the requested (else the module's) dtype is float64, else torch.float32.
+    """
+    return torch.float64 if (dtype or module_dtype) == torch.float64 else torch.float32
+
+
+@dataclasses.dataclass
+class MixerCache:
+    """Base class of the per-layer decode caches.
+
+    Subclasses are dataclasses whose tensor fields (batch first) are the state; `seqlen` counts the
+    tokens consumed so far (all sequences of a batch advance together) and `max_seqlen` is the
+    number of tokens the cache accepts in total (a recurrent state does not grow, but keeping the
+    limit on every cache makes the caches of a hybrid model interchangeable).
+    """
+
+    max_seqlen: int
+    seqlen: int = 0
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors this cache holds (fields that are None are skipped)."""
+        return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
+
+    def nbytes(self) -> int:
+        """Bytes held by the cache's tensors (int)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    @property
+    def batch_size(self) -> int:
+        """Number of sequences the cache holds."""
+        return self.tensors()[0].shape[0]
+
+    def check_step(self, batch_size: int, seqlen: int, mixer: str) -> None:
+        """Check that `seqlen` new tokens of `batch_size` sequences fit in this cache.
+
+        Raises:
+            ValueError: batch size differs from the cache's, or seqlen + new tokens > max_seqlen.
+        """
+        if batch_size != self.batch_size:
+            raise ValueError(
+                f"{mixer}: x has batch size {batch_size} but the cache was allocated for "
+                f"{self.batch_size} sequences; allocate a cache with batch_size={batch_size}"
+            )
+        if self.seqlen + seqlen > self.max_seqlen:
+            raise ValueError(
+                f"{mixer}: cache overflow: it holds {self.seqlen} tokens, {seqlen} more would exceed "
+                f"max_seqlen={self.max_seqlen}; allocate the cache with a larger max_seqlen"
+            )
+
+
+def causal_conv1d(x: torch.Tensor, conv: nn.Conv1d, conv_state: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal depthwise convolution over time, optionally continuing from a cached window.
+
+    out[:, c, t] = bias[c] + sum_i weight[c, 0, i] * x[:, c, t - (d_conv - 1) + i], with inputs before
+    the start taken from `conv_state` (zeros without a cache or on a fresh one).
+
+    Args:
+        x: (B, C, T) input in the compute dtype.
+        conv: depthwise nn.Conv1d(C, C, d_conv, groups=C); its padding is not used here.
+        conv_state: optional (B, C, d_conv) window of the last d_conv inputs seen (fp32/fp64);
+            updated in place to the last d_conv inputs including x.
+
+    Returns:
+        (B, C, T) in x's dtype (no activation applied).
+    """
+    d_conv = conv.kernel_size[0]
+    if conv_state is None:
+        # Zero left-padding of d_conv - 1 makes the convolution causal.
+        x_padded = F.pad(x, (d_conv - 1, 0))  # (B, C, d_conv - 1 + T)
+    else:
+        # The oldest of the d_conv cached inputs is one step too far back to reach the first new token.
+        x_padded = torch.cat([conv_state[..., 1:].to(x.dtype), x], dim=-1)  # (B, C, d_conv - 1 + T)
+        # T >= 1, so the last d_conv inputs are all inside x_padded.
+        conv_state.copy_(x_padded[..., -d_conv:])
+    return F.conv1d(x_padded, conv.weight, conv.bias, groups=conv.groups)  # (B, C, T)
+
+
+def causal_conv1d_step(x: torch.Tensor, conv: nn.Conv1d, conv_state: torch.Tensor) -> torch.Tensor:
+    """One decode step of `causal_conv1d`: shift the cached window, append x, dot with the kernel.
+
+    Args:
+        x: (B, C) the new input in the compute dtype.
+        conv: depthwise nn.Conv1d(C, C, d_conv, groups=C).
+        conv_state: (B, C, d_conv) window of the last d_conv inputs (fp32/fp64), updated in place.
+
+    Returns:
+        (B, C) in x's dtype (no activation applied).
+    """
+    conv_state.copy_(torch.roll(conv_state, shifts=-1, dims=-1))
+    conv_state[:, :, -1] = x
+    # Accumulate in the state's (fp32 or fp64) precision, then return in the compute dtype.
+    out = torch.einsum("bcw,cw->bc", conv_state, conv.weight[:, 0].to(conv_state.dtype))  # (B, C)
+    if conv.bias is not None:
+        out = out + conv.bias.to(conv_state.dtype)
+    return out.to(x.dtype)

@@ -1,0 +1,98 @@
+"""Causal sliding-window attention with a ring-buffer KV cache.
+
+Each token attends to itself and the window - 1 tokens before it (Longformer's local attention,
+Beltagy et al. 2020; Mistral 7B, Jiang et al. 2023): query position p sees keys p - window < j <= p.
+Everything else (projections, GQA, positions) is `Attention`'s. Because no query ever looks further
+back than the window, the cache is a ring of min(max_seqlen, window) slots per sequence (Mistral's
+rolling buffer cache), so decode memory stops growing at the window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+import kernels
+from mixers.attention import Attention, KVCache
+from mixers.common import check_positive_int
+
+
+@dataclasses.dataclass(kw_only=True)
+class RingKVCache(KVCache):
+    """Ring-buffer key/value cache of one sliding-window attention layer.
+
+    Fields:
+        k, v: (B, slots, num_kv_heads, head_dim) with slots = min(max_seqlen, window); the token at
+            position p lives in slot p % slots. Keys are stored after RoPE.
+        max_seqlen: tokens each sequence may hold in total.
+        seqlen: tokens consumed so far; the ring holds the last min(seqlen, slots) of them.
+    """
+
+    @property
+    def slots(self) -> int:
+        """Number of ring slots per sequence."""
+        return self.k.shape[1]
+
+
+class SlidingWindowAttention(Attention):
+    """Causal sliding-window MHA / GQA attention; `Attention` with a window passed to the kernels.
+
+    Args:
+        d_model, num_heads: as for `Attention`.
+        window: tokens each query sees, itself included (int > 0).
+        **kwargs: the other `Attention` settings (num_kv_heads, head_dim, pos_emb, rope_base,
+            max_position, bias).
+
+    Raises:
+        TypeError: window is not an int.
+        ValueError: window <= 0, and everything `Attention` rejects.
+    """
+
+    name = "sliding_window"
+    cache_class = RingKVCache
+
+    def __init__(self, d_model: int, num_heads: int, window: int, **kwargs):
+        super().__init__(d_model, num_heads, **kwargs)
+        self.window = check_positive_int(window, "window", self.name)
+
+    def _attend_with_cache(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: RingKVCache
+    ) -> torch.Tensor:
+        """Attend q (B, T, Hq, D) to the ring's valid tokens and the new k, v (B, T, Hkv, D), then store
+        the new tokens in the ring; returns (B, T, Hq, D)."""
+        B, T = q.shape[:2]
+        start, slots = cache.seqlen, cache.slots
+        if T == 1:
+            # Decode: write the new token over the oldest slot, then attend to every valid slot, viewing
+            # the ring as one page per sequence. Slot order is not temporal order, which softmax
+            # attention does not care about: positions were baked into the keys by RoPE before caching
+            # (or into the input by a learned table), and the sum over keys is order-free. For the same
+            # reason no window goes to the kernel: the ring holds exactly the tokens inside the window.
+            cache.k[:, start % slots] = k[:, 0]
+            cache.v[:, start % slots] = v[:, 0]
+            block_table = torch.arange(B, device=q.device, dtype=torch.int32)[:, None]  # (B, 1)
+            seqlens = torch.full((B,), min(start + 1, slots), device=q.device, dtype=torch.int32)  # (B,)
+            return kernels.flash_decode(q[:, 0], cache.k, cache.v, block_table, seqlens)[:, None]
+
+        # Chunked prefill: the ring's valid tokens in temporal order, then the new ones; with
+        # bottom-right causal alignment and the window, query i (position start + i) sees exactly the
+        # keys at positions start + i - window < p <= start + i. The ring holds the last
+        # min(start, slots) >= min(start, window - 1) tokens, all the first query can need.
+        n_past = min(start, slots)
+        past_slots = torch.arange(start - n_past, start, device=q.device) % slots  # (n_past,)
+        k_all = torch.cat([cache.k[:, past_slots], k], dim=1)  # (B, n_past + T, Hkv, D)
+        v_all = torch.cat([cache.v[:, past_slots], v], dim=1)
+        o = kernels.flash_attention(q, k_all, v_all, causal=True, window=self.window)  # (B, T, Hq, D)
+
+        # Only the last `slots` new tokens can be seen again; their slots are distinct.
+        n_keep = min(T, slots)
+        new_slots = torch.arange(start + T - n_keep, start + T, device=q.device) % slots  # (n_keep,)
+        cache.k[:, new_slots] = k[:, T - n_keep :]
+        cache.v[:, new_slots] = v[:, T - n_keep :]
+        return o
+
+    def _cache_slots(self, max_seqlen: int) -> int:
+        """Ring slots per sequence: min(max_seqlen, window), so the cache (and `allocate_cache`'s k, v of
+        (batch_size, slots, num_kv_heads, head_dim)) and `state_size` stop growing at the window."""
+        return min(max_seqlen, self.window)

@@ -1,0 +1,86 @@
+"""Writing checkpoints atomically and reading them back with clear errors.
+
+A checkpoint is written to a temporary file in the same directory, flushed to disk, then renamed
+over the target (``os.replace`` is atomic on POSIX), so an interrupted run never leaves a
+truncated ``last.ckpt`` behind: the reader sees the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+
+def atomic_write_bytes(path: str | os.PathLike, write) -> None:
+    """Write a file atomically: ``write(fileobj)`` fills a temporary file that then replaces ``path``.
+
+    Args:
+        path: destination; its directory is created if missing.
+        write: callable taking a binary file object.
+
+    Raises:
+        OSError: the directory cannot be created or written (the destination is left untouched).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning checkpoint IO that writes every checkpoint atomically (see module docstring)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        """Save ``checkpoint`` (Lightning's dict) to ``path`` atomically.
+
+        Raises:
+            TypeError: ``storage_options`` given (only local files are supported).
+        """
+        if storage_options is not None:
+            raise TypeError("AtomicCheckpointIO writes local files only and takes no storage_options")
+        atomic_write_bytes(path, lambda f: torch.save(checkpoint, f))
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a checkpoint dict on the CPU, turning every failure into an actionable error.
+
+    Args:
+        path: a ``.ckpt`` file written by ``train.py``.
+
+    Returns:
+        Lightning's checkpoint dict (``state_dict``, ``hyper_parameters``, ...).
+
+    Raises:
+        FileNotFoundError: the path does not exist or is a directory.
+        ValueError: the file is truncated, corrupt, or not a mixerlab checkpoint.
+    """
+    path = Path(path)
+    hint = "pass ckpt=<a .ckpt file written by train.py, e.g. outputs/<date>/<time>-<mixer>/checkpoints/last.ckpt>"
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint not found: {path}; {hint}")
+    if path.is_dir():
+        raise FileNotFoundError(f"checkpoint path is a directory, not a file: {path}; {hint}")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
+        raise ValueError(f"could not read checkpoint {path}: the file is truncated or corrupt ({err}); {hint}") from err
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint.get("hyper_parameters", {}):
+        raise ValueError(
+            f"{path} is not a mixerlab checkpoint (no model config in its hyper_parameters); {hint}"
+        )
+    return checkpoint

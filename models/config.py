@@ -1,0 +1,163 @@
+"""Model configuration: validation and per-layer layouts.
+
+A model is described by a plain dict (what Hydra composes and what the LightningModule saves in
+its checkpoint); :class:`ModelConfig` validates it once, up front, so that every mistake a user can
+make in a config (an unknown mixer, a pattern that does not divide ``n_layers``, heads that do not
+divide ``d_model``) is a clear ``ValueError`` before any tensor is allocated.
+
+A *layout* is the explicit per-layer list of mixer names. Mixer configs give a *pattern*, e.g.
+Jamba's ``[mamba]*4 + [attention] + [mamba]*3`` (Lieber et al. 2024, Fig. 1: one attention layer
+per 8-layer period); the pattern is repeated to fill the model's ``n_layers``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import mixers
+
+MLP_KINDS = ("swiglu", "none")
+
+
+def expand_layout(pattern: Sequence[str], n_layers: int) -> list[str]:
+    """Repeat a mixer pattern to fill ``n_layers`` layers.
+
+    Args:
+        pattern: mixer names of one period, e.g. ``["mamba", "attention"]``.
+        n_layers: number of layers of the model.
+
+    Returns:
+        ``list[str]`` of length ``n_layers``.
+
+    Raises:
+        ValueError: empty pattern, ``n_layers`` < 1, a pattern length that does not divide
+            ``n_layers``, or an unknown mixer name.
+    """
+    pattern = list(pattern)
+    if not pattern:
+        raise ValueError("the mixer pattern is empty: give at least one mixer name, e.g. pattern: [attention]")
+    if n_layers < 1:
+        raise ValueError(f"n_layers must be >= 1, got {n_layers}")
+    for name in pattern:
+        if name not in mixers.MIXERS:
+            raise ValueError(f"unknown mixer {name!r} in the pattern {pattern}; known mixers: {sorted(mixers.MIXERS)}")
+    if n_layers % len(pattern) != 0:
+        raise ValueError(
+            f"the mixer pattern {pattern} has {len(pattern)} layers, which does not divide "
+            f"n_layers={n_layers}; choose n_layers as a multiple of {len(pattern)} "
+            f"(e.g. model.n_layers={len(pattern) * max(1, round(n_layers / len(pattern)))})"
+        )
+    return pattern * (n_layers // len(pattern))
+
+
+@dataclasses.dataclass
+class SharedBlockConfig:
+    """Zamba's shared attention+MLP block (Glorioso et al. 2024, Sec. 2).
+
+    One block whose weights are reused every ``every`` layers, fed the concatenation of the hidden
+    state and the input embeddings.
+
+    Attributes:
+        every: the block runs after every ``every``-th backbone layer (1-based), so a model of
+            ``n_layers`` layers invokes it ``n_layers // every`` times.
+        mixer: mixer name inside the shared block (normally ``attention``).
+    """
+
+    every: int
+    mixer: str = "attention"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.every, int) or self.every < 1:
+            raise ValueError(f"shared_block.every must be an integer >= 1, got {self.every!r}")
+        if self.mixer not in mixers.MIXERS:
+            raise ValueError(f"unknown mixer {self.mixer!r} in shared_block; known mixers: {sorted(mixers.MIXERS)}")
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Validated configuration of :class:`models.LanguageModel`.
+
+    Attributes:
+        vocab_size: number of token ids (embedding rows; the head is tied to the embedding).
+        d_model: residual stream width.
+        n_layers: number of blocks (mixer + MLP).
+        pattern: mixer names of one layout period, repeated to fill ``n_layers``.
+        mixer_settings: per mixer name, the keyword arguments of its constructor
+            (``{"attention": {"num_heads": 4}, "mamba": {"d_state": 16}}``); names absent from
+            the layout are ignored, so one config can carry settings for several mixers.
+        mlp: ``"swiglu"`` (Shazeer 2020) or ``"none"`` (Zoology's MQAR setting).
+        mlp_ratio: SwiGLU hidden width is ``mlp_ratio * 2/3 * d_model`` rounded up to 16, which
+            keeps the parameter count of a ``mlp_ratio``-wide GELU MLP.
+        norm_eps: RMSNorm epsilon.
+        shared_block: Zamba's shared block, or ``None``.
+        name: a label for records and logs (e.g. ``hybrid_jamba``).
+
+    Raises:
+        ValueError: on any invalid field (see :func:`expand_layout`), non-positive sizes, an
+            unknown MLP kind or settings given for an unknown mixer.
+    """
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    pattern: list[str]
+    mixer_settings: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    mlp: str = "swiglu"
+    mlp_ratio: float = 4.0
+    norm_eps: float = 1e-5
+    shared_block: SharedBlockConfig | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for field in ("vocab_size", "d_model", "n_layers"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"model.{field} must be a positive integer, got {value!r}")
+        if self.mlp not in MLP_KINDS:
+            raise ValueError(f"unknown mlp {self.mlp!r}; choose one of {MLP_KINDS}")
+        if self.mlp_ratio <= 0:
+            raise ValueError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
+        self.pattern = [str(name) for name in self.pattern]
+        self.mixer_settings = {str(k): dict(v or {}) for k, v in dict(self.mixer_settings).items()}
+        for name in self.mixer_settings:
+            if name not in mixers.MIXERS:
+                raise ValueError(f"settings given for unknown mixer {name!r}; known mixers: {sorted(mixers.MIXERS)}")
+        if isinstance(self.shared_block, Mapping):
+            self.shared_block = SharedBlockConfig(**self.shared_block)
+        self.layout  # validates the pattern against n_layers
+
+    @property
+    def layout(self) -> list[str]:
+        """Per-layer mixer names, length ``n_layers``."""
+        return expand_layout(self.pattern, self.n_layers)
+
+    @property
+    def d_intermediate(self) -> int:
+        """SwiGLU hidden width (0 when ``mlp == "none"``)."""
+        if self.mlp == "none":
+            return 0
+        return 16 * math.ceil(self.mlp_ratio * 2 * self.d_model / 3 / 16)
+
+    def settings_for(self, name: str) -> dict[str, Any]:
+        """Constructor keyword arguments for mixer ``name`` (empty dict if none were given)."""
+        return dict(self.mixer_settings.get(name, {}))
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> ModelConfig:
+        """Build from a plain dict (e.g. ``OmegaConf.to_container(cfg.model)``).
+
+        Raises:
+            ValueError: unknown keys (with the list of valid ones) or invalid values.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(config) - names
+        if unknown:
+            raise ValueError(f"unknown model config keys {sorted(unknown)}; valid keys: {sorted(names)}")
+        return cls(**dict(config))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form, the inverse of :meth:`from_dict` (JSON/YAML serialisable)."""
+        return dataclasses.asdict(self)

@@ -1,0 +1,171 @@
+"""The LightningModule: loss, metrics per slice, optimiser and schedule.
+
+It owns a plain-dict model config and calls ``save_hyperparameters()``, so
+``LitLM.load_from_checkpoint(path)`` (or :func:`load_model`) rebuilds the model from the
+checkpoint alone (DESIGN.md, contract 4).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from models.checkpoint import read_checkpoint
+from models.config import ModelConfig
+from models.model import LanguageModel
+
+IGNORE_INDEX = -100
+
+DEFAULT_OPTIM = {
+    "lr": 1e-3,
+    "weight_decay": 0.1,
+    "betas": (0.9, 0.95),
+    "warmup_steps": 100,
+    "min_lr_ratio": 0.1,
+}
+
+
+def scored_metrics(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Summed cross-entropy, correct predictions and count over positions whose label is not -100.
+
+    Args:
+        logits: ``(B, T, V)`` any float dtype (the loss is computed in fp32).
+        labels: ``(B, T)`` int64, ``-100`` where unscored.
+
+    Returns:
+        ``(loss_sum, correct, count)``, fp32 scalars (nats, predictions, positions).
+    """
+    logits = logits.float().flatten(0, 1)
+    labels = labels.flatten()
+    loss_sum = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    scored = labels != IGNORE_INDEX
+    correct = (logits.argmax(-1) == labels)[scored].sum().float()
+    return loss_sum, correct, scored.sum().float()
+
+
+class LitLM(L.LightningModule):
+    """Trains a :class:`LanguageModel` with next-token cross-entropy on scored positions.
+
+    Args:
+        model: plain-dict model config (:class:`ModelConfig` fields).
+        optim: ``lr`` (peak), ``weight_decay`` (AdamW, Loshchilov & Hutter 2019; not applied to
+            biases, norms, ``A_log`` and ``D``), ``betas``, ``warmup_steps`` (linear warmup) and
+            ``min_lr_ratio`` (cosine decay to ``lr * min_lr_ratio`` at the last step).
+        data: the data config the model was trained on (kept for evaluations).
+        slice_names: names of the validation dataloaders, in order (``["T64_kv4", ...]``);
+            metrics are logged as ``val/acc_<slice>``; ``val/acc`` and ``val/loss`` are the first
+            slice's (the in-distribution one).
+        tokenizer_vocab: the character vocabulary of text runs, so generations can be decoded.
+
+    Logged: ``train/loss``, ``train/acc``, ``train/tokens``; ``val/loss``, ``val/acc``, ``val/ppl``
+    and their per-slice forms. Accuracies are exact counts over the whole split (reduced across
+    DDP ranks), not means of batch means.
+    """
+
+    def __init__(
+        self,
+        model: dict[str, Any],
+        optim: dict[str, Any] | None = None,
+        data: dict[str, Any] | None = None,
+        slice_names: Sequence[str] | None = None,
+        tokenizer_vocab: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = LanguageModel(ModelConfig.from_dict(model))
+        unknown = set(optim or {}) - set(DEFAULT_OPTIM)
+        if unknown:
+            raise ValueError(f"unknown optim keys {sorted(unknown)}; valid keys: {sorted(DEFAULT_OPTIM)}")
+        self.optim = {**DEFAULT_OPTIM, **(optim or {})}
+        self.slice_names = list(slice_names or ["val"])
+        self._val_sums: dict[int, torch.Tensor] = {}
+        self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.float64), persistent=True)
+
+    def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
+        """Logits ``(B, T, vocab_size)`` for ``input_ids (B, T)`` (see :meth:`LanguageModel.forward`)."""
+        return self.model(input_ids, cache=cache)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        logits = self.model(batch["input_ids"])
+        loss_sum, correct, count = scored_metrics(logits, batch["labels"])
+        loss = loss_sum / count.clamp_min(1)
+        self.tokens_seen += batch["input_ids"].numel() * self.trainer.world_size
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", correct / count.clamp_min(1), prog_bar=True)
+        self.log("train/tokens", self.tokens_seen.float())
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums = {}
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        logits = self.model(batch["input_ids"])
+        sums = torch.stack(scored_metrics(logits, batch["labels"])).double()
+        self._val_sums[dataloader_idx] = self._val_sums.get(dataloader_idx, torch.zeros_like(sums)) + sums
+
+    def on_validation_epoch_end(self) -> None:
+        for idx, name in enumerate(self.slice_names):
+            sums = self._val_sums.get(idx, torch.zeros(3, dtype=torch.float64, device=self.device))
+            loss_sum, correct, count = self.trainer.strategy.reduce(sums, reduce_op="sum").tolist()
+            loss = loss_sum / max(count, 1.0)
+            acc = correct / max(count, 1.0)
+            self.log(f"val/loss_{name}", loss)
+            self.log(f"val/acc_{name}", acc)
+            if idx == 0:
+                self.log("val/loss", loss, prog_bar=True)
+                self.log("val/acc", acc, prog_bar=True)
+                self.log("val/ppl", math.exp(min(loss, 50.0)))
+
+    def configure_optimizers(self):
+        decay, no_decay = [], []
+        for p in self.model.parameters():
+            if not p.requires_grad:
+                continue
+            # Weight decay shrinks matrices only: decaying gains, biases, A_log or D would pull
+            # norms to zero and SSM decay rates towards 1 (Mamba marks A_log and D _no_weight_decay).
+            (no_decay if p.ndim < 2 or getattr(p, "_no_weight_decay", False) else decay).append(p)
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=self.optim["lr"],
+            betas=tuple(self.optim["betas"]),
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = min(int(self.optim["warmup_steps"]), total)
+        floor = float(self.optim["min_lr_ratio"])
+
+        def lr_lambda(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def load_model(path, map_location: str | torch.device = "cpu") -> LitLM:
+    """Rebuild a trained :class:`LitLM` (in eval mode) from a checkpoint file alone.
+
+    Args:
+        path: a ``.ckpt`` written by ``train.py``.
+        map_location: device for the weights.
+
+    Raises:
+        FileNotFoundError: missing checkpoint.
+        ValueError: truncated, corrupt or foreign checkpoint, or a model config that no longer
+            validates.
+    """
+    checkpoint = read_checkpoint(path)
+    lit = LitLM(**checkpoint["hyper_parameters"])
+    missing, unexpected = lit.load_state_dict(checkpoint["state_dict"], strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {path} does not match the model its config describes "
+            f"(missing {missing[:5]}, unexpected {unexpected[:5]}); was it written by another mixerlab version?"
+        )
+    return lit.to(map_location).eval()

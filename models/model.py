@@ -1,0 +1,342 @@
+"""The language model every mixer is compared in.
+
+One model family for every mixer, so that only the mixer layer differs between runs (DESIGN.md,
+contract 3): token embedding; ``n_layers`` pre-norm residual blocks ``h += mixer(norm(h))``,
+``h += mlp(norm(h))``; a final RMSNorm; a head tied to the embedding (Press & Wolf 2017). The
+per-layer mixers come from the layout of :class:`models.config.ModelConfig`, so hybrids in the
+style of Jamba and Samba are configs, not classes. Zamba's shared attention block is the one place
+where a hybrid needs structure of its own (:class:`SharedBlock`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mixers
+from models.config import ModelConfig
+
+
+class SwiGLU(nn.Module):
+    """Gated MLP ``W2 (silu(W1 x) * W3 x)`` (Shazeer 2020, "GLU Variants Improve Transformer", eq. 6).
+
+    Args:
+        d_model: input/output width.
+        d_intermediate: hidden width.
+
+    Shapes: ``(..., d_model) -> (..., d_model)``, any float dtype.
+    """
+
+    def __init__(self, d_model: int, d_intermediate: int) -> None:
+        super().__init__()
+        self.w_gate_up = nn.Linear(d_model, 2 * d_intermediate, bias=False)
+        self.w_down = nn.Linear(d_intermediate, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        return self.w_down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: ``h = h + mixer(norm(h)); h = h + mlp(norm(h))``.
+
+    Args:
+        mixer: any module following the mixer interface of DESIGN.md.
+        d_model: residual width.
+        d_intermediate: SwiGLU hidden width, 0 for no MLP.
+        norm_eps: RMSNorm epsilon.
+
+    Shapes: ``(B, T, d_model) -> (B, T, d_model)``.
+    """
+
+    def __init__(self, mixer: nn.Module, d_model: int, d_intermediate: int, norm_eps: float) -> None:
+        super().__init__()
+        self.norm1 = nn.RMSNorm(d_model, eps=norm_eps)
+        self.mixer = mixer
+        self.norm2 = nn.RMSNorm(d_model, eps=norm_eps) if d_intermediate else None
+        self.mlp = SwiGLU(d_model, d_intermediate) if d_intermediate else None
+
+    def forward(self, h: torch.Tensor, cache=None) -> torch.Tensor:
+        h = h + self.mixer(self.norm1(h), cache=cache)
+        if self.mlp is not None:
+            h = h + self.mlp(self.norm2(h))
+        return h
+
+
+class SharedBlock(nn.Module):
+    """Zamba's shared attention + MLP block (Glorioso et al. 2024, "Zamba", Sec. 2, Fig. 1).
+
+    The same weights run at several depths of a Mamba backbone. Each invocation sees the
+    concatenation of the current hidden state and the input embeddings (so attention always has
+    the raw tokens to retrieve from), reduced to ``d_model`` by a shared linear map; the block's
+    output goes through a per-invocation linear map (Zamba's non-shared projection) back into the
+    residual stream, so each depth can use the shared computation differently.
+
+    Args:
+        mixer: the shared mixer (attention).
+        d_model: residual width.
+        d_intermediate: SwiGLU hidden width, 0 for no MLP.
+        num_invocations: how many depths use the block (one output map each).
+        norm_eps: RMSNorm epsilon.
+
+    Shapes: ``h, emb (B, T, d_model) -> (B, T, d_model)`` (the residual update, not the new ``h``).
+    """
+
+    def __init__(
+        self, mixer: nn.Module, d_model: int, d_intermediate: int, num_invocations: int, norm_eps: float
+    ) -> None:
+        super().__init__()
+        self.norm_in = nn.RMSNorm(2 * d_model, eps=norm_eps)
+        self.in_proj = nn.Linear(2 * d_model, d_model, bias=False)
+        self.block = Block(mixer, d_model, d_intermediate, norm_eps)
+        self.out_projs = nn.ModuleList(nn.Linear(d_model, d_model, bias=False) for _ in range(num_invocations))
+
+    def forward(self, h: torch.Tensor, emb: torch.Tensor, invocation: int, cache=None) -> torch.Tensor:
+        x = self.in_proj(self.norm_in(torch.cat([h, emb], dim=-1)))  # (B, T, d_model)
+        return self.out_projs[invocation](self.block(x, cache=cache))
+
+
+class ModelCache:
+    """Decode state of a whole model: one mixer cache per layer (and per shared-block invocation).
+
+    All sequences of the batch advance together (DESIGN.md, contract 2).
+
+    Attributes:
+        layers: the per-layer mixer caches, in layer order.
+        shared: the caches of the shared block's invocations (Zamba), else empty.
+    """
+
+    def __init__(self, layers: list, shared: list) -> None:
+        self.layers = layers
+        self.shared = shared
+
+    @property
+    def seqlen(self) -> int:
+        """Tokens consumed so far (the same for every layer)."""
+        return self.layers[0].seqlen
+
+    def nbytes(self) -> int:
+        """Bytes held by every cache tensor of every layer, summed (int, bytes)."""
+        return sum(c.nbytes() for c in self.layers) + sum(c.nbytes() for c in self.shared)
+
+
+class LanguageModel(nn.Module):
+    """Causal language model whose mixer layers follow a layout (DESIGN.md, contract 3).
+
+    Args:
+        config: a :class:`ModelConfig` or a plain dict accepted by :meth:`ModelConfig.from_dict`.
+
+    Raises:
+        ValueError: invalid config (unknown mixer, bad pattern, heads that do not divide
+            ``d_model``, ...), raised while building the layers with the mixer's own message.
+    """
+
+    def __init__(self, config: ModelConfig | dict) -> None:
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            config = ModelConfig.from_dict(config)
+        self.config = config
+        d_model, d_ff = config.d_model, config.d_intermediate
+        self.embedding = nn.Embedding(config.vocab_size, d_model)
+        self.layers = nn.ModuleList(
+            Block(mixers.build_mixer(name, d_model=d_model, **config.settings_for(name)), d_model, d_ff, config.norm_eps)
+            for name in config.layout
+        )
+        self.shared_block = None
+        self.shared_after: list[int] = []
+        if config.shared_block is not None:
+            every = config.shared_block.every
+            self.shared_after = [i for i in range(config.n_layers) if (i + 1) % every == 0]
+            if not self.shared_after:
+                raise ValueError(
+                    f"shared_block.every={every} exceeds n_layers={config.n_layers}: the shared block would never run"
+                )
+            name = config.shared_block.mixer
+            shared_mixer = mixers.build_mixer(name, d_model=d_model, **config.settings_for(name))
+            self.shared_block = SharedBlock(shared_mixer, d_model, d_ff, len(self.shared_after), config.norm_eps)
+        self.norm_f = nn.RMSNorm(d_model, eps=config.norm_eps)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        # GPT-2 initialisation (Radford et al. 2019, Sec. 2.3) for what the model owns: N(0, 0.02)
+        # embeddings and MLP inputs; the MLP output projections, which add to the residual stream
+        # once per layer, scaled by 1/sqrt(2 n_layers) so the stream's variance does not grow
+        # with depth. Mixers initialise their own weights (paper-specific, e.g. Mamba's dt bias).
+        nn.init.normal_(self.embedding.weight, std=0.02)
+        blocks = list(self.layers) + ([self.shared_block.block] if self.shared_block is not None else [])
+        for block in blocks:
+            if block.mlp is not None:
+                nn.init.normal_(block.mlp.w_gate_up.weight, std=0.02)
+                nn.init.normal_(block.mlp.w_down.weight, std=0.02 / math.sqrt(2 * self.config.n_layers))
+        if self.shared_block is not None:
+            nn.init.normal_(self.shared_block.in_proj.weight, std=0.02)
+            for proj in self.shared_block.out_projs:
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * self.config.n_layers))
+
+    def num_params(self) -> int:
+        """Number of parameters (the tied head counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, input_ids: torch.Tensor, cache: ModelCache | None = None) -> torch.Tensor:
+        """Logits for every position.
+
+        Args:
+            input_ids: ``(B, T)`` int64 token ids in ``[0, vocab_size)``.
+            cache: from :meth:`allocate_cache`; when given, the ``T`` tokens continue the cached
+                sequences (prefill, chunked prefill or a decode step with ``T == 1``) and the
+                cache is advanced in place.
+
+        Returns:
+            ``(B, T, vocab_size)`` logits in the parameters' (or autocast) dtype.
+
+        Raises:
+            ValueError: ``input_ids`` not 2-D integer, or token ids out of range.
+        """
+        if input_ids.ndim != 2 or input_ids.dtype.is_floating_point:
+            raise ValueError(
+                f"input_ids must be a (batch, seqlen) integer tensor, got shape {tuple(input_ids.shape)} "
+                f"and dtype {input_ids.dtype}"
+            )
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
+            raise ValueError(
+                f"token ids must lie in [0, {self.config.vocab_size}), got range "
+                f"[{int(input_ids.min())}, {int(input_ids.max())}]; is the data's vocab_size larger than the model's?"
+            )
+        emb = self.embedding(input_ids)  # (B, T, d_model)
+        h = emb
+        invocation = 0
+        for i, block in enumerate(self.layers):
+            h = block(h, cache=None if cache is None else cache.layers[i])
+            if invocation < len(self.shared_after) and self.shared_after[invocation] == i:
+                shared_cache = None if cache is None else cache.shared[invocation]
+                h = h + self.shared_block(h, emb, invocation, cache=shared_cache)
+                invocation += 1
+        h = self.norm_f(h)
+        return F.linear(h, self.embedding.weight)  # tied head: (B, T, vocab_size)
+
+    def allocate_cache(
+        self, batch_size: int, max_seqlen: int, device: torch.device | None = None, dtype: torch.dtype | None = None
+    ) -> ModelCache:
+        """Allocate the decode state of every layer for ``batch_size`` sequences of up to ``max_seqlen`` tokens.
+
+        ``device`` defaults to the parameters' device; ``dtype`` is passed to each mixer, which
+        defaults it as its cache layout requires (KV caches in the parameter dtype, recurrent
+        states in fp32).
+
+        Returns:
+            :class:`ModelCache`, with ``nbytes() == batch_size * state_size(max_seqlen)``.
+        """
+        device = device if device is not None else self.embedding.weight.device
+        layers = [b.mixer.allocate_cache(batch_size, max_seqlen, device=device, dtype=dtype) for b in self.layers]
+        shared = []
+        if self.shared_block is not None:
+            mixer = self.shared_block.block.mixer
+            shared = [mixer.allocate_cache(batch_size, max_seqlen, device=device, dtype=dtype) for _ in self.shared_after]
+        return ModelCache(layers, shared)
+
+    def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
+        """Analytic decode-state bytes per sequence at context length ``seqlen`` (int, bytes)."""
+        total = sum(b.mixer.state_size(seqlen, dtype=dtype) for b in self.layers)
+        if self.shared_block is not None:
+            total += len(self.shared_after) * self.shared_block.block.mixer.state_size(seqlen, dtype=dtype)
+        return total
+
+    @torch.no_grad()
+    def decode_logits(self, input_ids: torch.Tensor, prefill_len: int) -> torch.Tensor:
+        """Logits for every position, computed through the decode path instead of the parallel forward.
+
+        The first ``prefill_len`` tokens are prefilled into fresh caches in one call, then every
+        following token is fed alone (teacher forcing), as during generation. Comparing the result
+        with :meth:`forward` checks that the recurrent/cached path computes the same function.
+
+        Args:
+            input_ids: ``(B, T)`` int64.
+            prefill_len: tokens prefilled at once, ``1 <= prefill_len <= T``.
+
+        Returns:
+            ``(B, T, vocab_size)`` logits.
+
+        Raises:
+            ValueError: ``prefill_len`` outside ``[1, T]``.
+        """
+        batch, seqlen = input_ids.shape
+        if not 1 <= prefill_len <= seqlen:
+            raise ValueError(f"prefill_len must lie in [1, {seqlen}], got {prefill_len}")
+        cache = self.allocate_cache(batch, seqlen)
+        logits = [self(input_ids[:, :prefill_len], cache=cache)]  # (B, prefill_len, V)
+        for t in range(prefill_len, seqlen):
+            logits.append(self(input_ids[:, t : t + 1], cache=cache))  # (B, 1, V)
+        return torch.cat(logits, dim=1)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        greedy: bool = False,
+        stop_tokens: list[int] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Continue ``input_ids`` by prefilling the caches once, then decoding one token at a time.
+
+        Args:
+            input_ids: ``(B, T)`` int64 prompt, ``T >= 1``.
+            max_new_tokens: tokens to generate per sequence (``>= 0``).
+            temperature: softmax temperature for sampling (``> 0``); ignored when greedy.
+            top_k: sample only among the ``top_k`` most likely tokens.
+            greedy: take the argmax instead of sampling.
+            stop_tokens: a sequence that emits one of these stops; it is padded with its stop
+                token until every sequence has stopped or ``max_new_tokens`` is reached.
+            generator: RNG for sampling (reproducible generation).
+
+        Returns:
+            ``(B, T + n)`` int64, ``n <= max_new_tokens`` (fewer when every sequence stopped).
+
+        Raises:
+            ValueError: empty prompt, negative ``max_new_tokens``, ``temperature <= 0`` or
+                ``top_k < 1``.
+        """
+        if input_ids.ndim != 2 or input_ids.shape[1] < 1:
+            raise ValueError(f"input_ids must be (batch, seqlen) with seqlen >= 1, got {tuple(input_ids.shape)}")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if not greedy and temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (or pass greedy=True), got {temperature}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        batch, prompt_len = input_ids.shape
+        if max_new_tokens == 0:
+            return input_ids
+        cache = self.allocate_cache(batch, prompt_len + max_new_tokens)
+        stop = torch.tensor(stop_tokens or [], dtype=torch.long, device=input_ids.device)
+        done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
+        out = [input_ids]
+        logits = self(input_ids, cache=cache)[:, -1]  # prefill: (B, vocab)
+        for step in range(max_new_tokens):
+            token = self._sample(logits.float(), temperature, top_k, greedy, generator)  # (B,)
+            token = torch.where(done, out[-1][:, -1], token)  # a stopped sequence repeats its stop token
+            out.append(token[:, None])
+            done |= torch.isin(token, stop)
+            if step == max_new_tokens - 1 or bool(done.all()):
+                break
+            logits = self(token[:, None], cache=cache)[:, -1]  # decode step: (B, vocab)
+        return torch.cat(out, dim=1)
+
+    @staticmethod
+    def _sample(
+        logits: torch.Tensor, temperature: float, top_k: int | None, greedy: bool, generator: torch.Generator | None
+    ) -> torch.Tensor:
+        if greedy:
+            return logits.argmax(dim=-1)
+        logits = logits / temperature
+        if top_k is not None:
+            kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -1,0 +1,149 @@
+"""The language model: layouts, every shipped mixer config end to end, caches, generation, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import MIXER_CONFIGS, compose_train
+
+import train as train_module
+from models import LanguageModel, ModelConfig, expand_layout
+
+
+def model_from_config(mixer: str, *, d_model: int = 32, n_layers: int = 8, vocab_size: int = 37) -> LanguageModel:
+    """A tiny float64 model built from the shipped ``conf/mixer/<mixer>.yaml``."""
+    cfg = compose_train([f"mixer={mixer}", f"model.d_model={d_model}", f"model.n_layers={n_layers}"])
+    return LanguageModel(train_module.build_model_config(cfg, vocab_size)).double().eval()
+
+
+def test_shipped_mixer_configs_are_the_eight_names():
+    assert MIXER_CONFIGS == sorted(
+        ["attention", "sliding_window", "linear_attention", "mamba",
+         "hybrid_jamba", "hybrid_samba", "hybrid_zamba", "hybrid_based"]
+    )
+
+
+@pytest.mark.parametrize("mixer", MIXER_CONFIGS)
+def test_full_forward_equals_prefill_plus_decode(mixer):
+    torch.manual_seed(0)
+    model = model_from_config(mixer)
+    ids = torch.randint(0, 37, (2, 21))
+    full = model(ids)  # (B, T, V)
+    for prefill_len in (1, 9):
+        stepped = model.decode_logits(ids, prefill_len)
+        torch.testing.assert_close(stepped, full, rtol=1e-9, atol=1e-9)
+    # chunked prefill: several T > 1 chunks through the same caches
+    cache = model.allocate_cache(2, 21)
+    chunks = [model(ids[:, a:b], cache=cache) for a, b in ((0, 5), (5, 12), (12, 21))]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), full, rtol=1e-9, atol=1e-9)
+    assert cache.seqlen == 21
+
+
+@pytest.mark.parametrize("mixer", MIXER_CONFIGS)
+@pytest.mark.parametrize("seqlen", [1, 17, 64])
+def test_cache_bytes_equal_state_size(mixer, seqlen):
+    model = model_from_config(mixer)
+    for dtype in (None, torch.float32):
+        cache = model.allocate_cache(3, seqlen, dtype=dtype)
+        assert cache.nbytes() == 3 * model.state_size(seqlen, dtype=dtype)
+        assert cache.nbytes() > 0
+
+
+def test_state_size_growth_tells_mixers_apart():
+    sizes = {m: (model_from_config(m).state_size(64), model_from_config(m).state_size(256)) for m in MIXER_CONFIGS}
+    assert sizes["attention"][1] == 4 * sizes["attention"][0]  # KV cache grows linearly
+    assert sizes["mamba"][0] == sizes["mamba"][1]  # fixed-size state
+    assert sizes["linear_attention"][0] == sizes["linear_attention"][1]
+    assert sizes["sliding_window"][0] == sizes["sliding_window"][1]  # window 32 < 64: capped
+    assert sizes["hybrid_jamba"][1] < sizes["attention"][1]  # one attention layer in eight
+
+
+def test_layouts_follow_the_papers():
+    jamba = model_from_config("hybrid_jamba").config.layout
+    assert jamba == ["mamba"] * 4 + ["attention"] + ["mamba"] * 3
+    assert model_from_config("hybrid_samba").config.layout == ["mamba", "sliding_window"] * 4
+    assert model_from_config("hybrid_based").config.layout == ["linear_attention", "sliding_window"] * 4
+    zamba = model_from_config("hybrid_zamba")
+    assert zamba.config.layout == ["mamba"] * 8
+    assert zamba.shared_after == [3, 7]
+    assert model_from_config("hybrid_jamba", n_layers=16).config.layout == jamba * 2
+
+
+def test_zamba_shares_weights_across_invocations():
+    model = model_from_config("hybrid_zamba")
+    assert model.shared_block is not None
+    shared = {id(p) for p in model.shared_block.block.parameters()}
+    backbone = {id(p) for p in model.layers.parameters()}
+    assert shared and not shared & backbone
+    # gradient reaches the shared weights from both invocations: zeroing the first invocation's
+    # output map changes the shared weights' gradient
+    ids = torch.randint(0, 37, (2, 9))
+    model.train()
+    model(ids).sum().backward()
+    grad_both = next(model.shared_block.block.parameters()).grad.clone()
+    model.zero_grad()
+    with torch.no_grad():
+        model.shared_block.out_projs[0].weight.zero_()
+    model(ids).sum().backward()
+    assert not torch.allclose(next(model.shared_block.block.parameters()).grad, grad_both)
+
+
+def test_causal_model_ignores_future_tokens():
+    torch.manual_seed(0)
+    for mixer in MIXER_CONFIGS:
+        model = model_from_config(mixer)
+        ids = torch.randint(0, 37, (1, 16))
+        changed = ids.clone()
+        changed[0, 10:] = (changed[0, 10:] + 1) % 37
+        torch.testing.assert_close(model(ids)[:, :10], model(changed)[:, :10], rtol=0, atol=1e-12)
+
+
+def test_generate_greedy_matches_argmax_of_forward():
+    torch.manual_seed(0)
+    model = model_from_config("hybrid_jamba")
+    prompt = torch.randint(0, 37, (2, 5))
+    out = model.generate(prompt, 6, greedy=True)
+    assert out.shape == (2, 11) and torch.equal(out[:, :5], prompt)
+    for t in range(5, 11):  # each generated token is the argmax of the full forward on its prefix
+        torch.testing.assert_close(out[:, t], model(out[:, :t])[:, -1].argmax(-1))
+
+
+def test_generate_sampling_and_stop_tokens():
+    model = model_from_config("attention")
+    prompt = torch.randint(0, 37, (3, 4))
+    g = torch.Generator().manual_seed(1)
+    a = model.generate(prompt, 8, temperature=0.7, top_k=5, generator=g)
+    b = model.generate(prompt, 8, temperature=0.7, top_k=5, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b) and a.shape == (3, 12)
+    first = model.generate(prompt, 1, greedy=True)[:, -1]
+    stopped = model.generate(prompt, 8, greedy=True, stop_tokens=first.tolist())
+    assert stopped.shape[1] == 5  # every sequence emitted its stop token first
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(prompt, 2, temperature=0.0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(prompt, -1)
+
+
+def test_config_errors_are_clear():
+    base = dict(vocab_size=10, d_model=32, n_layers=8, pattern=["attention"], mixer_settings={"attention": {"num_heads": 4}})
+    with pytest.raises(ValueError, match="unknown mixer 'transformer'"):
+        ModelConfig(**{**base, "pattern": ["transformer"]})
+    with pytest.raises(ValueError, match="does not divide"):
+        expand_layout(["mamba", "mamba", "attention"], 8)
+    with pytest.raises(ValueError, match="unknown model config keys"):
+        ModelConfig.from_dict({**base, "n_layer": 3})
+    with pytest.raises(ValueError, match="d_model"):
+        ModelConfig(**{**base, "d_model": 0})
+    with pytest.raises(ValueError, match="mlp"):
+        ModelConfig(**{**base, "mlp": "gelu"})
+    with pytest.raises(ValueError, match="shared_block.every"):
+        ModelConfig(**{**base, "shared_block": {"every": 0}})
+    with pytest.raises(ValueError, match="divide"):  # heads that do not divide d_model
+        LanguageModel({**base, "mixer_settings": {"attention": {"num_heads": 5}}})
+    with pytest.raises(ValueError, match="window"):
+        LanguageModel({**base, "pattern": ["sliding_window"], "mixer_settings": {"sliding_window": {"num_heads": 4, "window": 0}}})
+    model = LanguageModel(base)
+    with pytest.raises(ValueError, match="token ids"):
+        model(torch.tensor([[1, 10]]))
+    with pytest.raises(ValueError, match="integer"):
+        model(torch.zeros(1, 3))

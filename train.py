@@ -1,0 +1,177 @@
+"""Train a language model whose mixer layers follow a layout: ``python train.py mixer=hybrid_jamba``.
+
+Hydra composes the config (``conf/train.yaml`` and its groups), :func:`train` runs it under
+Lightning: one run directory per run (also under DDP, whose launcher re-runs this command line
+with the same ``hydra.run.dir``), checkpoints ``best.ckpt`` and ``last.ckpt`` written atomically,
+W&B (offline by default) and CSV logs, and result records of the final validation.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+
+import data as datasets_lib
+from eval.records import git_sha, make_record, write_records
+from models import ModelConfig
+from models.checkpoint import AtomicCheckpointIO
+from models.lit import LitLM
+
+MODEL_KEYS = ("d_model", "n_layers", "mlp", "mlp_ratio", "norm_eps")
+DATA_META_KEYS = ("name", "monitor", "monitor_mode")
+
+
+def build_model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
+    """The plain-dict model config of a composed run config: model size + mixer layout and settings.
+
+    Raises:
+        ValueError: an invalid combination (validated by :class:`models.ModelConfig`).
+    """
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    mixer = OmegaConf.to_container(cfg.mixer, resolve=True)
+    config = {key: model[key] for key in MODEL_KEYS if key in model}
+    config.update(
+        vocab_size=int(vocab_size),
+        pattern=list(mixer["pattern"]),
+        mixer_settings=mixer.get("settings") or {},
+        shared_block=mixer.get("shared_block"),
+        name=mixer["name"],
+    )
+    return ModelConfig.from_dict(config).to_dict()
+
+
+def _loggers(cfg: DictConfig, run_dir: Path, run_name: str) -> list:
+    loggers = []
+    if cfg.logger.csv.enabled:
+        loggers.append(L.pytorch.loggers.CSVLogger(save_dir=str(run_dir), name="csv", version=""))
+    if cfg.logger.wandb.enabled:
+        try:
+            from lightning.pytorch.loggers import WandbLogger
+
+            loggers.append(
+                WandbLogger(
+                    project=cfg.logger.wandb.project,
+                    name=run_name,
+                    save_dir=str(run_dir),
+                    offline=cfg.logger.wandb.mode != "online",
+                    tags=list(cfg.logger.wandb.tags),
+                    config=OmegaConf.to_container(cfg, resolve=True),
+                )
+            )
+        except ModuleNotFoundError:
+            print("wandb is not installed: logging to CSV only (pip install wandb, or use logger=csv)")
+    return loggers
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train one model as ``cfg`` says and return its final metrics and checkpoint paths.
+
+    Args:
+        cfg: the composed config of ``conf/train.yaml`` (``run_dir`` must resolve: under
+            ``@hydra.main`` it is Hydra's run directory; tests set it explicitly).
+
+    Returns:
+        ``{"run_dir", "best_ckpt", "last_ckpt", "metrics"}`` (paths as strings; metrics the
+        validation of the best checkpoint: ``val/acc``, ``val/loss``, per-slice values).
+
+    Raises:
+        ValueError: invalid model, mixer or data settings, with the offending key named.
+    """
+    run_dir = Path(cfg.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_name = f"{run_dir.name}"
+    L.seed_everything(cfg.seed, workers=True)
+
+    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    dm = datasets_lib.build_datamodule(data_cfg["name"], **{k: v for k, v in data_cfg.items() if k not in DATA_META_KEYS})
+    dm.setup("fit")
+    model_config = build_model_config(cfg, dm.vocab_size)
+    tokenizer = getattr(dm, "tokenizer", None)
+    lit = LitLM(
+        model=model_config,
+        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        data=data_cfg,
+        slice_names=list(getattr(dm, "slice_names", ["val"])),
+        tokenizer_vocab=getattr(tokenizer, "vocab", None),
+    )
+
+    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    checkpoint_cb = ModelCheckpoint(
+        dirpath=str(run_dir / "checkpoints"),
+        filename="best",
+        monitor=data_cfg["monitor"],
+        mode=data_cfg["monitor_mode"],
+        save_top_k=1,
+        save_last=True,
+        auto_insert_metric_name=False,
+        enable_version_counter=False,
+    )
+    loggers = _loggers(cfg, run_dir, run_name)
+    trainer = L.Trainer(
+        **trainer_cfg,
+        default_root_dir=str(run_dir),
+        logger=loggers or False,
+        callbacks=[checkpoint_cb] + ([LearningRateMonitor(logging_interval="step")] if loggers else []),
+        plugins=[AtomicCheckpointIO()],
+    )
+    try:
+        if trainer.is_global_zero:
+            print(
+                f"mixerlab: {model_config['name']} layout={ModelConfig.from_dict(model_config).layout} "
+                f"params={lit.model.num_params():,} data={data_cfg['name']} run_dir={run_dir}"
+            )
+        trainer.fit(lit, datamodule=dm)
+        best = checkpoint_cb.best_model_path or checkpoint_cb.last_model_path
+        results = trainer.validate(lit, datamodule=dm, ckpt_path=best or None, verbose=False)
+        metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
+        if trainer.is_global_zero:
+            _write_train_records(run_dir, lit, data_cfg, metrics)
+            print(f"best checkpoint: {best}")
+            print(f"last checkpoint: {checkpoint_cb.last_model_path}")
+            print("final validation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
+        return {
+            "run_dir": str(run_dir),
+            "best_ckpt": best,
+            "last_ckpt": checkpoint_cb.last_model_path,
+            "metrics": metrics,
+        }
+    finally:
+        if cfg.logger.wandb.enabled:
+            try:
+                import wandb
+
+                wandb.finish()
+            except ModuleNotFoundError:
+                pass
+
+
+def _write_train_records(run_dir: Path, lit: LitLM, data_cfg: dict[str, Any], metrics: dict[str, float]) -> None:
+    sha = git_sha()
+    seqlen = data_cfg.get("seqlen")
+    records = [
+        make_record(
+            run=run_dir.name, model=lit.model, task=data_cfg["name"], metric=name, value=value, seqlen=seqlen,
+            device=lit.device, sha=sha, split="val",
+        )
+        for name, value in sorted(metrics.items())
+    ]
+    write_records(run_dir / "results" / "train.json", records)
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> None:
+    """Command-line entry point: compose with Hydra, then :func:`train`."""
+    torch.set_flush_denormal(True)
+    os.environ.setdefault("WANDB_SILENT", "true")
+    train(cfg)
+
+
+if __name__ == "__main__":
+    main()
