@@ -99,7 +99,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         data=data_cfg,
         slice_names=list(getattr(dm, "slice_names", ["val"])),
-        tokenizer_vocab=getattr(tokenizer, "vocab", None),
+        tokenizer=tokenizer.to_config() if tokenizer is not None else None,
     )
 
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)

@@ -201,7 +201,9 @@ class MQARSlice(Dataset):
     (B, T) tensors and ``"slice"`` a list of B names.
     """
 
-    def __init__(self, input_ids: torch.Tensor, labels: torch.Tensor, seqlen: int, num_kv_pairs: int, seed: int):
+    def __init__(
+        self, input_ids: torch.Tensor, labels: torch.Tensor, seqlen: int, num_kv_pairs: int, seed: int
+    ):
         self.input_ids = input_ids
         self.labels = labels
         self.seqlen = seqlen
@@ -226,7 +228,9 @@ def _parse_test_configs(test_configs, seqlen: int, num_kv_pairs: int) -> list[tu
             f"got {type(test_configs).__name__}"
         )
     if not 1 <= len(test_configs) < SEED_STRIDE:
-        raise ValueError(f"test_configs must hold between 1 and {SEED_STRIDE - 1} slices, got {len(test_configs)}")
+        raise ValueError(
+            f"test_configs must hold between 1 and {SEED_STRIDE - 1} slices, got {len(test_configs)}"
+        )
     pairs = []
     for i, cfg in enumerate(test_configs):
         if not isinstance(cfg, Mapping) or set(cfg.keys()) != {"seqlen", "num_kv_pairs"}:
@@ -273,7 +277,8 @@ class MQARDataModule(L.LightningDataModule):
 
     Attributes: ``vocab_size``, ``train_slice_name``, ``slice_names`` (test slices, in
     ``test_configs`` order), ``test_configs`` (list of ``(seqlen, num_kv_pairs)``), ``train_seed``,
-    ``test_seeds``; after :meth:`setup`, ``train_set`` and ``test_sets`` (:class:`MQARSlice`).
+    ``test_seeds``; ``train_set`` (after ``setup()``/``setup("fit")``) and ``test_sets`` (after any
+    ``setup``), :class:`MQARSlice` objects.
 
     Batches are ``{"input_ids": (B, T) int64, "labels": (B, T) int64, "slice": list[str] of B}``.
     ``val_dataloader()`` and ``test_dataloader()`` return one DataLoader per slice, in
@@ -332,7 +337,9 @@ class MQARDataModule(L.LightningDataModule):
         self.train_set: MQARSlice | None = None
         self.test_sets: list[MQARSlice] | None = None
 
-    def generate_slice(self, seqlen: int, num_kv_pairs: int, num_examples: int, seed: int | None = None) -> MQARSlice:
+    def generate_slice(
+        self, seqlen: int, num_kv_pairs: int, num_examples: int, seed: int | None = None
+    ) -> MQARSlice:
         """Build one MQAR slice with this module's vocab_size, power_a and filler setting.
 
         For eval scripts that need extra test slices. ``seed=None`` takes the next unused test seed
@@ -364,23 +371,27 @@ class MQARDataModule(L.LightningDataModule):
         return MQARSlice(input_ids, labels, seqlen, num_kv_pairs, seed)
 
     def setup(self, stage: str | None = None) -> None:
-        """Generate the training set and every test slice (deterministic; done once, then cached)."""
-        if self.train_set is not None:
-            return
-        input_ids, labels = multiquery_ar(
-            self.vocab_size,
-            self.num_train_examples,
-            self.seqlen,
-            self.train_seed,
-            power_a=self.power_a,
-            num_kv_pairs=self.num_kv_pairs,
-            random_non_queries=self.random_non_queries,
-        )
-        self.train_set = MQARSlice(input_ids, labels, self.seqlen, self.num_kv_pairs, self.train_seed)
-        self.test_sets = [
-            self.generate_slice(test_seqlen, test_kv, self.num_test_examples, seed)
-            for (test_seqlen, test_kv), seed in zip(self.test_configs, self.test_seeds, strict=True)
-        ]
+        """Generate the data a stage needs (deterministic; each set is made once, then cached).
+
+        ``stage`` None or ``"fit"`` makes the training set and every test slice; ``"validate"``,
+        ``"test"`` and ``"predict"`` make only the test slices (so evaluation skips the training set).
+        """
+        if stage in (None, "fit") and self.train_set is None:
+            input_ids, labels = multiquery_ar(
+                self.vocab_size,
+                self.num_train_examples,
+                self.seqlen,
+                self.train_seed,
+                power_a=self.power_a,
+                num_kv_pairs=self.num_kv_pairs,
+                random_non_queries=self.random_non_queries,
+            )
+            self.train_set = MQARSlice(input_ids, labels, self.seqlen, self.num_kv_pairs, self.train_seed)
+        if self.test_sets is None:
+            self.test_sets = [
+                self.generate_slice(test_seqlen, test_kv, self.num_test_examples, seed)
+                for (test_seqlen, test_kv), seed in zip(self.test_configs, self.test_seeds, strict=True)
+            ]
 
     def dataloader(self, dataset: Dataset, shuffle: bool = False) -> DataLoader:
         """A DataLoader over ``dataset`` (e.g. from :meth:`generate_slice`) with this module's settings."""
@@ -392,18 +403,20 @@ class MQARDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
         )
 
-    def _require_setup(self) -> None:
-        if self.train_set is None:
-            raise RuntimeError("call setup() before asking for dataloaders (Lightning's Trainer does it)")
-
     def train_dataloader(self) -> DataLoader:
         """Shuffled batches of the training set (reshuffled every epoch)."""
-        self._require_setup()
+        if self.train_set is None:
+            raise RuntimeError(
+                "call setup() or setup('fit') before train_dataloader() (Lightning's Trainer does it)"
+            )
         return self.dataloader(self.train_set, shuffle=True)
 
     def val_dataloader(self) -> list[DataLoader]:
         """One DataLoader per test slice, in ``slice_names`` order."""
-        self._require_setup()
+        if self.test_sets is None:
+            raise RuntimeError(
+                "call setup() before val_dataloader()/test_dataloader() (Lightning's Trainer does it)"
+            )
         return [self.dataloader(test_set) for test_set in self.test_sets]
 
     def test_dataloader(self) -> list[DataLoader]:

@@ -29,6 +29,7 @@ __all__ = [
     "linear_attention_step",
 ]
 
+# The values every op's ``backend`` keyword accepts.
 BACKENDS = (None, "reference", "triton")
 
 # Op name -> Triton implementation with the reference's signature. Empty until the kernels land.

@@ -33,8 +33,9 @@ __all__ = [
 # in its quadratic form, the state carries between chunks. It only bounds memory; results are exact.
 _LINEAR_ATTENTION_CHUNK_SIZE = 64
 
-# The selective scan's backward recomputes states inside chunks of this many steps from states
-# checkpointed at chunk starts, so it keeps O(L / chunk + chunk) states instead of O(L).
+# The selective scan processes time in chunks of this many steps: the forward keeps only the state
+# before each chunk and the backward recomputes the chunk's states from it, so memory holds
+# O(L / chunk + chunk) states instead of O(L). 16 steps of (64, 256, 16) fp32 states stay in cache.
 _SCAN_CHECKPOINT_STEPS = 16
 
 
@@ -129,7 +130,9 @@ def flash_attention(
     """Exact masked softmax attention, ``o = softmax(scale * q k^T + mask) v``.
 
     Follows FlashAttention (Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact
-    Attention with IO-Awareness", eq. 1 / Algorithm 1), computed directly (scores materialised).
+    Attention with IO-Awareness", eq. 1 / Algorithm 1), computed directly: scores materialised and
+    a masked softmax, or PyTorch's fused ``scaled_dot_product_attention`` (same math, faster on
+    CPU) when no lse is asked for and every query row sees a key.
 
     Args:
         q: (B, Tq, Hq, D) queries, float16 / bfloat16 / float32 / float64.
@@ -177,12 +180,12 @@ def flash_attention(
 
     dtype = _compute_dtype(q.dtype)
     group = num_heads // num_kv_heads
-    # Query heads sharing a KV head sit next to each other: h = kv_head * group + g.
-    qg = rearrange(q.to(dtype), "b t (h g) d -> b h g t d", g=group)  # (B, Hkv, G, Tq, D)
+    # Query heads sharing a KV head (h = kv_head * G + g) become extra query rows of that KV head,
+    # so K and V are never repeated.
+    qg = rearrange(q.to(dtype), "b t (h g) d -> b h (g t) d", g=group)  # (B, Hkv, G*Tq, D)
     kh = rearrange(k.to(dtype), "b s h d -> b h s d")  # (B, Hkv, Tk, D)
     vh = rearrange(v.to(dtype), "b s h d -> b h s d")  # (B, Hkv, Tk, D)
 
-    scores = torch.einsum("bhgtd,bhsd->bhgts", qg, kh) * scale  # (B, Hkv, G, Tq, Tk)
     visible = None
     if causal:
         i = torch.arange(seqlen_q, device=q.device)[:, None]
@@ -191,13 +194,22 @@ def flash_attention(
         visible = j <= last_visible  # (Tq, Tk)
         if window is not None:
             visible = visible & (j > last_visible - window)
-    probs, lse = _masked_softmax(scores, visible)  # (B, Hkv, G, Tq, Tk), (B, Hkv, G, Tq)
-    out = torch.einsum("bhgts,bhsd->bhgtd", probs, vh)  # (B, Hkv, G, Tq, D)
+        visible = visible.repeat(group, 1)  # (G*Tq, Tk), rows ordered like (g t)
 
-    out = rearrange(out, "b h g t d -> b t (h g) d").to(q.dtype)
+    if not return_lse and (not causal or seqlen_q <= seqlen_k):
+        # Every row sees at least its diagonal key, where PyTorch's fused attention computes the
+        # same exact softmax several times faster on CPU (it is undefined for rows with no key).
+        out = F.scaled_dot_product_attention(qg, kh, vh, attn_mask=visible, scale=scale)  # (B, Hkv, G*Tq, D)
+        lse = None
+    else:
+        scores = (qg @ kh.transpose(-1, -2)) * scale  # (B, Hkv, G*Tq, Tk)
+        probs, lse = _masked_softmax(scores, visible)  # (B, Hkv, G*Tq, Tk), (B, Hkv, G*Tq)
+        out = probs @ vh  # (B, Hkv, G*Tq, D)
+
+    out = rearrange(out, "b h (g t) d -> b t (h g) d", g=group).to(q.dtype)
     if not return_lse:
         return out
-    return out, rearrange(lse, "b h g t -> b (h g) t")
+    return out, rearrange(lse, "b h (g t) -> b (h g) t", g=group)
 
 
 def flash_decode(
@@ -242,7 +254,8 @@ def flash_decode(
         TypeError: non-tensor inputs, non-floating q / caches or mismatched dtypes, non-integer
             block_table / seqlens, non-int window or num_splits.
         ValueError: wrong ndim or mismatched shapes, Hq not a multiple of Hkv, seqlens out of
-            [0, max_blocks * block_size], a used page index outside [0, num_blocks), window <= 0.
+            [0, max_blocks * block_size], a used page index outside [0, num_blocks), window <= 0,
+            num_splits < 1.
     """
     _check_tensor("q", q, 3)
     _check_tensor("k_cache", k_cache, 4)
@@ -270,10 +283,11 @@ def flash_decode(
     _check_heads(num_heads, num_kv_heads)
     _check_window(window)
     _check_scale(scale)
-    if num_splits is not None and (
-        isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1
-    ):
-        raise TypeError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    if num_splits is not None:
+        if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+            raise TypeError(f"num_splits must be a positive int or None, got {num_splits!r}")
+        if num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     capacity = max_blocks * block_size
     if batch > 0 and (int(seqlens.min()) < 0 or int(seqlens.max()) > capacity):
         raise ValueError(
@@ -281,9 +295,10 @@ def flash_decode(
         )
     seqlens = seqlens.long()
     # Pages a sequence actually uses must exist; unused table entries are ignored (clamped below).
-    used = (
-        torch.arange(max_blocks, device=q.device)[None, :] * block_size < seqlens[:, None]
-    )  # (B, max_blocks)
+    page_starts = (
+        torch.arange(max_blocks, device=q.device) * block_size
+    )  # (max_blocks,) first token of each page
+    used = page_starts[None, :] < seqlens[:, None]  # (B, max_blocks)
     used_pages = block_table[used]
     if used_pages.numel() > 0 and (int(used_pages.min()) < 0 or int(used_pages.max()) >= num_blocks):
         raise ValueError(
@@ -350,7 +365,9 @@ class _SelectiveScanRecurrence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, dt, A, B, C, h0):
-        h = h0
+        # h0 may be a view of a caller's cache state that is updated in place after this call, so
+        # the first checkpoint is a copy.
+        h = h0.clone()
         checkpoints = []
         outputs = []
         for start in range(0, u.shape[0], _SCAN_CHECKPOINT_STEPS):
@@ -361,7 +378,7 @@ class _SelectiveScanRecurrence(torch.autograd.Function):
             h = states[-1].clone()  # a copy, so the chunk's states are freed
         ctx.save_for_backward(u, dt, A, B, C, *checkpoints)
         y = torch.cat(outputs) if outputs else u.new_empty(u.shape)
-        return y, (h if outputs else h0.clone())
+        return y, h
 
     @staticmethod
     @once_differentiable
@@ -570,15 +587,15 @@ def selective_state_update(
     _check_tensor("state", state, 3)
     batch, dim, d_state = state.shape
     for name, t in (("x", x), ("dt", dt), ("z", z)):
-        if t is not None:
+        if t is not None or name != "z":
             _check_tensor(name, t, 2)
             if t.shape != (batch, dim):
                 raise ValueError(
                     f"{name} must be (batch, dim) = {(batch, dim)} like state, got {tuple(t.shape)}"
                 )
-    if not isinstance(A, torch.Tensor) or A.ndim != 2 or A.shape[1] != d_state:
-        shape = tuple(A.shape) if isinstance(A, torch.Tensor) else type(A).__name__
-        raise ValueError(f"A must be (dim, d_state) = {(dim, d_state)} like state, got {shape}")
+    _check_tensor("A", A, 2)
+    if A.shape[1] != d_state:
+        raise ValueError(f"A must be (dim, d_state) = {(dim, d_state)} like state, got {tuple(A.shape)}")
     groups = _check_scan_params(dim, d_state, A, B, C, D, dt_bias, bc_ndims=(2, 3), batch=batch)
 
     dtype = torch.float64 if torch.float64 in (x.dtype, state.dtype) else torch.float32
@@ -608,6 +625,14 @@ def selective_state_update(
 # ----------------------------------------------------------------------------------------------
 
 
+def _describe(state) -> str:
+    if isinstance(state, torch.Tensor):
+        return f"a single tensor of shape {tuple(state.shape)}"
+    if isinstance(state, (tuple, list)):
+        return f"a {type(state).__name__} of {len(state)} items"
+    return type(state).__name__
+
+
 def _split_linear_state(initial_state, normalize: bool, batch: int, num_heads: int, k_dim: int, v_dim: int):
     """Validate a linear-attention state and return (kv, z) (z is None without normalisation)."""
     if normalize:
@@ -616,14 +641,13 @@ def _split_linear_state(initial_state, normalize: bool, batch: int, num_heads: i
         ):
             raise TypeError(
                 "with normalize=True, initial_state must be the pair (kv (B, H, K, V), z (B, H, K)) returned "
-                "by linear_attention(..., output_final_state=True), not a single tensor"
+                f"by linear_attention(..., output_final_state=True), got {_describe(initial_state)}"
             )
         kv, z = initial_state
     else:
         if not isinstance(initial_state, torch.Tensor):
             raise TypeError(
-                "with normalize=False, initial_state must be the tensor kv (B, H, K, V), not "
-                f"{type(initial_state).__name__}"
+                f"with normalize=False, initial_state must be the tensor kv (B, H, K, V), got {_describe(initial_state)}"
             )
         kv, z = initial_state, None
     _check_tensor("initial_state kv", kv, 4)
@@ -711,9 +735,13 @@ def linear_attention(
     kh = rearrange(k.to(dtype), "b t h k -> b h t k")
     vh = rearrange(v.to(dtype), "b t h v -> b h t v")
     outputs = []
+    pos = torch.arange(_LINEAR_ATTENTION_CHUNK_SIZE, device=q.device)
+    # Built by comparison rather than torch.tril, whose CPU kernel is slow on tiny chunks.
+    causal = pos[:, None] >= pos[None, :]  # (C, C): query t sees keys s <= t of its chunk
     for start in range(0, seqlen, _LINEAR_ATTENTION_CHUNK_SIZE):
         qc, kc, vc = (t[:, :, start : start + _LINEAR_ATTENTION_CHUNK_SIZE] for t in (qh, kh, vh))
-        scores = torch.tril(qc @ kc.transpose(-1, -2))  # (B, H, C, C), causal within the chunk
+        size = qc.shape[2]
+        scores = torch.where(causal[:size, :size], qc @ kc.transpose(-1, -2), 0)  # (B, H, C, C)
         out = scores @ vc + qc @ kv  # (B, H, C, V)
         if normalize:
             # scale q_t . (z_0 + sum_{s<=t} k_s): the in-chunk part is the row sum of the scores.

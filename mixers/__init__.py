@@ -52,7 +52,10 @@ def _settings_of(cls: type[nn.Module]) -> dict[str, inspect.Parameter]:
             continue
         params = inspect.signature(klass.__init__).parameters
         for name, param in params.items():
-            if name not in ("self", "d_model") and param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+            if name not in ("self", "d_model") and param.kind not in (
+                param.VAR_KEYWORD,
+                param.VAR_POSITIONAL,
+            ):
                 settings.setdefault(name, param)
         if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
             break

@@ -126,7 +126,9 @@ class Attention(nn.Module):
         if pos_emb not in POS_EMBS:
             raise ValueError(f"{self.name}: unknown pos_emb {pos_emb!r}; choose one of {POS_EMBS}")
         if pos_emb == "rope" and head_dim % 2 != 0:
-            raise ValueError(f"{self.name}: RoPE rotates pairs of dims, so head_dim must be even, got {head_dim}")
+            raise ValueError(
+                f"{self.name}: RoPE rotates pairs of dims, so head_dim must be even, got {head_dim}"
+            )
         if pos_emb == "rope" and not rope_base > 1:
             raise ValueError(f"{self.name}: rope_base must be > 1, got {rope_base}")
 
@@ -217,7 +219,9 @@ class Attention(nn.Module):
             cache.seqlen += T
         return self.out_proj(rearrange(o, "b t h d -> b t (h d)"))
 
-    def _attend_with_cache(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def _attend_with_cache(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache
+    ) -> torch.Tensor:
         """Write the new k, v (B, T, Hkv, D) at [seqlen : seqlen + T] and attend q (B, T, Hq, D) to
         everything cached so far; returns (B, T, Hq, D)."""
         B, T = q.shape[:2]
@@ -244,7 +248,11 @@ class Attention(nn.Module):
         return max_seqlen
 
     def allocate_cache(
-        self, batch_size: int, max_seqlen: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+        self,
+        batch_size: int,
+        max_seqlen: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> KVCache:
         """Allocate an empty KV cache: k, v zeros of (batch_size, max_seqlen, num_kv_heads, head_dim).
 
@@ -266,4 +274,10 @@ class Attention(nn.Module):
     def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
         """Bytes per sequence of a cache with max_seqlen = seqlen: 2 * slots * num_kv_heads * head_dim *
         itemsize (keys and values of every KV head), with slots = seqlen here."""
-        return 2 * self._cache_slots(seqlen) * self.num_kv_heads * self.head_dim * self._cache_dtype(dtype).itemsize
+        return (
+            2
+            * self._cache_slots(seqlen)
+            * self.num_kv_heads
+            * self.head_dim
+            * self._cache_dtype(dtype).itemsize
+        )

@@ -115,7 +115,8 @@ def causal_conv1d(x: torch.Tensor, conv: nn.Conv1d, conv_state: torch.Tensor | N
 
     Args:
         x: (B, C, T) input in the compute dtype.
-        conv: depthwise nn.Conv1d(C, C, d_conv, groups=C); its padding is not used here.
+        conv: depthwise nn.Conv1d(C, C, d_conv, groups=C), holding weight (C, 1, d_conv) and bias (C,)
+            (mamba_simple.py's layout); its padding is not used here.
         conv_state: optional (B, C, d_conv) window of the last d_conv inputs seen (fp32/fp64);
             updated in place to the last d_conv inputs including x.
 
@@ -131,7 +132,14 @@ def causal_conv1d(x: torch.Tensor, conv: nn.Conv1d, conv_state: torch.Tensor | N
         x_padded = torch.cat([conv_state[..., 1:].to(x.dtype), x], dim=-1)  # (B, C, d_conv - 1 + T)
         # T >= 1, so the last d_conv inputs are all inside x_padded.
         conv_state.copy_(x_padded[..., -d_conv:])
-    return F.conv1d(x_padded, conv.weight, conv.bias, groups=conv.groups)  # (B, C, T)
+    # The sum over the d_conv taps is the formula above, written out: d_conv elementwise
+    # multiply-adds. F.conv1d computes the same but its CPU depthwise path loops over channels in
+    # parallel regions (float64 falls back to a per-channel slow convolution), which costs
+    # milliseconds per call at test sizes; a fused causal-conv kernel replaces this on GPU later.
+    T = x.shape[-1]
+    weight = conv.weight[:, 0]  # (C, d_conv)
+    out = sum(weight[:, i, None] * x_padded[..., i : i + T] for i in range(d_conv))  # (B, C, T)
+    return out if conv.bias is None else out + conv.bias[:, None]
 
 
 def causal_conv1d_step(x: torch.Tensor, conv: nn.Conv1d, conv_state: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,14 @@ from einops import rearrange
 from torch import nn
 
 import kernels
-from mixers.common import MixerCache, causal_conv1d, causal_conv1d_step, check_input, check_positive_int, state_dtype
+from mixers.common import (
+    MixerCache,
+    causal_conv1d,
+    causal_conv1d_step,
+    check_input,
+    check_positive_int,
+    state_dtype,
+)
 
 FEATURE_MAPS = ("elu", "relu", "identity", "taylor")
 
@@ -110,7 +117,9 @@ class LinearAttention(nn.Module):
         if d_model % num_heads != 0:
             raise ValueError(f"{self.name}: num_heads={num_heads} does not divide d_model={d_model}")
         if feature_map not in FEATURE_MAPS:
-            raise ValueError(f"{self.name}: unknown feature_map {feature_map!r}; choose one of {FEATURE_MAPS}")
+            raise ValueError(
+                f"{self.name}: unknown feature_map {feature_map!r}; choose one of {FEATURE_MAPS}"
+            )
         if normalize and feature_map == "identity":
             raise ValueError(
                 f"{self.name}: normalize=True needs a positive kernel, but identity features give q·k < 0 "
@@ -202,12 +211,20 @@ class LinearAttention(nn.Module):
         if cache is None:
             o = kernels.linear_attention(q, k, v, scale=self.scale, normalize=self.normalize)
         elif decode:
-            o = kernels.linear_attention_step(q[:, 0], k[:, 0], v[:, 0], cache.kv, scale=self.scale, z_state=cache.z)
+            o = kernels.linear_attention_step(
+                q[:, 0], k[:, 0], v[:, 0], cache.kv, scale=self.scale, z_state=cache.z
+            )
             o = o[:, None]  # (B, 1, H, head_dim)
         else:
             state = (cache.kv, cache.z) if self.normalize else cache.kv
             o, final = kernels.linear_attention(
-                q, k, v, scale=self.scale, normalize=self.normalize, initial_state=state, output_final_state=True
+                q,
+                k,
+                v,
+                scale=self.scale,
+                normalize=self.normalize,
+                initial_state=state,
+                output_final_state=True,
             )
             if self.normalize:
                 cache.kv.copy_(final[0])
@@ -228,7 +245,11 @@ class LinearAttention(nn.Module):
         return shapes
 
     def allocate_cache(
-        self, batch_size: int, max_seqlen: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+        self,
+        batch_size: int,
+        max_seqlen: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> LinearAttentionCache:
         """Allocate a zero state (see `LinearAttentionCache` for the tensors and shapes).
 

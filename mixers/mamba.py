@@ -3,7 +3,7 @@
 Gu & Dao 2023, "Mamba: Linear-Time Sequence Modeling with Selective State Spaces", Fig. 3 and
 Algorithm 2, with the semantics of the reference implementation's block (mamba_simple.py):
 
-    x, z = in_proj(u)                                  expand d_model -> 2 * d_inner
+    x, z = in_proj(x)                                  expand d_model -> 2 * d_inner
     x = silu(causal depthwise conv1d(x))               width d_conv
     dt, B, C = x_proj(x)                               input-dependent ("selective") parameters
     dt = softplus(dt_proj(dt))                         low rank dt_rank -> d_inner, bias = dt init
@@ -25,7 +25,14 @@ from einops import rearrange
 from torch import nn
 
 import kernels
-from mixers.common import MixerCache, causal_conv1d, causal_conv1d_step, check_input, check_positive_int, state_dtype
+from mixers.common import (
+    MixerCache,
+    causal_conv1d,
+    causal_conv1d_step,
+    check_input,
+    check_positive_int,
+    state_dtype,
+)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -141,11 +148,15 @@ class Mamba(nn.Module):
         with torch.no_grad():
             nn.init.uniform_(self.dt_proj.weight, -dt_init_std, dt_init_std)
             device = self.dt_proj.bias.device
-            log_dt = torch.empty(self.d_inner, device=device).uniform_(math.log(self.dt_min), math.log(self.dt_max))
+            log_dt = torch.empty(self.d_inner, device=device).uniform_(
+                math.log(self.dt_min), math.log(self.dt_max)
+            )
             dt = torch.exp(log_dt).clamp(min=self.dt_init_floor)  # (d_inner,)
             # softplus^-1(dt) = log(exp(dt) - 1) = dt + log(1 - exp(-dt)); expm1 keeps small dt exact.
             self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
-            A = torch.arange(1, self.d_state + 1, device=device, dtype=torch.float32).repeat(self.d_inner, 1)  # (d_inner, N)
+            A = torch.arange(1, self.d_state + 1, device=device, dtype=torch.float32).repeat(
+                self.d_inner, 1
+            )  # (d_inner, N)
             self.A_log.copy_(torch.log(A))
             self.D.fill_(1.0)
 
@@ -160,27 +171,27 @@ class Mamba(nn.Module):
         A = -torch.exp(self.A_log.to(dtype))  # (d_inner, N), negative so that the state decays
         return dt, B, C, A, self.D.to(dtype), self.dt_proj.bias.to(dtype)
 
-    def forward(self, u: torch.Tensor, cache: MambaCache | None = None) -> torch.Tensor:
-        """Mamba block over u, continuing the cached state when a cache is given.
+    def forward(self, x: torch.Tensor, cache: MambaCache | None = None) -> torch.Tensor:
+        """Mamba block over x, continuing the cached state when a cache is given.
 
         Args:
-            u: (B, T, d_model). With a cache: T new tokens after cache.seqlen, a prefill / chunked
+            x: (B, T, d_model). With a cache: T new tokens after cache.seqlen, a prefill / chunked
                 prefill (T > 1) or a decode step (T == 1).
             cache: from `allocate_cache`; updated in place (conv window, SSM state, seqlen += T).
 
         Returns:
-            (B, T, d_model) in u's dtype.
+            (B, T, d_model) in x's dtype.
 
         Raises:
-            ValueError: u of the wrong shape, a cache of another batch size, or cache overflow.
+            ValueError: x of the wrong shape, a cache of another batch size, or cache overflow.
         """
-        batch, T = check_input(u, self.d_model, self.name)
+        batch, T = check_input(x, self.d_model, self.name)
         if cache is not None:
             cache.check_step(batch, T, self.name)
         if cache is not None and T == 1:
-            y = self._step(u[:, 0], cache)[:, None]  # (B, 1, d_inner)
+            y = self._step(x[:, 0], cache)[:, None]  # (B, 1, d_inner)
         else:
-            xz = rearrange(self.in_proj(u), "b l d -> b d l")  # (B, 2 d_inner, T)
+            xz = rearrange(self.in_proj(x), "b l d -> b d l")  # (B, 2 d_inner, T)
             x, z = xz.chunk(2, dim=1)  # (B, d_inner, T) each
             x = F.silu(causal_conv1d(x, self.conv1d, None if cache is None else cache.conv_state))
             dt, B, C, A, D, dt_bias = self._ssm_params(rearrange(x, "b d l -> b l d"))
@@ -191,19 +202,28 @@ class Mamba(nn.Module):
                 y = kernels.selective_scan(x, dt, A, B, C, D, z=z, delta_bias=dt_bias, delta_softplus=True)
             else:
                 y, last_state = kernels.selective_scan(
-                    x, dt, A, B, C, D, z=z, delta_bias=dt_bias, delta_softplus=True,
-                    return_last_state=True, initial_state=cache.ssm_state,
-                )  # fmt: skip
+                    x,
+                    dt,
+                    A,
+                    B,
+                    C,
+                    D,
+                    z=z,
+                    delta_bias=dt_bias,
+                    delta_softplus=True,
+                    return_last_state=True,
+                    initial_state=cache.ssm_state,
+                )
                 cache.ssm_state.copy_(last_state)
             y = rearrange(y, "b d l -> b l d")  # (B, T, d_inner)
         if cache is not None:
             cache.seqlen += T
         return self.out_proj(y)
 
-    def _step(self, u: torch.Tensor, cache: MambaCache) -> torch.Tensor:
-        """One decode step: u (B, d_model) -> y (B, d_inner), updating the cache's conv window and SSM
+    def _step(self, x: torch.Tensor, cache: MambaCache) -> torch.Tensor:
+        """One decode step: x (B, d_model) -> y (B, d_inner), updating the cache's conv window and SSM
         state in place (the recurrent form of the block, as mamba_simple.py's step)."""
-        x, z = self.in_proj(u).chunk(2, dim=-1)  # (B, d_inner) each
+        x, z = self.in_proj(x).chunk(2, dim=-1)  # (B, d_inner) each
         x = F.silu(causal_conv1d_step(x, self.conv1d, cache.conv_state))  # (B, d_inner)
         dt, B, C, A, D, dt_bias = self._ssm_params(x)  # dt (B, d_inner), B and C (B, N)
         return kernels.selective_state_update(
@@ -211,7 +231,11 @@ class Mamba(nn.Module):
         )
 
     def allocate_cache(
-        self, batch_size: int, max_seqlen: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+        self,
+        batch_size: int,
+        max_seqlen: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> MambaCache:
         """Allocate a zero conv window (B, d_inner, d_conv) and SSM state (B, d_inner, d_state).
 

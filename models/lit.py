@@ -60,7 +60,8 @@ class LitLM(L.LightningModule):
         slice_names: names of the validation dataloaders, in order (``["T64_kv4", ...]``);
             metrics are logged as ``val/acc_<slice>``; ``val/acc`` and ``val/loss`` are the first
             slice's (the in-distribution one).
-        tokenizer_vocab: the character vocabulary of text runs, so generations can be decoded.
+        tokenizer: the tokenizer config of text runs (``data.tokenizer_from_config`` rebuilds it), so
+            prompts can be encoded and generations decoded from the checkpoint alone.
 
     Logged: ``train/loss``, ``train/acc``, ``train/tokens``; ``val/loss``, ``val/acc``, ``val/ppl``
     and their per-slice forms. Accuracies are exact counts over the whole split (reduced across
@@ -73,7 +74,7 @@ class LitLM(L.LightningModule):
         optim: dict[str, Any] | None = None,
         data: dict[str, Any] | None = None,
         slice_names: Sequence[str] | None = None,
-        tokenizer_vocab: str | None = None,
+        tokenizer: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()

@@ -1,0 +1,427 @@
+"""Character- and byte-level text corpora for next-token language modelling.
+
+Follows nanoGPT's ``shakespeare_char`` recipe (Karpathy, github.com/karpathy/nanoGPT,
+``data/shakespeare_char/prepare.py``): the vocabulary is the sorted set of characters of the whole
+corpus, the first 90% of the characters train and the last 10% validate, and a training example is
+``seqlen + 1`` consecutive tokens split into inputs ``block[:-1]`` and next-token labels
+``block[1:]``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from data.mqar import _check_int
+
+
+def _ids_to_list(ids) -> list[int]:
+    """A 1-D tensor / array / iterable of token ids as a list of Python ints."""
+    if isinstance(ids, (torch.Tensor, np.ndarray)):
+        if ids.ndim != 1:
+            raise ValueError(f"decode expects a 1-D sequence of token ids, got shape {tuple(ids.shape)}")
+        return [int(i) for i in ids.tolist()]
+    return [int(i) for i in ids]
+
+
+class CharTokenizer:
+    """One token per character; ids index the vocabulary string.
+
+    Build it from a corpus with :meth:`from_corpus` (vocabulary = sorted distinct characters,
+    newlines included), or from a stored vocabulary with :meth:`from_vocab` (``vocab`` round-trips
+    through a checkpoint; :meth:`to_config` / :func:`tokenizer_from_config` do it as a dict).
+
+    Args:
+        vocab: the vocabulary, one distinct character per id, in id order.
+
+    Raises:
+        TypeError: ``vocab`` is not a string.
+        ValueError: ``vocab`` is empty or repeats a character.
+    """
+
+    kind = "char"
+
+    def __init__(self, vocab: str):
+        if not isinstance(vocab, str):
+            raise TypeError(f"vocab must be a string of characters, got {type(vocab).__name__}")
+        if not vocab:
+            raise ValueError("vocab must hold at least one character")
+        if len(set(vocab)) != len(vocab):
+            repeated = sorted({c for c in vocab if vocab.count(c) > 1})
+            raise ValueError(f"vocab repeats characters {repeated!r}; each character must appear once")
+        self._vocab = vocab
+        self._ids = {c: i for i, c in enumerate(vocab)}
+
+    @classmethod
+    def from_corpus(cls, text: str) -> CharTokenizer:
+        """Tokenizer whose vocabulary is the sorted distinct characters of ``text``."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a string, got {type(text).__name__}")
+        return cls("".join(sorted(set(text))))
+
+    @classmethod
+    def from_vocab(cls, vocab: str) -> CharTokenizer:
+        """Rebuild a tokenizer from its :attr:`vocab` string (ids keep their order)."""
+        return cls(vocab)
+
+    @property
+    def vocab(self) -> str:
+        """The vocabulary string: character ``vocab[i]`` has id i."""
+        return self._vocab
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids."""
+        return len(self._vocab)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, one per character.
+
+        Raises:
+            ValueError: a character of ``text`` is not in the vocabulary (the message names it and
+                its position).
+        """
+        try:
+            return [self._ids[c] for c in text]
+        except KeyError as err:
+            char = err.args[0]
+            raise ValueError(
+                f"character {char!r} (U+{ord(char):04X}) at index {text.index(char)} is not in this "
+                f"tokenizer's vocabulary of {self.vocab_size} characters; build the tokenizer from a "
+                "corpus that contains it, or use tokenizer='byte'"
+            ) from None
+
+    def decode(self, ids: Iterable[int] | torch.Tensor) -> str:
+        """Text of a 1-D sequence of token ids (list, array or tensor).
+
+        Raises:
+            ValueError: an id is outside ``[0, vocab_size)``, or ``ids`` is not 1-D.
+        """
+        ids = _ids_to_list(ids)
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"token id {bad[0]} is outside [0, {self.vocab_size}) of this character tokenizer"
+            )
+        return "".join(self._vocab[i] for i in ids)
+
+    def to_config(self) -> dict:
+        """Plain dict that :func:`tokenizer_from_config` turns back into this tokenizer."""
+        return {"kind": self.kind, "vocab": self._vocab}
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte; ``vocab_size`` is 256 and every string can be encoded."""
+
+    kind = "byte"
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``: its UTF-8 bytes (a non-ASCII character gives 2-4 ids)."""
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Iterable[int] | torch.Tensor) -> str:
+        """Text of a 1-D sequence of byte ids.
+
+        Byte sequences that are not valid UTF-8 (a model may sample a partial character) decode
+        to U+FFFD instead of raising.
+
+        Raises:
+            ValueError: an id is outside [0, 256), or ``ids`` is not 1-D.
+        """
+        ids = _ids_to_list(ids)
+        bad = [i for i in ids if not 0 <= i < 256]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside [0, 256) of the byte tokenizer")
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def to_config(self) -> dict:
+        """Plain dict that :func:`tokenizer_from_config` turns back into this tokenizer."""
+        return {"kind": self.kind}
+
+
+def tokenizer_from_config(config: Mapping) -> CharTokenizer | ByteTokenizer:
+    """Rebuild a tokenizer from its ``to_config()`` dict (e.g. stored in a checkpoint).
+
+    Raises:
+        ValueError: unknown ``kind``, or a char config without ``vocab``.
+    """
+    kind = config.get("kind")
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "char":
+        if "vocab" not in config:
+            raise ValueError("a char tokenizer config needs its 'vocab' string")
+        return CharTokenizer.from_vocab(config["vocab"])
+    raise ValueError(f"unknown tokenizer kind {kind!r}; expected 'char' or 'byte'")
+
+
+class TokenWindows(Dataset):
+    """Windows of ``seqlen + 1`` consecutive tokens of one token stream, indexed by start position.
+
+    Item ``start`` (0 <= start <= len(tokens) - seqlen - 1) is ``{"input_ids": tokens[start :
+    start + seqlen], "labels": tokens[start + 1 : start + seqlen + 1], "slice": "text"}`` with
+    (seqlen,) int64 tensors. Which starts are visited is up to the sampler (:class:`BlockSampler`).
+    """
+
+    def __init__(self, tokens: torch.Tensor, seqlen: int):
+        self.tokens = tokens
+        self.seqlen = seqlen
+
+    def __len__(self) -> int:
+        return max(0, self.tokens.shape[0] - self.seqlen)
+
+    def __getitem__(self, start: int) -> dict:
+        block = self.tokens[start : start + self.seqlen + 1]  # (seqlen + 1,)
+        return {"input_ids": block[:-1], "labels": block[1:], "slice": "text"}
+
+
+class BlockSampler(Sampler[int]):
+    """Start positions of non-overlapping blocks of ``block_len`` tokens in a stream of ``num_tokens``.
+
+    ``shuffle=False`` (validation): blocks at 0, block_len, 2 * block_len, ..., in order, as many as
+    fit (``num_tokens // block_len``). ``shuffle=True`` (training): every epoch draws an offset r
+    uniformly from [0, block_len) and visits the blocks at ``r + j * block_len`` in random order,
+    so over epochs the model sees every block boundary; the count is fixed at
+    ``(num_tokens - block_len + 1) // block_len`` so that every offset fits. The epoch's draw is a
+    function of ``(seed, epoch)``: Lightning calls :meth:`set_epoch` before each epoch (also through
+    its distributed wrapper, which keeps ranks consistent); without it, each pass advances the epoch.
+    """
+
+    def __init__(self, num_tokens: int, block_len: int, shuffle: bool, seed: int = 0):
+        self.num_tokens = num_tokens
+        self.block_len = block_len
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        if self.shuffle:
+            return (self.num_tokens - self.block_len + 1) // self.block_len
+        return self.num_tokens // self.block_len
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose offset and order the next pass uses."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.shuffle:
+            return iter(range(0, len(self) * self.block_len, self.block_len))
+        rng = np.random.default_rng([self.seed, self.epoch])
+        offset = int(rng.integers(self.block_len))
+        order = rng.permutation(len(self))
+        self.epoch += 1
+        return iter((offset + order * self.block_len).tolist())
+
+
+def _load_text(path, name, config_name, split, text_column, separator, cache_dir) -> str:
+    """The corpus as one string: local text file(s) or a Hugging Face hub dataset, via ``datasets``."""
+    import datasets  # imported here: it takes about a second and MQAR-only users never need it
+
+    if path is not None:
+        paths = [path] if isinstance(path, (str, Path)) else list(path)
+        for file in paths:
+            if not Path(file).is_file():
+                raise FileNotFoundError(
+                    f"text corpus file not found: {str(file)!r} (set data.path to a text file)"
+                )
+        # sample_by="document" makes each file one row with its newlines intact (line ends are
+        # normalised to "\n", as Python's text mode does). Without a user cache_dir the Arrow cache
+        # goes to a temporary directory, deleted once the text has been copied out.
+        with tempfile.TemporaryDirectory(prefix="mixerlab-text-") as tmp:
+            ds = datasets.load_dataset(
+                "text",
+                data_files=[str(file) for file in paths],
+                sample_by="document",
+                split="train",
+                cache_dir=cache_dir if cache_dir is not None else tmp,
+            )
+            return separator.join(ds["text"])
+    ds = datasets.load_dataset(name, config_name, split=split, cache_dir=cache_dir)
+    if text_column not in ds.column_names:
+        raise ValueError(
+            f"dataset {name!r} has no column {text_column!r} (columns: {ds.column_names}); set text_column"
+        )
+    return separator.join(ds[text_column])
+
+
+def _build_tokenizer(tokenizer, corpus: str):
+    """A tokenizer from a kind name ("char": fitted on ``corpus``; "byte"), a config dict or an instance."""
+    if isinstance(tokenizer, str):
+        if tokenizer == "char":
+            return CharTokenizer.from_corpus(corpus)
+        if tokenizer == "byte":
+            return ByteTokenizer()
+        raise ValueError(f"unknown tokenizer {tokenizer!r}; expected 'char' or 'byte'")
+    if isinstance(tokenizer, Mapping):
+        return tokenizer_from_config(tokenizer)
+    if all(hasattr(tokenizer, attr) for attr in ("encode", "decode", "vocab_size")):
+        return tokenizer
+    raise TypeError(
+        "tokenizer must be 'char', 'byte', a to_config() dict, or an object with encode, decode and "
+        f"vocab_size; got {type(tokenizer).__name__}"
+    )
+
+
+class TextDataModule(L.LightningDataModule):
+    """Next-token prediction on one text corpus, split 90/10 by characters.
+
+    The corpus is a local file (``path``; a list of files is joined with ``separator``) or, for
+    online users, a Hugging Face hub dataset (``dataset_name``, ``config_name``, ``split``, ``text_column``;
+    its rows are joined with ``separator``). Both go through ``datasets.load_dataset``. The first
+    ``train_fraction`` of the *characters* is training text and the rest validation text; each part
+    is tokenized separately. The char vocabulary is fitted on the whole corpus (as nanoGPT does), so
+    validation text never holds an unknown character.
+
+    Training visits non-overlapping blocks of ``seqlen + 1`` tokens from a random offset re-drawn
+    every epoch, in random order (:class:`BlockSampler`); validation visits the fixed
+    non-overlapping blocks from offset 0, in order. ``test_dataloader`` is the validation data.
+
+    Args:
+        path: local text file (or list of files); exactly one of ``path`` and ``dataset_name``.
+        dataset_name: hub dataset name (needs network or a warm ``cache_dir``).
+        config_name: hub dataset configuration (e.g. ``"wikitext-2-raw-v1"``).
+        split: hub split to read (default ``"train"``); it is then split 90/10 as above.
+        text_column: hub column holding the text (default ``"text"``).
+        separator: string placed between rows / files (default ``"\\n"``).
+        tokenizer: ``"char"`` (default), ``"byte"``, a ``to_config()`` dict or a tokenizer object.
+        seqlen: tokens per example (default 256).
+        batch_size: examples per batch (default 32).
+        train_fraction: fraction of characters used for training, in (0, 1) (default 0.9).
+        num_workers: DataLoader worker processes (default 0).
+        seed: seed of the per-epoch training offsets and order (default 0).
+        cache_dir: ``datasets`` cache directory. Default: a temporary directory deleted after
+            loading for local files (nothing is left behind), the Hugging Face default cache for
+            hub datasets (so downloads are reused).
+
+    Attributes (after :meth:`setup`): ``tokenizer``, ``vocab_size``, ``train_tokens`` and
+    ``val_tokens`` (1-D int64 tensors), ``num_train_chars``, ``num_val_chars``. Always:
+    ``slice_names == ["text"]``, ``dataset_name``.
+
+    Batches are ``{"input_ids": (B, seqlen) int64, "labels": (B, seqlen) int64, "slice": ["text"] * B}``
+    with ``labels[:, t] == input_ids[:, t + 1]`` inside a block; every position is labelled.
+
+    Raises:
+        ValueError: neither or both of ``path`` and ``dataset_name``; a bad setting; (in ``setup``) a split
+            too short for one block of ``seqlen + 1`` tokens.
+        FileNotFoundError: (in ``setup``) ``path`` does not exist.
+    """
+
+    def __init__(
+        self,
+        path: str | Path | list[str | Path] | None = None,
+        dataset_name: str | None = None,
+        config_name: str | None = None,
+        split: str = "train",
+        text_column: str = "text",
+        separator: str = "\n",
+        tokenizer: str | Mapping | object = "char",
+        seqlen: int = 256,
+        batch_size: int = 32,
+        train_fraction: float = 0.9,
+        num_workers: int = 0,
+        seed: int = 0,
+        cache_dir: str | Path | None = None,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        if (path is None) == (dataset_name is None):
+            raise ValueError(
+                "give exactly one corpus: path (a local text file, e.g. data.path=/path/to/corpus.txt) "
+                "or dataset_name (a Hugging Face hub dataset)"
+            )
+        if not 0.0 < train_fraction < 1.0:
+            raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
+        self.path = path
+        self.dataset_name = dataset_name
+        self.config_name = config_name
+        self.split = split
+        self.text_column = text_column
+        self.separator = separator
+        self._tokenizer_spec = tokenizer
+        self.seqlen = _check_int(seqlen, "seqlen", 1)
+        self.batch_size = _check_int(batch_size, "batch_size", 1)
+        self.num_workers = _check_int(num_workers, "num_workers", 0)
+        self.seed = _check_int(seed, "seed", 0)
+        self.train_fraction = float(train_fraction)
+        self.cache_dir = cache_dir
+        self.slice_names = ["text"]
+        self.tokenizer = None
+        self.vocab_size: int | None = None
+        self.train_tokens: torch.Tensor | None = None
+        self.val_tokens: torch.Tensor | None = None
+        self.num_train_chars: int | None = None
+        self.num_val_chars: int | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load, split and tokenize the corpus (once; later calls return at once).
+
+        Raises:
+            FileNotFoundError: ``path`` does not exist.
+            ValueError: a split holds fewer tokens than the blocks need (the message gives the
+                largest seqlen that fits).
+        """
+        if self.train_tokens is not None:
+            return
+        text = _load_text(
+            self.path,
+            self.dataset_name,
+            self.config_name,
+            self.split,
+            self.text_column,
+            self.separator,
+            self.cache_dir,
+        )
+        if not text:
+            raise ValueError(f"the corpus {self.path or self.dataset_name!r} is empty")
+        tokenizer = _build_tokenizer(self._tokenizer_spec, text)
+        split_at = int(len(text) * self.train_fraction)
+        train_tokens = torch.tensor(tokenizer.encode(text[:split_at]), dtype=torch.int64)
+        val_tokens = torch.tensor(tokenizer.encode(text[split_at:]), dtype=torch.int64)
+
+        block_len = self.seqlen + 1
+        # Training needs one full block at every offset in [0, block_len): 2 * block_len - 1 tokens.
+        for part, tokens, needed in (
+            ("training", train_tokens, 2 * block_len - 1),
+            ("validation", val_tokens, block_len),
+        ):
+            if tokens.shape[0] < needed:
+                raise ValueError(
+                    f"the {part} split has {tokens.shape[0]} tokens, fewer than the {needed} that "
+                    f"seqlen={self.seqlen} needs; use a longer corpus or a smaller seqlen"
+                )
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.vocab_size
+        self.num_train_chars = split_at
+        self.num_val_chars = len(text) - split_at
+        self.train_tokens = train_tokens
+        self.val_tokens = val_tokens
+
+    def _loader(self, tokens: torch.Tensor, shuffle: bool) -> DataLoader:
+        if tokens is None:
+            raise RuntimeError("call setup() before asking for dataloaders (Lightning's Trainer does it)")
+        return DataLoader(
+            TokenWindows(tokens, self.seqlen),
+            batch_size=self.batch_size,
+            sampler=BlockSampler(tokens.shape[0], self.seqlen + 1, shuffle=shuffle, seed=self.seed),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Training blocks: random offset and order, re-drawn every epoch."""
+        return self._loader(self.train_tokens, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        """Validation blocks: fixed, non-overlapping, in order."""
+        return self._loader(self.val_tokens, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        """Same as :meth:`val_dataloader` (the corpus has two parts, not three)."""
+        return self.val_dataloader()

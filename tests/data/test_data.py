@@ -1,0 +1,553 @@
+"""Tests of the data package: the MQAR generator and data module, tokenizers, the text data module."""
+
+import tempfile
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from data import (
+    IGNORE_INDEX,
+    BlockSampler,
+    ByteTokenizer,
+    CharTokenizer,
+    MQARDataModule,
+    TextDataModule,
+    build_datamodule,
+    multiquery_ar,
+    parse_slice_name,
+    slice_name,
+    tokenizer_from_config,
+)
+
+SHAKESPEARE = Path(__file__).resolve().parents[2].parent / "shared/data/tiny_shakespeare.txt"
+
+
+def _mqar(**overrides):
+    args = dict(vocab_size=64, num_examples=300, input_seq_len=32, seed=0, num_kv_pairs=4)
+    args.update(overrides)
+    return multiquery_ar(**args)
+
+
+# ----------------------------------------------------------------------------------------------
+# MQAR generator
+
+
+def test_mqar_shapes_and_dtypes():
+    input_ids, labels = _mqar()
+    assert input_ids.shape == labels.shape == (300, 32)
+    assert input_ids.dtype == labels.dtype == torch.int64
+
+
+def test_mqar_keys_lower_half_values_upper_half_distinct():
+    vocab_size, k = 64, 4
+    input_ids, _ = _mqar(vocab_size=vocab_size, num_kv_pairs=k)
+    keys, values = input_ids[:, 0 : 2 * k : 2], input_ids[:, 1 : 2 * k : 2]
+    assert ((keys >= 1) & (keys < vocab_size // 2)).all()
+    assert ((values >= vocab_size // 2) & (values < vocab_size)).all()
+    for row_keys, row_values in zip(keys.tolist(), values.tolist(), strict=True):
+        assert len(set(row_keys)) == k
+        assert len(set(row_values)) == k
+
+
+@pytest.mark.parametrize("random_non_queries", [True, False])
+def test_mqar_every_key_queried_once_with_its_value_as_label(random_non_queries):
+    k = 4
+    input_ids, labels = _mqar(num_kv_pairs=k, random_non_queries=random_non_queries)
+    for row_inputs, row_labels in zip(input_ids.tolist(), labels.tolist(), strict=True):
+        pairs = dict(zip(row_inputs[0 : 2 * k : 2], row_inputs[1 : 2 * k : 2], strict=True))
+        labelled = [t for t, label in enumerate(row_labels) if label != IGNORE_INDEX]
+        assert len(labelled) == k
+        assert sum(label == IGNORE_INDEX for label in row_labels) == len(row_labels) - k
+        queried = []
+        for t in labelled:
+            assert t >= 2 * k and (t - 2 * k) % 2 == 0  # after the context, at an even offset
+            key = row_inputs[t]
+            assert key in pairs
+            assert row_labels[t] == pairs[key]
+            queried.append(key)
+        assert sorted(queried) == sorted(pairs)
+
+
+def test_mqar_zoology_layout_without_random_filler():
+    # Zoology's docstring example layout: k1 v1 k2 v2, then queries at even offsets, 0 elsewhere.
+    input_ids, labels = multiquery_ar(20, 50, 16, seed=3, num_kv_pairs=2, random_non_queries=False)
+    query_mask = labels != IGNORE_INDEX
+    query_mask[:, :4] = True  # the context
+    assert (input_ids[~query_mask] == 0).all()
+    assert (input_ids[:, :4] != 0).all()
+
+
+def test_mqar_random_non_queries_only_changes_filler():
+    on_inputs, on_labels = _mqar(seed=7, random_non_queries=True)
+    off_inputs, off_labels = _mqar(seed=7, random_non_queries=False)
+    assert torch.equal(on_labels, off_labels)
+    filler = off_inputs == 0
+    assert filler.any()
+    assert torch.equal(on_inputs[~filler], off_inputs[~filler])
+    on_filler = on_inputs[filler]
+    assert ((on_filler >= 0) & (on_filler < 64)).all()
+    # Uniform over 64 tokens: zeros survive about 1/64 of the time, and many tokens appear.
+    assert (on_filler == 0).float().mean() < 0.05
+    assert on_filler.unique().numel() > 50
+
+
+def test_mqar_power_law_gap_distribution():
+    # The first context key is queried at the first gap drawn, whose law is exactly
+    # p(gap = i - 1) ∝ a * i**(a - 1): compare the empirical frequencies with it.
+    num_examples, seqlen, k, power_a = 4000, 64, 4, 0.01
+    input_ids, labels = multiquery_ar(128, num_examples, seqlen, seed=11, power_a=power_a, num_kv_pairs=k)
+    first_keys = input_ids[:, 0]
+    is_first_query = (input_ids == first_keys[:, None]) & (labels != IGNORE_INDEX)
+    assert (is_first_query.sum(1) == 1).all()
+    gaps = (is_first_query.int().argmax(1) - 2 * k) // 2
+    space = seqlen // 2 - k
+    ranks = np.arange(1, space + 1)
+    p = power_a * ranks ** (power_a - 1.0)
+    p /= p.sum()
+    freq = np.bincount(gaps.numpy(), minlength=space) / num_examples
+    sigma = np.sqrt(p * (1 - p) / num_examples)
+    assert np.all(np.abs(freq - p) < 5 * sigma + 1e-3)
+    # And over all queries: early gaps are much more common than late ones, unlike power_a = 1.
+    all_gaps = ((labels != IGNORE_INDEX).nonzero()[:, 1] - 2 * k) // 2
+    assert (all_gaps == 0).sum() > 5 * (all_gaps == space - 1).sum()
+    _, uniform_labels = multiquery_ar(128, num_examples, seqlen, seed=11, power_a=1.0, num_kv_pairs=k)
+    uniform_gaps = ((uniform_labels != IGNORE_INDEX).nonzero()[:, 1] - 2 * k) // 2
+    assert all_gaps.float().mean() < 0.75 * uniform_gaps.float().mean()
+    assert abs(uniform_gaps.float().mean().item() - (space - 1) / 2) < 0.5
+
+
+def test_mqar_deterministic_per_seed_and_leaves_global_rng_alone():
+    np_state = np.random.get_state()[1].copy()
+    torch_state = torch.random.get_rng_state().clone()
+    first = _mqar(seed=5)
+    second = _mqar(seed=5)
+    other = _mqar(seed=6)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    assert not torch.equal(first[0], other[0])
+    assert not torch.equal(first[1], other[1])
+    assert np.array_equal(np.random.get_state()[1], np_state)
+    assert torch.equal(torch.random.get_rng_state(), torch_state)
+
+
+@pytest.mark.parametrize(
+    "overrides, error, match",
+    [
+        (dict(input_seq_len=31), ValueError, "even"),
+        (dict(vocab_size=32), ValueError, "vocab_size"),
+        (dict(num_kv_pairs=9), ValueError, "num_kv_pairs"),
+        (dict(power_a=0.0), ValueError, "power_a"),
+        (dict(num_examples=0), ValueError, "num_examples"),
+        (dict(seed=-1), ValueError, "seed"),
+        (dict(input_seq_len=32.0), TypeError, "integer"),
+    ],
+)
+def test_mqar_bad_arguments_raise_clear_errors(overrides, error, match):
+    with pytest.raises(error, match=match):
+        _mqar(**overrides)
+
+
+# ----------------------------------------------------------------------------------------------
+# MQAR data module
+
+
+def _mqar_module(**overrides):
+    args = dict(seqlen=16, num_kv_pairs=2, num_train_examples=40, num_test_examples=12, batch_size=8)
+    args.update(overrides)
+    return MQARDataModule(**args)
+
+
+def test_slice_names():
+    assert slice_name(64, 4) == "T64_kv4"
+    assert parse_slice_name("T64_kv4") == (64, 4)
+    with pytest.raises(ValueError, match="slice name"):
+        parse_slice_name("T=64")
+
+
+def test_mqar_datamodule_batches():
+    dm = _mqar_module()
+    assert dm.vocab_size == 512
+    assert dm.slice_names == ["T16_kv2", "T32_kv4", "T64_kv8"]
+    assert all("=" not in name for name in dm.slice_names)
+    dm.setup("fit")
+    train_batch = next(iter(dm.train_dataloader()))
+    assert train_batch["input_ids"].shape == train_batch["labels"].shape == (8, 16)
+    assert train_batch["input_ids"].dtype == train_batch["labels"].dtype == torch.int64
+    assert train_batch["slice"] == ["T16_kv2"] * 8
+    for loaders in (dm.val_dataloader(), dm.test_dataloader()):
+        assert len(loaders) == 3
+        for name, loader in zip(dm.slice_names, loaders, strict=True):
+            seqlen, num_kv_pairs = parse_slice_name(name)
+            batches = list(loader)
+            assert sum(b["input_ids"].shape[0] for b in batches) == 12
+            for batch in batches:
+                assert batch["input_ids"].shape[1] == batch["labels"].shape[1] == seqlen
+                assert batch["input_ids"].dtype == batch["labels"].dtype == torch.int64
+                assert batch["slice"] == [name] * batch["input_ids"].shape[0]
+                assert ((batch["labels"] != IGNORE_INDEX).sum(1) == num_kv_pairs).all()
+
+
+def test_mqar_datamodule_train_and_test_seeds_are_disjoint():
+    dm = _mqar_module(seed=3)
+    assert dm.train_seed not in dm.test_seeds
+    assert len(set(dm.test_seeds)) == len(dm.test_seeds)
+    train_seeds = {_mqar_module(seed=s).train_seed for s in range(20)}
+    test_seeds = {t for s in range(20) for t in _mqar_module(seed=s).test_seeds}
+    assert not train_seeds & test_seeds
+    dm.setup()
+    assert dm.train_set.seed == dm.train_seed
+    assert [s.seed for s in dm.test_sets] == dm.test_seeds
+    # The test slice with the training setting holds different examples from the training set.
+    train_rows = {tuple(row) for row in dm.train_set.input_ids.tolist()}
+    assert not train_rows & {tuple(row) for row in dm.test_sets[0].input_ids.tolist()}
+
+
+def test_mqar_datamodule_custom_longer_test_slices():
+    configs = [{"seqlen": 16, "num_kv_pairs": 2}, {"seqlen": 128, "num_kv_pairs": 8}]
+    dm = _mqar_module(test_configs=configs)
+    assert dm.slice_names == ["T16_kv2", "T128_kv8"]
+    dm.setup()
+    assert dm.test_sets[1].input_ids.shape == (12, 128)
+    assert max(s.seqlen for s in dm.test_sets) > dm.train_set.seqlen
+
+
+def test_mqar_datamodule_setup_is_deterministic():
+    first, second = _mqar_module(seed=1), _mqar_module(seed=1)
+    first.setup()
+    second.setup()
+    assert torch.equal(first.train_set.input_ids, second.train_set.input_ids)
+    assert torch.equal(first.test_sets[2].labels, second.test_sets[2].labels)
+
+
+def test_mqar_generate_slice():
+    dm = _mqar_module()
+    extra = dm.generate_slice(48, 6, 10)
+    assert extra.name == "T48_kv6"
+    assert extra.input_ids.shape == extra.labels.shape == (10, 48)
+    assert extra.seed != dm.train_seed and extra.seed not in dm.test_seeds
+    assert torch.equal(extra.input_ids, dm.generate_slice(48, 6, 10).input_ids)
+    batch = next(iter(dm.dataloader(extra)))
+    assert batch["slice"] == ["T48_kv6"] * 8
+    with pytest.raises(ValueError, match="training seed"):
+        dm.generate_slice(48, 6, 10, seed=dm.train_seed)
+
+
+def test_mqar_datamodule_vocab_error_says_how_to_fix():
+    with pytest.raises(ValueError, match=r"T64_kv8.*at least 65"):
+        _mqar_module(vocab_size=64)
+    assert _mqar_module(vocab_size=65).vocab_size == 65
+
+
+@pytest.mark.parametrize(
+    "test_configs, error, match",
+    [
+        ([{"seqlen": 16}], ValueError, "num_kv_pairs"),
+        ([{"seqlen": 16, "num_kv_pairs": 2}] * 2, ValueError, "more than once"),
+        ([{"seqlen": 18, "num_kv_pairs": 5}], ValueError, "num_kv_pairs \\* 4"),
+        ([{"seqlen": "16", "num_kv_pairs": 2}], TypeError, "integer"),
+        ({"seqlen": 16, "num_kv_pairs": 2}, TypeError, "list"),
+        ([], ValueError, "between 1"),
+    ],
+)
+def test_mqar_datamodule_bad_test_configs(test_configs, error, match):
+    with pytest.raises(error, match=match):
+        _mqar_module(test_configs=test_configs)
+
+
+def test_mqar_setup_per_stage():
+    dm = _mqar_module()
+    with pytest.raises(RuntimeError, match="setup"):
+        dm.train_dataloader()
+    with pytest.raises(RuntimeError, match="setup"):
+        dm.val_dataloader()
+    dm.setup("test")  # evaluation needs only the test slices
+    assert dm.train_set is None and len(dm.test_dataloader()) == 3
+    with pytest.raises(RuntimeError, match="setup"):
+        dm.train_dataloader()
+    test_sets = dm.test_sets
+    dm.setup("fit")
+    assert dm.test_sets is test_sets
+    assert len(dm.train_dataloader().dataset) == 40
+
+
+def test_build_datamodule():
+    assert isinstance(build_datamodule("mqar", seqlen=16, num_kv_pairs=2), MQARDataModule)
+    with pytest.raises(ValueError, match="unknown data module 'copy'"):
+        build_datamodule("copy")
+
+
+class _Probe(L.LightningModule):
+    """A bigram model that records what Lightning feeds it."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.logits = torch.nn.Embedding(vocab_size, vocab_size)
+        self.train_inputs = []
+        self.val_slices = {}
+
+    def training_step(self, batch, batch_idx):
+        self.train_inputs.append((self.current_epoch, batch["input_ids"].clone()))
+        logits = self.logits(batch["input_ids"])  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX)
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        self.val_slices.setdefault(dataloader_idx, set()).update(batch["slice"])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit(module, datamodule, max_epochs):
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=max_epochs,
+        limit_train_batches=2,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=datamodule)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_mqar_datamodule_in_lightning_trainer():
+    dm = _mqar_module()
+    probe = _Probe(dm.vocab_size)
+    _fit(probe, dm, max_epochs=1)
+    assert probe.val_slices == {i: {name} for i, name in enumerate(dm.slice_names)}
+    assert len(probe.train_inputs) == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizers
+
+
+def test_char_tokenizer_round_trip_with_newlines():
+    text = "To be,\nor not to be:\n\n  that is the question.\n"
+    tok = CharTokenizer.from_corpus(text)
+    assert tok.vocab == "".join(sorted(set(text)))
+    assert "\n" in tok.vocab
+    assert tok.vocab_size == len(set(text))
+    ids = tok.encode(text)
+    assert len(ids) == len(text)
+    assert tok.decode(ids) == text
+    assert tok.decode(torch.tensor(ids)) == text
+    rebuilt = CharTokenizer.from_vocab(tok.vocab)
+    assert rebuilt.encode(text) == ids
+    assert tokenizer_from_config(tok.to_config()).encode(text) == ids
+
+
+def test_char_tokenizer_errors():
+    tok = CharTokenizer.from_corpus("abc\n")
+    with pytest.raises(ValueError, match=r"'z' \(U\+007A\) at index 2"):
+        tok.encode("abz")
+    with pytest.raises(ValueError, match="outside"):
+        tok.decode([4])
+    with pytest.raises(ValueError, match="repeats"):
+        CharTokenizer.from_vocab("abca")
+    with pytest.raises(TypeError, match="string"):
+        CharTokenizer.from_vocab(["a", "b"])
+    with pytest.raises(ValueError, match="unknown tokenizer kind"):
+        tokenizer_from_config({"kind": "bpe"})
+
+
+def test_byte_tokenizer_round_trip():
+    tok = ByteTokenizer()
+    text = "héllo\nwörld — ✓\n"
+    ids = tok.encode(text)
+    assert tok.vocab_size == 256
+    assert len(ids) == len(text.encode("utf-8")) > len(text)
+    assert all(0 <= i < 256 for i in ids)
+    assert tok.decode(ids) == text
+    assert tokenizer_from_config(tok.to_config()).decode(ids) == text
+    assert tok.decode(ids[:2]) == "h\ufffd"  # a cut multi-byte character decodes to U+FFFD
+    with pytest.raises(ValueError, match="outside"):
+        tok.decode([256])
+
+
+# ----------------------------------------------------------------------------------------------
+# Text data module
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A 2000-character random text with newlines: every 9-character window occurs once."""
+    rng = np.random.default_rng(0)
+    alphabet = np.array(list("abcdefghijklmnopqrstuvwxyz \n"))
+    text = "".join(rng.choice(alphabet, size=2000))
+    path = tmp_path / "corpus.txt"
+    path.write_text(text)
+    return path, text
+
+
+def _find_start(tokens: torch.Tensor, window: torch.Tensor) -> int:
+    """The unique start position of ``window`` in ``tokens``."""
+    matches = (tokens.unfold(0, window.shape[0], 1) == window).all(1).nonzero().flatten()
+    assert matches.numel() == 1
+    return int(matches[0])
+
+
+def test_text_split_by_characters(corpus):
+    path, text = corpus
+    dm = TextDataModule(path=str(path), seqlen=8, batch_size=4)
+    dm.setup()
+    split = int(len(text) * 0.9)
+    assert dm.num_train_chars == split and dm.num_val_chars == len(text) - split
+    assert dm.tokenizer.decode(dm.train_tokens) == text[:split]
+    assert dm.tokenizer.decode(dm.val_tokens) == text[split:]
+    assert dm.vocab_size == len(set(text))
+    assert dm.train_tokens.dtype == dm.val_tokens.dtype == torch.int64
+
+
+def test_text_byte_tokenizer_splits_characters_not_bytes(tmp_path):
+    text = "é\n" * 300
+    path = tmp_path / "accents.txt"
+    path.write_text(text, encoding="utf-8")
+    dm = TextDataModule(path=path, tokenizer="byte", seqlen=8, train_fraction=0.5)
+    dm.setup()
+    assert dm.vocab_size == 256
+    assert dm.tokenizer.decode(dm.train_tokens) == text[:300]
+    assert dm.train_tokens.shape[0] == len(text[:300].encode("utf-8"))
+
+
+def test_text_train_batches_are_contiguous_shifted_blocks(corpus):
+    path, _ = corpus
+    seqlen = 8
+    dm = TextDataModule(path=path, seqlen=seqlen, batch_size=5, seed=2)
+    dm.setup()
+    loader = dm.train_dataloader()
+    loader.sampler.set_epoch(0)
+    starts = []
+    for batch in loader:
+        inputs, labels = batch["input_ids"], batch["labels"]
+        assert inputs.shape[1] == labels.shape[1] == seqlen
+        assert inputs.dtype == labels.dtype == torch.int64
+        assert torch.equal(labels[:, :-1], inputs[:, 1:])
+        assert batch["slice"] == ["text"] * inputs.shape[0]
+        for row_inputs, row_labels in zip(inputs, labels, strict=True):
+            block = torch.cat([row_inputs, row_labels[-1:]])  # seqlen + 1 consecutive tokens
+            starts.append(_find_start(dm.train_tokens, block))
+    block_len = seqlen + 1
+    num_train = dm.train_tokens.shape[0]
+    offset = starts[0] % block_len
+    assert sorted(starts) == list(range(offset, offset + len(starts) * block_len, block_len))
+    assert len(starts) == (num_train - block_len + 1) // block_len
+    assert max(starts) + block_len <= num_train
+    assert starts != sorted(starts)  # visited in random order
+
+
+def test_block_sampler_offsets_per_epoch():
+    sampler = BlockSampler(num_tokens=1000, block_len=9, shuffle=True, seed=4)
+    offsets = []
+    for epoch in range(6):
+        sampler.set_epoch(epoch)
+        starts = list(sampler)
+        sampler.set_epoch(epoch)
+        assert list(sampler) == starts  # a function of (seed, epoch)
+        assert len(starts) == len(sampler) == (1000 - 8) // 9
+        assert len({s % 9 for s in starts}) == 1
+        assert min(starts) < 9 and max(starts) + 9 <= 1000
+        offsets.append(starts[0] % 9)
+    assert len(set(offsets)) > 1  # the offset is re-drawn each epoch
+    # Without set_epoch every pass advances the epoch.
+    fresh = BlockSampler(num_tokens=1000, block_len=9, shuffle=True, seed=4)
+    first, second = list(fresh), list(fresh)
+    sampler.set_epoch(1)
+    assert second == list(sampler) and first != second
+
+
+def test_text_validation_blocks_fixed_and_in_order(corpus):
+    path, _ = corpus
+    dm = TextDataModule(path=path, seqlen=8, batch_size=4)
+    dm.setup()
+    tokens = dm.val_tokens
+    batches = list(dm.val_dataloader())
+    assert all(
+        torch.equal(a["input_ids"], b["input_ids"])
+        for a, b in zip(batches, dm.test_dataloader(), strict=True)
+    )
+    inputs = torch.cat([b["input_ids"] for b in batches])
+    labels = torch.cat([b["labels"] for b in batches])
+    assert inputs.shape == (tokens.shape[0] // 9, 8)
+    for j in range(inputs.shape[0]):
+        assert torch.equal(inputs[j], tokens[9 * j : 9 * j + 8])
+        assert torch.equal(labels[j], tokens[9 * j + 1 : 9 * j + 9])
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_text_datamodule_in_lightning_trainer_redraws_offsets(corpus):
+    path, _ = corpus
+    dm = TextDataModule(path=path, seqlen=8, batch_size=4, seed=1)
+    dm.setup()
+    probe = _Probe(dm.vocab_size)
+    _fit(probe, dm, max_epochs=3)
+    assert probe.val_slices == {0: {"text"}}
+    expected = BlockSampler(dm.train_tokens.shape[0], 9, shuffle=True, seed=1)
+    for epoch, inputs in probe.train_inputs:
+        expected.set_epoch(epoch)
+        offset = next(iter(expected)) % 9
+        assert {_find_start(dm.train_tokens, row) % 9 for row in inputs} == {offset}
+
+
+def test_text_cache_stays_in_given_or_temporary_directory(corpus, tmp_path, monkeypatch):
+    path, _ = corpus
+    cache = tmp_path / "cache"
+    TextDataModule(path=path, seqlen=8, cache_dir=cache).setup()
+    assert any(cache.iterdir())
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    TextDataModule(path=path, seqlen=8).setup()
+    assert not any(scratch.iterdir())
+
+
+def test_text_errors(corpus, tmp_path):
+    path, _ = corpus
+    missing = tmp_path / "nope.txt"
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        TextDataModule(path=missing).setup()
+    with pytest.raises(ValueError, match="exactly one"):
+        TextDataModule()
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        TextDataModule(path=empty).setup()
+    with pytest.raises(ValueError, match="exactly one"):
+        TextDataModule(path=path, dataset_name="tiny_shakespeare")
+    with pytest.raises(ValueError, match="train_fraction"):
+        TextDataModule(path=path, train_fraction=1.0)
+    with pytest.raises(ValueError, match="smaller seqlen"):
+        TextDataModule(path=path, seqlen=256).setup()
+    with pytest.raises(ValueError, match="unknown tokenizer"):
+        TextDataModule(path=path, tokenizer="bpe").setup()
+    with pytest.raises(RuntimeError, match="setup"):
+        TextDataModule(path=path).train_dataloader()
+    with pytest.raises(ValueError, match=r"not in this tokenizer's vocabulary.*tokenizer='byte'"):
+        TextDataModule(path=path, tokenizer={"kind": "char", "vocab": "abc"}).setup()
+
+
+def test_build_text_datamodule(corpus):
+    path, _ = corpus
+    dm = build_datamodule("text", path=path, seqlen=8)
+    assert isinstance(dm, TextDataModule)
+    dm.setup()
+    assert dm.vocab_size == 28
+
+
+def test_tiny_shakespeare():
+    if not SHAKESPEARE.is_file():
+        pytest.skip(f"{SHAKESPEARE} not present")
+    dm = TextDataModule(path=SHAKESPEARE, seqlen=64, batch_size=4)
+    dm.setup()
+    assert dm.vocab_size == 65
+    assert "\n" in dm.tokenizer.vocab
+    text = SHAKESPEARE.read_text()
+    assert dm.train_tokens.shape[0] == int(len(text) * 0.9)
+    assert dm.tokenizer.decode(dm.val_tokens[:100]) == text[int(len(text) * 0.9) :][:100]
