@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 import data as datasets_lib
+from eval.cli import user_errors
 from eval.records import git_sha, make_record, write_records
 from models import ModelConfig
 from models.checkpoint import AtomicCheckpointIO
@@ -90,7 +91,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
 
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    dm = datasets_lib.build_datamodule(data_cfg["name"], **{k: v for k, v in data_cfg.items() if k not in DATA_META_KEYS})
+    dm = datasets_lib.build_datamodule(
+        data_cfg["name"], **{k: v for k, v in data_cfg.items() if k not in DATA_META_KEYS}
+    )
     dm.setup("fit")
     model_config = build_model_config(cfg, dm.vocab_size)
     tokenizer = getattr(dm, "tokenizer", None)
@@ -152,13 +155,22 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 pass
 
 
-def _write_train_records(run_dir: Path, lit: LitLM, data_cfg: dict[str, Any], metrics: dict[str, float]) -> None:
+def _write_train_records(
+    run_dir: Path, lit: LitLM, data_cfg: dict[str, Any], metrics: dict[str, float]
+) -> None:
     sha = git_sha()
     seqlen = data_cfg.get("seqlen")
     records = [
         make_record(
-            run=run_dir.name, model=lit.model, task=data_cfg["name"], metric=name, value=value, seqlen=seqlen,
-            device=lit.device, sha=sha, split="val",
+            run=run_dir.name,
+            model=lit.model,
+            task=data_cfg["name"],
+            metric=name,
+            value=value,
+            seqlen=seqlen,
+            device=lit.device,
+            sha=sha,
+            split="val",
         )
         for name, value in sorted(metrics.items())
     ]
@@ -170,7 +182,8 @@ def main(cfg: DictConfig) -> None:
     """Command-line entry point: compose with Hydra, then :func:`train`."""
     torch.set_flush_denormal(True)
     os.environ.setdefault("WANDB_SILENT", "true")
-    train(cfg)
+    with user_errors():
+        train(cfg)
 
 
 if __name__ == "__main__":

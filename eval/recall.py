@@ -24,6 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from data.mqar import MQARDataModule
+from eval.cli import user_errors
 from eval.records import git_sha, log_records_to_wandb, make_record, write_records
 from models.lit import load_model
 
@@ -41,7 +42,9 @@ def resolve_device(name: str) -> torch.device:
     if name not in ("cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu or cuda, got {name!r}")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device=cuda was asked for but no CUDA GPU is available; use device=auto or device=cpu")
+        raise ValueError(
+            "device=cuda was asked for but no CUDA GPU is available; use device=auto or device=cpu"
+        )
     return torch.device(name)
 
 
@@ -102,7 +105,9 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     seqlen, num_kv_pairs = int(data_cfg["seqlen"]), int(data_cfg["num_kv_pairs"])
     test_configs = [{"seqlen": seqlen * m, "num_kv_pairs": num_kv_pairs * m} for m in cfg.length_multipliers]
     dm_kwargs = {k: v for k, v in data_cfg.items() if k not in DATA_META_KEYS}
-    dm_kwargs.update(test_configs=test_configs, num_test_examples=int(cfg.num_examples), batch_size=int(cfg.batch_size))
+    dm_kwargs.update(
+        test_configs=test_configs, num_test_examples=int(cfg.num_examples), batch_size=int(cfg.batch_size)
+    )
     dm = MQARDataModule(**dm_kwargs)
     dm.setup("test")
 
@@ -116,9 +121,20 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             row[path] = acc
             records.append(
                 make_record(
-                    run=run, model=model, task="mqar", metric="accuracy", value=acc, seqlen=test["seqlen"],
-                    tokens_per_s=tokens_per_s, device=device, sha=sha, slice=slice_name, path=path,
-                    num_kv_pairs=test["num_kv_pairs"], scored_positions=count, checkpoint=str(ckpt.resolve()),
+                    run=run,
+                    model=model,
+                    task="mqar",
+                    metric="accuracy",
+                    value=acc,
+                    seqlen=test["seqlen"],
+                    tokens_per_s=tokens_per_s,
+                    device=device,
+                    sha=sha,
+                    slice=slice_name,
+                    path=path,
+                    num_kv_pairs=test["num_kv_pairs"],
+                    scored_positions=count,
+                    checkpoint=str(ckpt.resolve()),
                     split="test",
                 )
             )
@@ -129,8 +145,13 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     write_records(output, records)
     print(f"results: {output}")
     log_records_to_wandb(
-        records, enabled=bool(cfg.wandb.enabled), project=cfg.wandb.project, name=f"recall-{run}",
-        mode=cfg.wandb.mode, save_dir=ckpt.resolve().parent, table="recall",
+        records,
+        enabled=bool(cfg.wandb.enabled),
+        project=cfg.wandb.project,
+        name=f"recall-{run}",
+        mode=cfg.wandb.mode,
+        save_dir=ckpt.resolve().parent,
+        table="recall",
     )
     return records
 
@@ -153,7 +174,8 @@ def main(cfg: DictConfig) -> None:
     """Command-line entry point (Hydra)."""
     torch.set_flush_denormal(True)
     OmegaConf.set_readonly(cfg, True)
-    recall_eval(cfg)
+    with user_errors():
+        recall_eval(cfg)
 
 
 if __name__ == "__main__":

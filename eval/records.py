@@ -89,8 +89,16 @@ def write_records(path: str | os.PathLike, records: list[dict[str, Any]]) -> Pat
     return path
 
 
-def log_records_to_wandb(records: list[dict[str, Any]], *, enabled: bool, project: str, name: str, mode: str,
-                         save_dir: str | os.PathLike, table: str) -> None:
+def log_records_to_wandb(
+    records: list[dict[str, Any]],
+    *,
+    enabled: bool,
+    project: str,
+    name: str,
+    mode: str,
+    save_dir: str | os.PathLike,
+    table: str,
+) -> None:
     """Log records as a W&B table in a new run (offline unless ``mode="online"``); no-op when disabled.
 
     A missing wandb install is reported on stderr and otherwise ignored: the JSON records remain
@@ -103,10 +111,15 @@ def log_records_to_wandb(records: list[dict[str, Any]], *, enabled: bool, projec
     except ImportError:
         print("wandb is not installed: records were written as JSON only")
         return
-    run = wandb.init(project=project, name=name, mode=mode, dir=str(save_dir), job_type="eval", reinit="finish_previous")
+    run = wandb.init(
+        project=project, name=name, mode=mode, dir=str(save_dir), job_type="eval", reinit="finish_previous"
+    )
     try:
         columns = sorted({k for r in records for k in r})
-        rows = [[json.dumps(r.get(c)) if isinstance(r.get(c), list | dict) else r.get(c) for c in columns] for r in records]
+        rows = [
+            [json.dumps(r.get(c)) if isinstance(r.get(c), list | dict) else r.get(c) for c in columns]
+            for r in records
+        ]
         run.log({table: wandb.Table(columns=columns, data=rows)})
     finally:
         wandb.finish()

@@ -78,7 +78,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
-        raise ValueError(f"could not read checkpoint {path}: the file is truncated or corrupt ({err}); {hint}") from err
+        raise ValueError(
+            f"could not read checkpoint {path}: the file is truncated or corrupt ({err}); {hint}"
+        ) from err
     if not isinstance(checkpoint, dict) or "model" not in checkpoint.get("hyper_parameters", {}):
         raise ValueError(
             f"{path} is not a mixerlab checkpoint (no model config in its hyper_parameters); {hint}"

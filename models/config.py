@@ -38,12 +38,16 @@ def expand_layout(pattern: Sequence[str], n_layers: int) -> list[str]:
     """
     pattern = list(pattern)
     if not pattern:
-        raise ValueError("the mixer pattern is empty: give at least one mixer name, e.g. pattern: [attention]")
+        raise ValueError(
+            "the mixer pattern is empty: give at least one mixer name, e.g. pattern: [attention]"
+        )
     if n_layers < 1:
         raise ValueError(f"n_layers must be >= 1, got {n_layers}")
     for name in pattern:
         if name not in mixers.MIXERS:
-            raise ValueError(f"unknown mixer {name!r} in the pattern {pattern}; known mixers: {sorted(mixers.MIXERS)}")
+            raise ValueError(
+                f"unknown mixer {name!r} in the pattern {pattern}; known mixers: {sorted(mixers.MIXERS)}"
+            )
     if n_layers % len(pattern) != 0:
         raise ValueError(
             f"the mixer pattern {pattern} has {len(pattern)} layers, which does not divide "
@@ -73,7 +77,9 @@ class SharedBlockConfig:
         if not isinstance(self.every, int) or self.every < 1:
             raise ValueError(f"shared_block.every must be an integer >= 1, got {self.every!r}")
         if self.mixer not in mixers.MIXERS:
-            raise ValueError(f"unknown mixer {self.mixer!r} in shared_block; known mixers: {sorted(mixers.MIXERS)}")
+            raise ValueError(
+                f"unknown mixer {self.mixer!r} in shared_block; known mixers: {sorted(mixers.MIXERS)}"
+            )
 
 
 @dataclasses.dataclass
@@ -124,10 +130,12 @@ class ModelConfig:
         self.mixer_settings = {str(k): dict(v or {}) for k, v in dict(self.mixer_settings).items()}
         for name in self.mixer_settings:
             if name not in mixers.MIXERS:
-                raise ValueError(f"settings given for unknown mixer {name!r}; known mixers: {sorted(mixers.MIXERS)}")
+                raise ValueError(
+                    f"settings given for unknown mixer {name!r}; known mixers: {sorted(mixers.MIXERS)}"
+                )
         if isinstance(self.shared_block, Mapping):
             self.shared_block = SharedBlockConfig(**self.shared_block)
-        self.layout  # validates the pattern against n_layers
+        expand_layout(self.pattern, self.n_layers)  # validates the pattern against n_layers
 
     @property
     def layout(self) -> list[str]:

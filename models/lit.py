@@ -30,7 +30,9 @@ DEFAULT_OPTIM = {
 }
 
 
-def scored_metrics(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def scored_metrics(
+    logits: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Summed cross-entropy, correct predictions and count over positions whose label is not -100.
 
     Args:
@@ -131,7 +133,10 @@ class LitLM(L.LightningModule):
             # norms to zero and SSM decay rates towards 1 (Mamba marks A_log and D _no_weight_decay).
             (no_decay if p.ndim < 2 or getattr(p, "_no_weight_decay", False) else decay).append(p)
         opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+            [
+                {"params": decay, "weight_decay": self.optim["weight_decay"]},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
             lr=self.optim["lr"],
             betas=tuple(self.optim["betas"]),
         )

@@ -92,7 +92,9 @@ class SharedBlock(nn.Module):
         self.norm_in = nn.RMSNorm(2 * d_model, eps=norm_eps)
         self.in_proj = nn.Linear(2 * d_model, d_model, bias=False)
         self.block = Block(mixer, d_model, d_intermediate, norm_eps)
-        self.out_projs = nn.ModuleList(nn.Linear(d_model, d_model, bias=False) for _ in range(num_invocations))
+        self.out_projs = nn.ModuleList(
+            nn.Linear(d_model, d_model, bias=False) for _ in range(num_invocations)
+        )
 
     def forward(self, h: torch.Tensor, emb: torch.Tensor, invocation: int, cache=None) -> torch.Tensor:
         x = self.in_proj(self.norm_in(torch.cat([h, emb], dim=-1)))  # (B, T, d_model)
@@ -142,7 +144,12 @@ class LanguageModel(nn.Module):
         d_model, d_ff = config.d_model, config.d_intermediate
         self.embedding = nn.Embedding(config.vocab_size, d_model)
         self.layers = nn.ModuleList(
-            Block(mixers.build_mixer(name, d_model=d_model, **config.settings_for(name)), d_model, d_ff, config.norm_eps)
+            Block(
+                mixers.build_mixer(name, d_model=d_model, **config.settings_for(name)),
+                d_model,
+                d_ff,
+                config.norm_eps,
+            )
             for name in config.layout
         )
         self.shared_block = None
@@ -156,7 +163,9 @@ class LanguageModel(nn.Module):
                 )
             name = config.shared_block.mixer
             shared_mixer = mixers.build_mixer(name, d_model=d_model, **config.settings_for(name))
-            self.shared_block = SharedBlock(shared_mixer, d_model, d_ff, len(self.shared_after), config.norm_eps)
+            self.shared_block = SharedBlock(
+                shared_mixer, d_model, d_ff, len(self.shared_after), config.norm_eps
+            )
         self.norm_f = nn.RMSNorm(d_model, eps=config.norm_eps)
         self._init_weights()
 
@@ -218,7 +227,11 @@ class LanguageModel(nn.Module):
         return F.linear(h, self.embedding.weight)  # tied head: (B, T, vocab_size)
 
     def allocate_cache(
-        self, batch_size: int, max_seqlen: int, device: torch.device | None = None, dtype: torch.dtype | None = None
+        self,
+        batch_size: int,
+        max_seqlen: int,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
     ) -> ModelCache:
         """Allocate the decode state of every layer for ``batch_size`` sequences of up to ``max_seqlen`` tokens.
 
@@ -230,11 +243,16 @@ class LanguageModel(nn.Module):
             :class:`ModelCache`, with ``nbytes() == batch_size * state_size(max_seqlen)``.
         """
         device = device if device is not None else self.embedding.weight.device
-        layers = [b.mixer.allocate_cache(batch_size, max_seqlen, device=device, dtype=dtype) for b in self.layers]
+        layers = [
+            b.mixer.allocate_cache(batch_size, max_seqlen, device=device, dtype=dtype) for b in self.layers
+        ]
         shared = []
         if self.shared_block is not None:
             mixer = self.shared_block.block.mixer
-            shared = [mixer.allocate_cache(batch_size, max_seqlen, device=device, dtype=dtype) for _ in self.shared_after]
+            shared = [
+                mixer.allocate_cache(batch_size, max_seqlen, device=device, dtype=dtype)
+                for _ in self.shared_after
+            ]
         return ModelCache(layers, shared)
 
     def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
@@ -303,7 +321,9 @@ class LanguageModel(nn.Module):
                 ``top_k < 1``.
         """
         if input_ids.ndim != 2 or input_ids.shape[1] < 1:
-            raise ValueError(f"input_ids must be (batch, seqlen) with seqlen >= 1, got {tuple(input_ids.shape)}")
+            raise ValueError(
+                f"input_ids must be (batch, seqlen) with seqlen >= 1, got {tuple(input_ids.shape)}"
+            )
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if not greedy and temperature <= 0:
@@ -330,7 +350,11 @@ class LanguageModel(nn.Module):
 
     @staticmethod
     def _sample(
-        logits: torch.Tensor, temperature: float, top_k: int | None, greedy: bool, generator: torch.Generator | None
+        logits: torch.Tensor,
+        temperature: float,
+        top_k: int | None,
+        greedy: bool,
+        generator: torch.Generator | None,
     ) -> torch.Tensor:
         if greedy:
             return logits.argmax(dim=-1)

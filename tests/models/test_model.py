@@ -10,7 +10,9 @@ import train as train_module
 from models import LanguageModel, ModelConfig, expand_layout
 
 
-def model_from_config(mixer: str, *, d_model: int = 32, n_layers: int = 8, vocab_size: int = 37) -> LanguageModel:
+def model_from_config(
+    mixer: str, *, d_model: int = 32, n_layers: int = 8, vocab_size: int = 37
+) -> LanguageModel:
     """A tiny float64 model built from the shipped ``conf/mixer/<mixer>.yaml``."""
     cfg = compose_train([f"mixer={mixer}", f"model.d_model={d_model}", f"model.n_layers={n_layers}"])
     return LanguageModel(train_module.build_model_config(cfg, vocab_size)).double().eval()
@@ -18,8 +20,16 @@ def model_from_config(mixer: str, *, d_model: int = 32, n_layers: int = 8, vocab
 
 def test_shipped_mixer_configs_are_the_eight_names():
     assert MIXER_CONFIGS == sorted(
-        ["attention", "sliding_window", "linear_attention", "mamba",
-         "hybrid_jamba", "hybrid_samba", "hybrid_zamba", "hybrid_based"]
+        [
+            "attention",
+            "sliding_window",
+            "linear_attention",
+            "mamba",
+            "hybrid_jamba",
+            "hybrid_samba",
+            "hybrid_zamba",
+            "hybrid_based",
+        ]
     )
 
 
@@ -50,7 +60,9 @@ def test_cache_bytes_equal_state_size(mixer, seqlen):
 
 
 def test_state_size_growth_tells_mixers_apart():
-    sizes = {m: (model_from_config(m).state_size(64), model_from_config(m).state_size(256)) for m in MIXER_CONFIGS}
+    sizes = {
+        m: (model_from_config(m).state_size(64), model_from_config(m).state_size(256)) for m in MIXER_CONFIGS
+    }
     assert sizes["attention"][1] == 4 * sizes["attention"][0]  # KV cache grows linearly
     assert sizes["mamba"][0] == sizes["mamba"][1]  # fixed-size state
     assert sizes["linear_attention"][0] == sizes["linear_attention"][1]
@@ -125,7 +137,13 @@ def test_generate_sampling_and_stop_tokens():
 
 
 def test_config_errors_are_clear():
-    base = dict(vocab_size=10, d_model=32, n_layers=8, pattern=["attention"], mixer_settings={"attention": {"num_heads": 4}})
+    base = dict(
+        vocab_size=10,
+        d_model=32,
+        n_layers=8,
+        pattern=["attention"],
+        mixer_settings={"attention": {"num_heads": 4}},
+    )
     with pytest.raises(ValueError, match="unknown mixer 'transformer'"):
         ModelConfig(**{**base, "pattern": ["transformer"]})
     with pytest.raises(ValueError, match="does not divide"):
@@ -141,7 +159,13 @@ def test_config_errors_are_clear():
     with pytest.raises(ValueError, match="divide"):  # heads that do not divide d_model
         LanguageModel({**base, "mixer_settings": {"attention": {"num_heads": 5}}})
     with pytest.raises(ValueError, match="window"):
-        LanguageModel({**base, "pattern": ["sliding_window"], "mixer_settings": {"sliding_window": {"num_heads": 4, "window": 0}}})
+        LanguageModel(
+            {
+                **base,
+                "pattern": ["sliding_window"],
+                "mixer_settings": {"sliding_window": {"num_heads": 4, "window": 0}},
+            }
+        )
     model = LanguageModel(base)
     with pytest.raises(ValueError, match="token ids"):
         model(torch.tensor([[1, 10]]))

@@ -1,0 +1,188 @@
+"""End to end: every mixer config trains under Lightning, DDP on gloo, checkpoints, recall eval, CLI errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import MIXER_CONFIGS, REPO_ROOT, SHAKESPEARE, compose_eval, compose_train
+
+import train as train_module
+from eval.recall import recall_eval
+from models.checkpoint import AtomicCheckpointIO, read_checkpoint
+from models.lit import load_model
+
+# A tiny but real run: 20 optimizer steps of a 32-wide model on MQAR, one validation at the end.
+TINY = [
+    "model.d_model=32",
+    "trainer.max_steps=20",
+    "trainer.val_check_interval=20",
+    "trainer.log_every_n_steps=1",
+    "trainer.enable_progress_bar=false",
+    "optim.warmup_steps=5",
+    "data.num_train_examples=640",
+    "data.num_test_examples=64",
+    "data.batch_size=32",
+    "logger=csv",
+]
+
+
+def run_train(tmp_path: Path, overrides: list[str]) -> dict:
+    cfg = compose_train(TINY + overrides + [f"run_dir={tmp_path}"])
+    return train_module.train(cfg)
+
+
+def logged(run_dir: str, key: str) -> list[float]:
+    with open(Path(run_dir) / "csv" / "metrics.csv") as f:
+        return [float(row[key]) for row in csv.DictReader(f) if row.get(key)]
+
+
+@pytest.mark.parametrize("mixer", MIXER_CONFIGS)
+def test_every_mixer_config_trains_20_steps(tmp_path, mixer):
+    out = run_train(tmp_path, [f"mixer={mixer}"])
+    losses = logged(out["run_dir"], "train/loss")
+    assert len(losses) == 20 and all(torch.isfinite(torch.tensor(losses)))
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5  # it learns something
+    assert Path(out["best_ckpt"]).name == "best.ckpt" and Path(out["last_ckpt"]).name == "last.ckpt"
+    assert 0.0 <= out["metrics"]["val/acc"] <= 1.0
+    lit = load_model(out["last_ckpt"])
+    assert lit.model.config.name == mixer
+    records = json.loads((Path(out["run_dir"]) / "results" / "train.json").read_text())
+    assert {r["metric"] for r in records} >= {"val/acc", "val/loss"}
+    assert all(r["mixer"] == mixer and r["state_bytes"] == lit.model.state_size(64) for r in records)
+
+
+@pytest.fixture(scope="module")
+def jamba_run(tmp_path_factory):
+    return run_train(tmp_path_factory.mktemp("jamba"), ["mixer=hybrid_jamba", "logger=wandb"])
+
+
+def test_default_logger_writes_wandb_offline_and_csv(jamba_run):
+    run_dir = Path(jamba_run["run_dir"])
+    assert (run_dir / "csv" / "metrics.csv").exists()
+    assert list((run_dir / "wandb").glob("offline-run-*")), "no offline W&B run was written"
+
+
+def test_checkpoint_rebuilds_the_model_alone(jamba_run):
+    checkpoint = read_checkpoint(jamba_run["best_ckpt"])
+    assert checkpoint["hyper_parameters"]["model"]["pattern"][4] == "attention"
+    lit = load_model(jamba_run["best_ckpt"])
+    ids = torch.randint(0, 512, (2, 16))
+    torch.testing.assert_close(lit.model(ids), lit.model.decode_logits(ids, 8), rtol=1e-4, atol=1e-4)
+    assert not list(Path(jamba_run["run_dir"], "checkpoints").glob("*.tmp")), "temporary files left behind"
+    assert not any("=" in p.name for p in Path(jamba_run["run_dir"], "checkpoints").iterdir())
+
+
+def test_recall_eval_parallel_and_decode_agree(jamba_run, tmp_path, capsys):
+    output = tmp_path / "recall.json"
+    cfg = compose_eval(
+        "recall", [f"ckpt={jamba_run['best_ckpt']}", "num_examples=48", "batch_size=24", f"output={output}"]
+    )
+    records = recall_eval(cfg)
+    assert {r["slice"] for r in records} == {"T64_kv4", "T128_kv8", "T256_kv16"}
+    by_slice = {}
+    for r in records:
+        by_slice.setdefault(r["slice"], {})[r["path"]] = r["value"]
+        assert r["state_bytes"] > 0 and r["tokens_per_s"] > 0
+    for acc in by_slice.values():
+        assert abs(acc["parallel"] - acc["decode"]) <= 0.005
+    assert json.loads(output.read_text()) == records
+    printed = capsys.readouterr().out
+    assert "T256_kv16" in printed and "decode" in printed
+
+
+def test_recall_default_output_lies_next_to_the_checkpoint(jamba_run):
+    cfg = compose_eval(
+        "recall", [f"ckpt={jamba_run['last_ckpt']}", "num_examples=8", "length_multipliers=[1]"]
+    )
+    recall_eval(cfg)
+    assert Path(jamba_run["last_ckpt"] + ".recall.json").exists()
+
+
+def test_text_training_stores_its_tokenizer(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("to be, or not to be: that is the question.\n" * 200)
+    out = run_train(
+        tmp_path / "run", ["data=text", f"data.path={corpus}", "data.seqlen=32", "mixer=attention"]
+    )
+    tokenizer = read_checkpoint(out["last_ckpt"])["hyper_parameters"]["tokenizer"]
+    vocab_size = len(set(corpus.read_text()))
+    assert out["metrics"]["val/loss"] < torch.tensor(vocab_size).log()  # better than uniform guessing
+    assert tokenizer["kind"] == "char" and "q" in tokenizer["vocab"]
+
+
+@pytest.mark.skipif(not SHAKESPEARE.exists(), reason="tiny_shakespeare.txt is not beside the repo")
+def test_text_training_on_tiny_shakespeare(tmp_path):
+    out = run_train(tmp_path, ["data=text", f"data.path={SHAKESPEARE}", "data.seqlen=64", "mixer=attention"])
+    assert read_checkpoint(out["last_ckpt"])["hyper_parameters"]["model"]["vocab_size"] == 65
+    assert logged(out["run_dir"], "val/loss")[-1] < 4.17  # below uniform over 65 characters
+
+
+def test_bad_configs_raise_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="does not divide n_layers=6"):
+        run_train(tmp_path, ["mixer=hybrid_jamba", "model.n_layers=6"])
+    with pytest.raises(ValueError, match="window"):
+        run_train(tmp_path, ["mixer=sliding_window", "mixer.settings.sliding_window.window=0"])
+    with pytest.raises(ValueError, match="divide"):
+        run_train(tmp_path, ["mixer=attention", "model.num_heads=5"])
+    with pytest.raises(ValueError, match="unknown optim keys"):
+        run_train(tmp_path, ["+optim.momentum=0.9"])
+
+
+def test_atomic_checkpoint_write_keeps_the_old_file_on_failure(tmp_path):
+    path = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"step": 1}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        io.save_checkpoint({"step": 2, "bad": Unpicklable()}, path)
+    assert torch.load(path, weights_only=False) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_recall_cli_reports_missing_and_corrupt_checkpoints(tmp_path):
+    result = cli([str(REPO_ROOT / "eval" / "recall.py"), f"ckpt={tmp_path / 'nope.ckpt'}"], cwd=tmp_path)
+    assert result.returncode == 2 and "checkpoint not found" in result.stderr
+    assert "Traceback" not in result.stderr
+    corrupt = tmp_path / "corrupt.ckpt"
+    corrupt.write_bytes(b"PK\x03\x04 definitely not a checkpoint")
+    result = cli([str(REPO_ROOT / "eval" / "recall.py"), f"ckpt={corrupt}"], cwd=tmp_path)
+    assert result.returncode == 2 and "truncated or corrupt" in result.stderr
+    assert list(tmp_path.iterdir()) == [corrupt]  # an evaluation writes nothing but its results
+
+
+def test_train_cli_rejects_unknown_mixer(tmp_path):
+    result = cli([str(REPO_ROOT / "train.py"), "mixer=transformer"], cwd=tmp_path)
+    assert result.returncode != 0
+    assert "mixer/transformer" in result.stderr and "hybrid_jamba" in result.stderr
+
+
+def test_ddp_on_two_cpu_processes_leaves_one_run_dir(tmp_path):
+    run_dir = tmp_path / "outputs" / "run"
+    args = [str(REPO_ROOT / "train.py"), "trainer=ddp", f"hydra.run.dir={run_dir}", "mixer=hybrid_jamba"]
+    result = cli(args + [o for o in TINY if not o.startswith("trainer.enable")], cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [p.name for p in (tmp_path / "outputs").iterdir()] == ["run"]
+    assert (run_dir / "checkpoints" / "last.ckpt").exists()
+    assert "best checkpoint:" in result.stdout
+    assert load_model(run_dir / "checkpoints" / "last.ckpt").model.config.name == "hybrid_jamba"
+    tokens = logged(str(run_dir), "train/tokens")
+    assert tokens[-1] == 20 * 32 * 64 * 2  # 20 steps x batch 32 x seqlen 64 x 2 processes
