@@ -102,7 +102,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         data=data_cfg,
         slice_names=list(getattr(dm, "slice_names", ["val"])),
-        tokenizer=tokenizer.to_config() if tokenizer is not None else None,
+        tokenizer_config=tokenizer.to_config() if tokenizer is not None else None,
     )
 
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)

@@ -62,7 +62,7 @@ class LitLM(L.LightningModule):
         slice_names: names of the validation dataloaders, in order (``["T64_kv4", ...]``);
             metrics are logged as ``val/acc_<slice>``; ``val/acc`` and ``val/loss`` are the first
             slice's (the in-distribution one).
-        tokenizer: the tokenizer config of text runs (``data.tokenizer_from_config`` rebuilds it), so
+        tokenizer_config: the tokenizer config of text runs (``data.tokenizer_from_config`` rebuilds it), so
             prompts can be encoded and generations decoded from the checkpoint alone.
 
     Logged: ``train/loss``, ``train/acc``, ``train/tokens``; ``val/loss``, ``val/acc``, ``val/ppl``
@@ -76,7 +76,7 @@ class LitLM(L.LightningModule):
         optim: dict[str, Any] | None = None,
         data: dict[str, Any] | None = None,
         slice_names: Sequence[str] | None = None,
-        tokenizer: dict[str, Any] | None = None,
+        tokenizer_config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()

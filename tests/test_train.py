@@ -111,7 +111,7 @@ def test_text_training_stores_its_tokenizer(tmp_path):
     out = run_train(
         tmp_path / "run", ["data=text", f"data.path={corpus}", "data.seqlen=32", "mixer=attention"]
     )
-    tokenizer = read_checkpoint(out["last_ckpt"])["hyper_parameters"]["tokenizer"]
+    tokenizer = read_checkpoint(out["last_ckpt"])["hyper_parameters"]["tokenizer_config"]
     vocab_size = len(set(corpus.read_text()))
     assert out["metrics"]["val/loss"] < torch.tensor(vocab_size).log()  # better than uniform guessing
     assert tokenizer["kind"] == "char" and "q" in tokenizer["vocab"]
