@@ -131,18 +131,20 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 f"params={lit.model.num_params():,} data={data_cfg['name']} run_dir={run_dir}"
             )
         trainer.fit(lit, datamodule=dm)
-        best = checkpoint_cb.best_model_path or checkpoint_cb.last_model_path
+        # Read the paths now: validating from best.ckpt restores the callback's state saved in it.
+        last = checkpoint_cb.last_model_path
+        best = checkpoint_cb.best_model_path or last
         results = trainer.validate(lit, datamodule=dm, ckpt_path=best or None, verbose=False)
         metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
         if trainer.is_global_zero:
             _write_train_records(run_dir, lit, data_cfg, metrics)
             print(f"best checkpoint: {best}")
-            print(f"last checkpoint: {checkpoint_cb.last_model_path}")
+            print(f"last checkpoint: {last}")
             print("final validation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
         return {
             "run_dir": str(run_dir),
             "best_ckpt": best,
-            "last_ckpt": checkpoint_cb.last_model_path,
+            "last_ckpt": last,
             "metrics": metrics,
         }
     finally:

@@ -26,15 +26,15 @@ TINY = [
     "trainer.log_every_n_steps=1",
     "trainer.enable_progress_bar=false",
     "optim.warmup_steps=5",
-    "data.num_train_examples=640",
-    "data.num_test_examples=64",
     "data.batch_size=32",
     "logger=csv",
 ]
+MQAR_TINY = ["data.num_train_examples=640", "data.num_test_examples=64"]
 
 
 def run_train(tmp_path: Path, overrides: list[str]) -> dict:
-    cfg = compose_train(TINY + overrides + [f"run_dir={tmp_path}"])
+    data = [] if "data=text" in overrides else MQAR_TINY
+    cfg = compose_train(TINY + data + overrides + [f"run_dir={tmp_path}"])
     return train_module.train(cfg)
 
 
@@ -178,7 +178,7 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
 def test_ddp_on_two_cpu_processes_leaves_one_run_dir(tmp_path):
     run_dir = tmp_path / "outputs" / "run"
     args = [str(REPO_ROOT / "train.py"), "trainer=ddp", f"hydra.run.dir={run_dir}", "mixer=hybrid_jamba"]
-    result = cli(args + [o for o in TINY if not o.startswith("trainer.enable")], cwd=tmp_path, timeout=600)
+    result = cli(args + TINY + MQAR_TINY, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [p.name for p in (tmp_path / "outputs").iterdir()] == ["run"]
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
