@@ -111,7 +111,9 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     dm = MQARDataModule(**dm_kwargs)
     dm.setup("test")
 
-    sha, run = git_sha(), ckpt.resolve().parent.parent.name
+    # train.py writes <run_dir>/checkpoints/<name>.ckpt: records and W&B runs belong to that run.
+    run_dir = ckpt.resolve().parent.parent
+    sha, run = git_sha(), run_dir.name
     records, rows = [], []
     for loader, slice_name, test in zip(dm.test_dataloader(), dm.slice_names, test_configs, strict=True):
         prefill_len = 2 * test["num_kv_pairs"]
@@ -150,7 +152,7 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         project=cfg.wandb.project,
         name=f"recall-{run}",
         mode=cfg.wandb.mode,
-        save_dir=ckpt.resolve().parent,
+        save_dir=run_dir,
         table="recall",
     )
     return records

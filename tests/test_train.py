@@ -97,12 +97,17 @@ def test_recall_eval_parallel_and_decode_agree(jamba_run, tmp_path, capsys):
     assert "T256_kv16" in printed and "decode" in printed
 
 
-def test_recall_default_output_lies_next_to_the_checkpoint(jamba_run):
-    cfg = compose_eval(
-        "recall", [f"ckpt={jamba_run['last_ckpt']}", "num_examples=8", "length_multipliers=[1]"]
-    )
-    recall_eval(cfg)
+def test_recall_default_output_lies_next_to_the_checkpoint_and_logs_to_wandb(jamba_run):
+    overrides = [
+        f"ckpt={jamba_run['last_ckpt']}",
+        "num_examples=8",
+        "length_multipliers=[1]",
+        "wandb.enabled=true",
+    ]
+    before = set(Path(jamba_run["run_dir"], "wandb").glob("offline-run-*"))
+    recall_eval(compose_eval("recall", overrides))
     assert Path(jamba_run["last_ckpt"] + ".recall.json").exists()
+    assert len(set(Path(jamba_run["run_dir"], "wandb").glob("offline-run-*")) - before) == 1
 
 
 def test_text_training_stores_its_tokenizer(tmp_path):
