@@ -9,6 +9,7 @@ W&B (offline by default) and CSV logs, and result records of the final validatio
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 import data as datasets_lib
+from data.mqar import parse_slice_name
 from eval.cli import user_errors
 from eval.records import git_sha, make_record, write_records
 from models import ModelConfig
@@ -85,6 +87,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     Raises:
         ValueError: invalid model, mixer or data settings, with the offending key named.
     """
+    if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and none is available; "
+            "use trainer=cpu (or trainer=ddp for several CPU processes)"
+        )
     run_dir = Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     run_name = f"{run_dir.name}"
@@ -134,10 +141,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         # Read the paths now: validating from best.ckpt restores the callback's state saved in it.
         last = checkpoint_cb.last_model_path
         best = checkpoint_cb.best_model_path or last
-        results = trainer.validate(lit, datamodule=dm, ckpt_path=best or None, verbose=False)
-        metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
+        trainer.validate(lit, datamodule=dm, ckpt_path=best or None, verbose=False)
+        metrics = dict(lit.val_metrics)  # exact (float64) values of the best checkpoint
         if trainer.is_global_zero:
             _write_train_records(run_dir, lit, data_cfg, metrics)
+            if not checkpoint_cb.best_model_path:
+                print(
+                    "no validation ran during training (trainer.max_steps < trainer.val_check_interval): "
+                    "the best checkpoint is the last one"
+                )
             print(f"best checkpoint: {best}")
             print(f"last checkpoint: {last}")
             print("final validation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
@@ -161,7 +173,13 @@ def _write_train_records(
     run_dir: Path, lit: LitLM, data_cfg: dict[str, Any], metrics: dict[str, float]
 ) -> None:
     sha = git_sha()
-    seqlen = data_cfg.get("seqlen")
+
+    def seqlen_of(metric: str) -> int:
+        # per-slice metrics end in their MQAR slice name (val/acc_T128_kv8); the others are the
+        # first slice's, or text's, at the training seqlen
+        match = re.search(r"_(T\d+_kv\d+)$", metric)
+        return parse_slice_name(match.group(1))[0] if match else int(data_cfg["seqlen"])
+
     records = [
         make_record(
             run=run_dir.name,
@@ -169,7 +187,7 @@ def _write_train_records(
             task=data_cfg["name"],
             metric=name,
             value=value,
-            seqlen=seqlen,
+            seqlen=seqlen_of(name),
             device=lit.device,
             sha=sha,
             split="val",

@@ -39,8 +39,12 @@ IGNORE_INDEX = -100
 """Label of every position that carries no loss (PyTorch's ``cross_entropy`` default)."""
 
 SEED_STRIDE = 1000
-"""Seeds of one data module are ``seed * SEED_STRIDE + i``: i = 0 trains, i >= 1 tests (see
-:class:`MQARDataModule`)."""
+"""Seeds of one data module are ``seed * SEED_STRIDE + i``: i = 0 trains, ``1 <= i < SEED_STRIDE/2``
+are test slices, ``i >= SEED_STRIDE/2`` validation slices (see :class:`MQARDataModule`)."""
+
+MAX_SLICES = SEED_STRIDE // 2 - 2
+"""Most evaluation slices one module may hold (its test seeds, plus one extra for
+:meth:`MQARDataModule.generate_slice`, stay below the validation seeds)."""
 
 
 def _check_int(value, name: str, minimum: int) -> int:
@@ -227,10 +231,8 @@ def _parse_test_configs(test_configs, seqlen: int, num_kv_pairs: int) -> list[tu
             "test_configs must be a list of {seqlen: int, num_kv_pairs: int} mappings, "
             f"got {type(test_configs).__name__}"
         )
-    if not 1 <= len(test_configs) < SEED_STRIDE:
-        raise ValueError(
-            f"test_configs must hold between 1 and {SEED_STRIDE - 1} slices, got {len(test_configs)}"
-        )
+    if not 1 <= len(test_configs) <= MAX_SLICES:
+        raise ValueError(f"test_configs must hold between 1 and {MAX_SLICES} slices, got {len(test_configs)}")
     pairs = []
     for i, cfg in enumerate(test_configs):
         if not isinstance(cfg, Mapping) or set(cfg.keys()) != {"seqlen", "num_kv_pairs"}:
@@ -255,10 +257,12 @@ class MQARDataModule(L.LightningDataModule):
     """MQAR training data and one evaluation slice per ``(seqlen, num_kv_pairs)`` test setting.
 
     Seed scheme (documented so results are reproducible and test data never equals training data):
-    training examples use ``train_seed = seed * SEED_STRIDE`` and the i-th test slice (0-based, in
-    ``test_configs`` order) uses ``seed * SEED_STRIDE + 1 + i``. Within one module every set has its
-    own seed, and since at most ``SEED_STRIDE - 1`` test slices are allowed, no test seed of any
-    base seed equals the training seed of any base seed. Validation and test use the same slices.
+    training examples use ``train_seed = seed * SEED_STRIDE``; the i-th slice (0-based, in
+    ``test_configs`` order) is drawn twice, as a test slice from ``seed * SEED_STRIDE + 1 + i`` and
+    as a validation slice from ``seed * SEED_STRIDE + SEED_STRIDE // 2 + i``. Validation (which
+    training monitors and selects checkpoints on) and test (which evaluations report) therefore
+    hold different examples of the same settings, and since at most ``MAX_SLICES`` slices are
+    allowed, no seed of any set of any base seed equals a seed of another set.
 
     Args:
         vocab_size: V (default 512); must exceed every seqlen.
@@ -275,10 +279,10 @@ class MQARDataModule(L.LightningDataModule):
         random_non_queries: random filler instead of 0 (default True).
         num_workers: DataLoader worker processes (default 0).
 
-    Attributes: ``vocab_size``, ``train_slice_name``, ``slice_names`` (test slices, in
+    Attributes: ``vocab_size``, ``train_slice_name``, ``slice_names`` (evaluation slices, in
     ``test_configs`` order), ``test_configs`` (list of ``(seqlen, num_kv_pairs)``), ``train_seed``,
-    ``test_seeds``; ``train_set`` (after ``setup()``/``setup("fit")``) and ``test_sets`` (after any
-    ``setup``), :class:`MQARSlice` objects.
+    ``val_seeds``, ``test_seeds``; after the matching ``setup`` stage, ``train_set``, ``val_sets``
+    and ``test_sets`` (:class:`MQARSlice` objects).
 
     Batches are ``{"input_ids": (B, T) int64, "labels": (B, T) int64, "slice": list[str] of B}``.
     ``val_dataloader()`` and ``test_dataloader()`` return one DataLoader per slice, in
@@ -334,7 +338,9 @@ class MQARDataModule(L.LightningDataModule):
         self.slice_names = [slice_name(*cfg) for cfg in self.test_configs]
         self.train_seed = self.seed * SEED_STRIDE
         self.test_seeds = [self.train_seed + 1 + i for i in range(len(self.test_configs))]
+        self.val_seeds = [self.train_seed + SEED_STRIDE // 2 + i for i in range(len(self.test_configs))]
         self.train_set: MQARSlice | None = None
+        self.val_sets: list[MQARSlice] | None = None
         self.test_sets: list[MQARSlice] | None = None
 
     def generate_slice(
@@ -354,10 +360,10 @@ class MQARDataModule(L.LightningDataModule):
         """
         if seed is None:
             seed = self.train_seed + 1 + len(self.test_configs)
-        if seed == self.train_seed:
+        if seed == self.train_seed or seed in self.val_seeds:
             raise ValueError(
-                f"seed {seed} is this module's training seed, so the slice would repeat training "
-                "examples; pass another seed or None"
+                f"seed {seed} is this module's training or validation seed, so the slice would repeat "
+                "examples the model was trained or selected on; pass another seed or None"
             )
         input_ids, labels = multiquery_ar(
             self.vocab_size,
@@ -373,8 +379,9 @@ class MQARDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Generate the data a stage needs (deterministic; each set is made once, then cached).
 
-        ``stage`` None or ``"fit"`` makes the training set and every test slice; ``"validate"``,
-        ``"test"`` and ``"predict"`` make only the test slices (so evaluation skips the training set).
+        ``stage`` None makes every set; ``"fit"`` the training set and the validation slices;
+        ``"validate"`` the validation slices; ``"test"`` and ``"predict"`` the test slices (so an
+        evaluation never generates the training set).
         """
         if stage in (None, "fit") and self.train_set is None:
             input_ids, labels = multiquery_ar(
@@ -387,11 +394,30 @@ class MQARDataModule(L.LightningDataModule):
                 random_non_queries=self.random_non_queries,
             )
             self.train_set = MQARSlice(input_ids, labels, self.seqlen, self.num_kv_pairs, self.train_seed)
-        if self.test_sets is None:
-            self.test_sets = [
-                self.generate_slice(test_seqlen, test_kv, self.num_test_examples, seed)
-                for (test_seqlen, test_kv), seed in zip(self.test_configs, self.test_seeds, strict=True)
-            ]
+        if stage in (None, "fit", "validate") and self.val_sets is None:
+            self.val_sets = self._slices(self.val_seeds)
+        if stage in (None, "test", "predict") and self.test_sets is None:
+            self.test_sets = self._slices(self.test_seeds)
+
+    def _slices(self, seeds: list[int]) -> list[MQARSlice]:
+        """One slice per test config, drawn from the given seeds (no seed check: internal use)."""
+        return [
+            MQARSlice(
+                *multiquery_ar(
+                    self.vocab_size,
+                    self.num_test_examples,
+                    seqlen,
+                    seed,
+                    power_a=self.power_a,
+                    num_kv_pairs=num_kv_pairs,
+                    random_non_queries=self.random_non_queries,
+                ),
+                seqlen,
+                num_kv_pairs,
+                seed,
+            )
+            for (seqlen, num_kv_pairs), seed in zip(self.test_configs, seeds, strict=True)
+        ]
 
     def dataloader(self, dataset: Dataset, shuffle: bool = False) -> DataLoader:
         """A DataLoader over ``dataset`` (e.g. from :meth:`generate_slice`) with this module's settings."""
@@ -412,13 +438,13 @@ class MQARDataModule(L.LightningDataModule):
         return self.dataloader(self.train_set, shuffle=True)
 
     def val_dataloader(self) -> list[DataLoader]:
-        """One DataLoader per test slice, in ``slice_names`` order."""
-        if self.test_sets is None:
-            raise RuntimeError(
-                "call setup() before val_dataloader()/test_dataloader() (Lightning's Trainer does it)"
-            )
-        return [self.dataloader(test_set) for test_set in self.test_sets]
+        """One DataLoader per validation slice, in ``slice_names`` order."""
+        if self.val_sets is None:
+            raise RuntimeError("call setup('fit') or setup('validate') before val_dataloader() (Lightning's Trainer does it)")
+        return [self.dataloader(val_set) for val_set in self.val_sets]
 
     def test_dataloader(self) -> list[DataLoader]:
-        """Same slices as :meth:`val_dataloader`."""
-        return self.val_dataloader()
+        """One DataLoader per test slice (other examples than validation's), in ``slice_names`` order."""
+        if self.test_sets is None:
+            raise RuntimeError("call setup('test') before test_dataloader() (Lightning's Trainer does it)")
+        return [self.dataloader(test_set) for test_set in self.test_sets]

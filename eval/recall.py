@@ -92,6 +92,15 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     unknown_paths = set(cfg.decode_paths) - {"parallel", "decode"}
     if unknown_paths:
         raise ValueError(f"unknown decode_paths {sorted(unknown_paths)}; choose from [parallel, decode]")
+    if OmegaConf.is_missing(cfg, "ckpt"):
+        raise ValueError("no checkpoint given: pass ckpt=<a .ckpt file written by train.py>")
+    for key in ("num_examples", "batch_size"):
+        if not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
+    if not cfg.length_multipliers or any(not isinstance(m, int) or m < 1 for m in cfg.length_multipliers):
+        raise ValueError(
+            f"length_multipliers must be a list of integers >= 1, got {list(cfg.length_multipliers)}"
+        )
     device = resolve_device(cfg.device)
     ckpt = Path(cfg.ckpt).expanduser()
     lit = load_model(ckpt, map_location=device)
@@ -103,6 +112,14 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             "MQAR (python train.py data=mqar ...)"
         )
     seqlen, num_kv_pairs = int(data_cfg["seqlen"]), int(data_cfg["num_kv_pairs"])
+    vocab_size = int(data_cfg["vocab_size"])
+    too_long = [m for m in cfg.length_multipliers if seqlen * m >= vocab_size]
+    if too_long:
+        raise ValueError(
+            f"length_multipliers {too_long} give seqlens of at least the checkpoint's MQAR vocabulary "
+            f"({vocab_size}), which the generator cannot fill with distinct keys; use multipliers "
+            f"below {-(-vocab_size // seqlen)} (e.g. length_multipliers=[1,2,4])"
+        )
     test_configs = [{"seqlen": seqlen * m, "num_kv_pairs": num_kv_pairs * m} for m in cfg.length_multipliers]
     dm_kwargs = {k: v for k, v in data_cfg.items() if k not in DATA_META_KEYS}
     dm_kwargs.update(
@@ -119,6 +136,7 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         prefill_len = 2 * test["num_kv_pairs"]
         row = {"slice": slice_name}
         for path in cfg.decode_paths:
+            print(f"evaluating {slice_name} through the {path} path ...", flush=True)
             acc, count, tokens_per_s = accuracy(model, loader, path, prefill_len, device)
             row[path] = acc
             records.append(

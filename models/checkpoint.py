@@ -36,10 +36,20 @@ def atomic_write_bytes(path: str | os.PathLike, write) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp creates the file 0600; give it the mode an ordinary open() would (0666 & ~umask).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    # Make the rename itself durable: fsync the directory entry.
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -70,16 +80,19 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         ValueError: the file is truncated, corrupt, or not a mixerlab checkpoint.
     """
     path = Path(path)
-    hint = "pass ckpt=<a .ckpt file written by train.py, e.g. outputs/<date>/<time>-<mixer>/checkpoints/last.ckpt>"
+    hint = "pass ckpt=<a .ckpt file written by train.py, e.g. outputs/<date>/<time>-<mixer>-<data>/checkpoints/best.ckpt>"
     if not path.exists():
         raise FileNotFoundError(f"checkpoint not found: {path}; {hint}")
     if path.is_dir():
         raise FileNotFoundError(f"checkpoint path is a directory, not a file: {path}; {hint}")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        # weights_only: a checkpoint holds tensors and plain containers only, so nothing in it can
+        # run code when loaded (a foreign pickle is refused instead).
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(
-            f"could not read checkpoint {path}: the file is truncated or corrupt ({err}); {hint}"
+            f"could not read checkpoint {path}: the file is truncated or corrupt ({reason}); {hint}"
         ) from err
     if not isinstance(checkpoint, dict) or "model" not in checkpoint.get("hyper_parameters", {}):
         raise ValueError(

@@ -81,12 +81,10 @@ class LitLM(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.model = LanguageModel(ModelConfig.from_dict(model))
-        unknown = set(optim or {}) - set(DEFAULT_OPTIM)
-        if unknown:
-            raise ValueError(f"unknown optim keys {sorted(unknown)}; valid keys: {sorted(DEFAULT_OPTIM)}")
-        self.optim = {**DEFAULT_OPTIM, **(optim or {})}
+        self.optim = check_optim(optim)
         self.slice_names = list(slice_names or ["val"])
         self._val_sums: dict[int, torch.Tensor] = {}
+        self.val_metrics: dict[str, float] = {}  # the last validation's metrics, exact (float64)
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.float64), persistent=True)
 
     def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
@@ -112,17 +110,21 @@ class LitLM(L.LightningModule):
         self._val_sums[dataloader_idx] = self._val_sums.get(dataloader_idx, torch.zeros_like(sums)) + sums
 
     def on_validation_epoch_end(self) -> None:
+        metrics = {}
         for idx, name in enumerate(self.slice_names):
             sums = self._val_sums.get(idx, torch.zeros(3, dtype=torch.float64, device=self.device))
             loss_sum, correct, count = self.trainer.strategy.reduce(sums, reduce_op="sum").tolist()
-            loss = loss_sum / max(count, 1.0)
-            acc = correct / max(count, 1.0)
-            self.log(f"val/loss_{name}", loss)
-            self.log(f"val/acc_{name}", acc)
-            if idx == 0:
-                self.log("val/loss", loss, prog_bar=True)
-                self.log("val/acc", acc, prog_bar=True)
-                self.log("val/ppl", math.exp(min(loss, 50.0)))
+            metrics[f"val/loss_{name}"] = loss_sum / max(count, 1.0)
+            metrics[f"val/acc_{name}"] = correct / max(count, 1.0)
+        first = self.slice_names[0]
+        metrics["val/loss"] = metrics[f"val/loss_{first}"]
+        metrics["val/acc"] = metrics[f"val/acc_{first}"]
+        metrics["val/ppl"] = math.exp(min(metrics["val/loss"], 50.0))
+        self.val_metrics = metrics
+        for key, value in metrics.items():
+            # Already summed over ranks above, so every rank logs the same value; sync_dist (a mean
+            # of equal values) only keeps Lightning from warning about unsynchronised epoch metrics.
+            self.log(key, value, prog_bar=key in ("val/loss", "val/acc"), sync_dist=True)
 
     def configure_optimizers(self):
         decay, no_decay = [], []
@@ -152,6 +154,33 @@ class LitLM(L.LightningModule):
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def check_optim(optim: dict[str, Any] | None) -> dict[str, Any]:
+    """``optim`` completed with :data:`DEFAULT_OPTIM` and validated.
+
+    Raises:
+        ValueError: unknown keys, ``lr <= 0``, ``weight_decay < 0``, ``warmup_steps < 0``, betas
+            outside [0, 1) or ``min_lr_ratio`` outside [0, 1], each naming the ``optim.*`` key.
+    """
+    unknown = set(optim or {}) - set(DEFAULT_OPTIM)
+    if unknown:
+        raise ValueError(f"unknown optim keys {sorted(unknown)}; valid keys: {sorted(DEFAULT_OPTIM)}")
+    optim = {**DEFAULT_OPTIM, **(optim or {})}
+    rules = {
+        "lr": ("> 0", optim["lr"] > 0),
+        "weight_decay": (">= 0", optim["weight_decay"] >= 0),
+        "warmup_steps": (">= 0", optim["warmup_steps"] >= 0),
+        "min_lr_ratio": ("in [0, 1]", 0 <= optim["min_lr_ratio"] <= 1),
+        "betas": (
+            "two numbers in [0, 1)",
+            len(optim["betas"]) == 2 and all(0 <= b < 1 for b in optim["betas"]),
+        ),
+    }
+    for key, (rule, ok) in rules.items():
+        if not ok:
+            raise ValueError(f"optim.{key} must be {rule}, got {optim[key]!r}")
+    return optim
 
 
 def load_model(path, map_location: str | torch.device = "cpu") -> LitLM:

@@ -55,7 +55,10 @@ def test_every_mixer_config_trains_20_steps(tmp_path, mixer):
     assert lit.model.config.name == mixer
     records = json.loads((Path(out["run_dir"]) / "results" / "train.json").read_text())
     assert {r["metric"] for r in records} >= {"val/acc", "val/loss"}
-    assert all(r["mixer"] == mixer and r["state_bytes"] == lit.model.state_size(64) for r in records)
+    assert all(r["mixer"] == mixer and r["state_bytes"] == lit.model.state_size(r["seqlen"]) for r in records)
+    seqlens = {r["metric"]: r["seqlen"] for r in records}
+    assert seqlens["val/acc"] == seqlens["val/acc_T64_kv4"] == 64 and seqlens["val/acc_T256_kv16"] == 256
+    assert (out["metrics"]["val/acc"] * 64 * 4).is_integer()  # exact counts over 64 examples x 4 queries
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +141,23 @@ def test_bad_configs_raise_clear_errors(tmp_path):
         run_train(tmp_path, ["mixer=attention", "model.num_heads=5"])
     with pytest.raises(ValueError, match="unknown optim keys"):
         run_train(tmp_path, ["+optim.momentum=0.9"])
+    with pytest.raises(ValueError, match="optim.lr must be > 0"):
+        run_train(tmp_path, ["optim.lr=-1"])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs a CUDA GPU"):
+            run_train(tmp_path, ["trainer=gpu"])
+
+
+def test_recall_eval_rejects_bad_settings(jamba_run):
+    ckpt = f"ckpt={jamba_run['best_ckpt']}"
+    with pytest.raises(ValueError, match="no checkpoint given"):
+        recall_eval(compose_eval("recall", []))
+    with pytest.raises(ValueError, match="num_examples must be an integer >= 1"):
+        recall_eval(compose_eval("recall", [ckpt, "num_examples=0"]))
+    with pytest.raises(ValueError, match="use multipliers below 8"):
+        recall_eval(compose_eval("recall", [ckpt, "length_multipliers=[1,8]"]))
+    with pytest.raises(ValueError, match="unknown decode_paths"):
+        recall_eval(compose_eval("recall", [ckpt, "decode_paths=[parallel,beam]"]))
 
 
 def test_atomic_checkpoint_write_keeps_the_old_file_on_failure(tmp_path):
@@ -153,6 +173,12 @@ def test_atomic_checkpoint_write_keeps_the_old_file_on_failure(tmp_path):
         io.save_checkpoint({"step": 2, "bad": Unpicklable()}, path)
     assert torch.load(path, weights_only=False) == {"step": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+    umask = os.umask(0o022)
+    try:
+        io.save_checkpoint({"step": 3}, path)
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o644  # as open() would create it, not mkstemp's 0600
 
 
 def cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:

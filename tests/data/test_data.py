@@ -177,6 +177,7 @@ def test_mqar_datamodule_batches():
     assert train_batch["input_ids"].shape == train_batch["labels"].shape == (8, 16)
     assert train_batch["input_ids"].dtype == train_batch["labels"].dtype == torch.int64
     assert train_batch["slice"] == ["T16_kv2"] * 8
+    dm.setup("test")
     for loaders in (dm.val_dataloader(), dm.test_dataloader()):
         assert len(loaders) == 3
         for name, loader in zip(dm.slice_names, loaders, strict=True):
@@ -190,19 +191,24 @@ def test_mqar_datamodule_batches():
                 assert ((batch["labels"] != IGNORE_INDEX).sum(1) == num_kv_pairs).all()
 
 
-def test_mqar_datamodule_train_and_test_seeds_are_disjoint():
+def test_mqar_datamodule_train_val_and_test_seeds_are_disjoint():
     dm = _mqar_module(seed=3)
-    assert dm.train_seed not in dm.test_seeds
-    assert len(set(dm.test_seeds)) == len(dm.test_seeds)
+    assert dm.train_seed not in dm.test_seeds + dm.val_seeds
+    assert len(set(dm.test_seeds + dm.val_seeds)) == 2 * len(dm.test_seeds)
     train_seeds = {_mqar_module(seed=s).train_seed for s in range(20)}
     test_seeds = {t for s in range(20) for t in _mqar_module(seed=s).test_seeds}
-    assert not train_seeds & test_seeds
+    val_seeds = {t for s in range(20) for t in _mqar_module(seed=s).val_seeds}
+    assert not train_seeds & test_seeds and not train_seeds & val_seeds and not test_seeds & val_seeds
     dm.setup()
     assert dm.train_set.seed == dm.train_seed
     assert [s.seed for s in dm.test_sets] == dm.test_seeds
-    # The test slice with the training setting holds different examples from the training set.
+    assert [s.seed for s in dm.val_sets] == dm.val_seeds
+    # The slices with the training setting hold other examples than the training set, and
+    # validation (model selection) and test (reported) hold different examples.
     train_rows = {tuple(row) for row in dm.train_set.input_ids.tolist()}
-    assert not train_rows & {tuple(row) for row in dm.test_sets[0].input_ids.tolist()}
+    test_rows = {tuple(row) for row in dm.test_sets[0].input_ids.tolist()}
+    val_rows = {tuple(row) for row in dm.val_sets[0].input_ids.tolist()}
+    assert not train_rows & test_rows and not train_rows & val_rows and not val_rows & test_rows
 
 
 def test_mqar_datamodule_custom_longer_test_slices():
@@ -227,12 +233,14 @@ def test_mqar_generate_slice():
     extra = dm.generate_slice(48, 6, 10)
     assert extra.name == "T48_kv6"
     assert extra.input_ids.shape == extra.labels.shape == (10, 48)
-    assert extra.seed != dm.train_seed and extra.seed not in dm.test_seeds
+    assert extra.seed != dm.train_seed and extra.seed not in dm.test_seeds + dm.val_seeds
     assert torch.equal(extra.input_ids, dm.generate_slice(48, 6, 10).input_ids)
     batch = next(iter(dm.dataloader(extra)))
     assert batch["slice"] == ["T48_kv6"] * 8
-    with pytest.raises(ValueError, match="training seed"):
+    with pytest.raises(ValueError, match="training or validation seed"):
         dm.generate_slice(48, 6, 10, seed=dm.train_seed)
+    with pytest.raises(ValueError, match="training or validation seed"):
+        dm.generate_slice(48, 6, 10, seed=dm.val_seeds[0])
 
 
 def test_mqar_datamodule_vocab_error_says_how_to_fix():
@@ -264,9 +272,11 @@ def test_mqar_setup_per_stage():
     with pytest.raises(RuntimeError, match="setup"):
         dm.val_dataloader()
     dm.setup("test")  # evaluation needs only the test slices
-    assert dm.train_set is None and len(dm.test_dataloader()) == 3
+    assert dm.train_set is None and dm.val_sets is None and len(dm.test_dataloader()) == 3
     with pytest.raises(RuntimeError, match="setup"):
         dm.train_dataloader()
+    with pytest.raises(RuntimeError, match="setup"):
+        dm.val_dataloader()
     test_sets = dm.test_sets
     dm.setup("fit")
     assert dm.test_sets is test_sets
