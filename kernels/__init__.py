@@ -14,11 +14,20 @@ A Triton kernel is plugged in by adding it to ``_TRITON_OPS`` under the op's nam
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 
 import torch
 
 from kernels import reference
+
+# Triton is a Linux-only dependency; elsewhere every op runs its reference. The kernel module must be
+# imported before the ``def flash_attention`` below: importing the submodule ``kernels.flash_attention``
+# binds that name on this package, and the public function has to be what the name ends up meaning.
+if importlib.util.find_spec("triton") is not None:
+    from kernels.flash_attention import flash_attention as _triton_flash_attention
+else:  # pragma: no cover
+    _triton_flash_attention = None
 
 __all__ = [
     "flash_attention",
@@ -32,8 +41,10 @@ __all__ = [
 # The values every op's ``backend`` keyword accepts.
 BACKENDS = (None, "reference", "triton")
 
-# Op name -> Triton implementation with the reference's signature. Empty until the kernels land.
+# Op name -> Triton implementation with the reference's signature; ops not listed run the reference.
 _TRITON_OPS: dict[str, Callable] = {}
+if _triton_flash_attention is not None:
+    _TRITON_OPS["flash_attention"] = _triton_flash_attention  # kernels/flash_attention.py (FlashAttention-2)
 
 
 def _dispatch(op_name: str, backend: str | None, tensor: torch.Tensor) -> Callable:
@@ -65,8 +76,9 @@ def flash_attention(q, k, v, *, causal=True, window=None, scale=None, return_lse
     dtypes, masking semantics, errors and sources.
 
     q (B, Tq, Hq, D), k / v (B, Tk, Hkv, D) -> o (B, Tq, Hq, D) in q's dtype [, lse (B, Hq, Tq)].
-    ``backend``: None (Triton for CUDA tensors once landed, else the reference), "reference",
-    "triton" (NotImplementedError until the kernel lands); anything else is a ValueError.
+    ``backend``: None (the Triton FlashAttention-2 kernel, :mod:`kernels.flash_attention`, for CUDA
+    tensors; the reference for CPU tensors), "reference", "triton" (CUDA tensors, or CPU tensors
+    under ``TRITON_INTERPRET=1``); anything else is a ValueError.
     """
     impl = _dispatch("flash_attention", backend, q)
     return impl(q, k, v, causal=causal, window=window, scale=scale, return_lse=return_lse)
