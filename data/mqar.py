@@ -440,7 +440,9 @@ class MQARDataModule(L.LightningDataModule):
     def val_dataloader(self) -> list[DataLoader]:
         """One DataLoader per validation slice, in ``slice_names`` order."""
         if self.val_sets is None:
-            raise RuntimeError("call setup('fit') or setup('validate') before val_dataloader() (Lightning's Trainer does it)")
+            raise RuntimeError(
+                "call setup('fit') or setup('validate') before val_dataloader() (Lightning's Trainer does it)"
+            )
         return [self.dataloader(val_set) for val_set in self.val_sets]
 
     def test_dataloader(self) -> list[DataLoader]:

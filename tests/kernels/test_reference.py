@@ -516,7 +516,9 @@ def test_backends(op):
     if op in kernels._TRITON_OPS:  # landed: "triton" runs the kernel (interpreted on CPU)
         assert OP_CALLS[op](backend="triton").dtype == F64
     else:
-        with pytest.raises(NotImplementedError, match=f"{op}.*Triton kernel has not landed.*backend='reference'"):
+        with pytest.raises(
+            NotImplementedError, match=f"{op}.*Triton kernel has not landed.*backend='reference'"
+        ):
             OP_CALLS[op](backend="triton")
     with pytest.raises(ValueError, match="valid backends"):
         OP_CALLS[op](backend="cuda")
