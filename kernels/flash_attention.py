@@ -47,11 +47,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels.reference import (
-    _check_heads,
-    _check_same_dtype,
-    _check_scale,
-    _check_tensor,
-    _check_window,
+    _check_attention_args,
     _compute_dtype,
 )
 
@@ -844,28 +840,10 @@ def flash_attention(
         causal=False), and, for this backend only, ValueError for head_dim outside [1, 256], inputs
         on different devices, or CPU inputs without ``TRITON_INTERPRET=1``.
     """
-    # The reference's validation, in the reference's order, with its helpers and messages.
-    _check_tensor("q", q, 4)
-    _check_tensor("k", k, 4)
-    _check_tensor("v", v, 4)
-    _check_same_dtype(q=q, k=k, v=v)
-    if k.shape != v.shape:
-        raise ValueError(
-            f"k and v must have the same shape (B, Tk, Hkv, D), got {tuple(k.shape)} and {tuple(v.shape)}"
-        )
-    batch, seqlen_q, num_heads, head_dim = q.shape
-    _, seqlen_k, num_kv_heads, _ = k.shape
-    if k.shape[0] != batch or k.shape[3] != head_dim:
-        raise ValueError(
-            f"q (B, Tq, Hq, D) = {tuple(q.shape)} and k (B, Tk, Hkv, D) = {tuple(k.shape)} must agree on B and D"
-        )
-    if seqlen_k == 0:
-        raise ValueError("k and v must hold at least one key (Tk >= 1)")
-    _check_heads(num_heads, num_kv_heads)
-    _check_window(window, causal)
-    _check_scale(scale)
-    if scale is None:
-        scale = head_dim**-0.5
+    # The reference's validation: same checks, order and messages.
+    batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale = _check_attention_args(
+        q, k, v, causal, window, scale
+    )
 
     # This backend's own limits.
     if not 1 <= head_dim <= _MAX_HEAD_DIM:

@@ -117,6 +117,36 @@ def _masked_softmax(scores: torch.Tensor, visible: torch.Tensor | None) -> tuple
 # ----------------------------------------------------------------------------------------------
 
 
+def _check_attention_args(q, k, v, causal: bool, window, scale):
+    """Validate flash_attention's arguments (shared by the reference and the Triton backend).
+
+    Returns ``(batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale)`` with the
+    default scale ``head_dim ** -0.5`` filled in.
+    """
+    _check_tensor("q", q, 4)
+    _check_tensor("k", k, 4)
+    _check_tensor("v", v, 4)
+    _check_same_dtype(q=q, k=k, v=v)
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape (B, Tk, Hkv, D), got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    _, seqlen_k, num_kv_heads, _ = k.shape
+    if k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(
+            f"q (B, Tq, Hq, D) = {tuple(q.shape)} and k (B, Tk, Hkv, D) = {tuple(k.shape)} must agree on B and D"
+        )
+    if seqlen_k == 0:
+        raise ValueError("k and v must hold at least one key (Tk >= 1)")
+    _check_heads(num_heads, num_kv_heads)
+    _check_window(window, causal)
+    _check_scale(scale)
+    if scale is None:
+        scale = head_dim**-0.5
+    return batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale
+
+
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -156,27 +186,9 @@ def flash_attention(
         ValueError: wrong ndim, mismatched batch / head_dim / k-v shapes, Hq not a multiple of Hkv,
             Tk == 0, window <= 0, window with causal=False.
     """
-    _check_tensor("q", q, 4)
-    _check_tensor("k", k, 4)
-    _check_tensor("v", v, 4)
-    _check_same_dtype(q=q, k=k, v=v)
-    if k.shape != v.shape:
-        raise ValueError(
-            f"k and v must have the same shape (B, Tk, Hkv, D), got {tuple(k.shape)} and {tuple(v.shape)}"
-        )
-    batch, seqlen_q, num_heads, head_dim = q.shape
-    _, seqlen_k, num_kv_heads, _ = k.shape
-    if k.shape[0] != batch or k.shape[3] != head_dim:
-        raise ValueError(
-            f"q (B, Tq, Hq, D) = {tuple(q.shape)} and k (B, Tk, Hkv, D) = {tuple(k.shape)} must agree on B and D"
-        )
-    if seqlen_k == 0:
-        raise ValueError("k and v must hold at least one key (Tk >= 1)")
-    _check_heads(num_heads, num_kv_heads)
-    _check_window(window, causal)
-    _check_scale(scale)
-    if scale is None:
-        scale = head_dim**-0.5
+    batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale = _check_attention_args(
+        q, k, v, causal, window, scale
+    )
 
     dtype = _compute_dtype(q.dtype)
     group = num_heads // num_kv_heads
