@@ -265,11 +265,16 @@ class Attention(nn.Module):
         Raises:
             TypeError / ValueError: batch_size or max_seqlen not an int > 0.
         """
-        check_positive_int(batch_size, "batch_size", self.name)
-        check_positive_int(max_seqlen, "max_seqlen", self.name)
+        check_positive_int(max_seqlen, "max_seqlen", self.name)  # before it sizes the slots
         shape = (batch_size, self._cache_slots(max_seqlen), self.num_kv_heads, self.head_dim)
-        kw = dict(device=device or self.qkv_proj.weight.device, dtype=self._cache_dtype(dtype))
-        return self.cache_class(max_seqlen=max_seqlen, k=torch.zeros(shape, **kw), v=torch.zeros(shape, **kw))
+        return self.cache_class.allocate(
+            self.name,
+            batch_size,
+            max_seqlen,
+            {"k": shape, "v": shape},
+            device=device or self.qkv_proj.weight.device,
+            dtype=self._cache_dtype(dtype),
+        )
 
     def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
         """Bytes per sequence of a cache with max_seqlen = seqlen: 2 * slots * num_kv_heads * head_dim *

@@ -76,6 +76,27 @@ class MixerCache:
     max_seqlen: int
     seqlen: int = 0
 
+    @classmethod
+    def allocate(
+        cls,
+        mixer: str,
+        batch_size: int,
+        max_seqlen: int,
+        shapes: dict[str, tuple[int, ...]],
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ) -> MixerCache:
+        """A cache of zero tensors: field name -> shape (batch first), all of one device and dtype.
+
+        Raises:
+            TypeError / ValueError: batch_size or max_seqlen not an int > 0 (naming `mixer`).
+        """
+        check_positive_int(batch_size, "batch_size", mixer)
+        check_positive_int(max_seqlen, "max_seqlen", mixer)
+        tensors = {name: torch.zeros(shape, device=device, dtype=dtype) for name, shape in shapes.items()}
+        return cls(max_seqlen=max_seqlen, **tensors)
+
     def tensors(self) -> list[torch.Tensor]:
         """The tensors this cache holds (fields that are None are skipped)."""
         return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]

@@ -263,12 +263,15 @@ class LinearAttention(nn.Module):
         Raises:
             TypeError / ValueError: batch_size or max_seqlen not an int > 0.
         """
-        check_positive_int(batch_size, "batch_size", self.name)
-        check_positive_int(max_seqlen, "max_seqlen", self.name)
         weight = self.qkv_proj.weight
-        kw = dict(device=device or weight.device, dtype=state_dtype(weight.dtype, dtype))
-        tensors = {name: torch.zeros(shape, **kw) for name, shape in self._state_shapes(batch_size).items()}
-        return LinearAttentionCache(max_seqlen=max_seqlen, **tensors)
+        return LinearAttentionCache.allocate(
+            self.name,
+            batch_size,
+            max_seqlen,
+            self._state_shapes(batch_size),
+            device=device or weight.device,
+            dtype=state_dtype(weight.dtype, dtype),
+        )
 
     def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
         """Bytes per sequence, independent of seqlen: (H F head_dim [+ H F if normalize]

@@ -249,14 +249,18 @@ class Mamba(nn.Module):
         Raises:
             TypeError / ValueError: batch_size or max_seqlen not an int > 0.
         """
-        check_positive_int(batch_size, "batch_size", self.name)
-        check_positive_int(max_seqlen, "max_seqlen", self.name)
         weight = self.in_proj.weight
-        kw = dict(device=device or weight.device, dtype=state_dtype(weight.dtype, dtype))
-        return MambaCache(
-            max_seqlen=max_seqlen,
-            conv_state=torch.zeros(batch_size, self.d_inner, self.d_conv, **kw),
-            ssm_state=torch.zeros(batch_size, self.d_inner, self.d_state, **kw),
+        shapes = {
+            "conv_state": (batch_size, self.d_inner, self.d_conv),
+            "ssm_state": (batch_size, self.d_inner, self.d_state),
+        }
+        return MambaCache.allocate(
+            self.name,
+            batch_size,
+            max_seqlen,
+            shapes,
+            device=device or weight.device,
+            dtype=state_dtype(weight.dtype, dtype),
         )
 
     def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
