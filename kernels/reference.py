@@ -676,6 +676,61 @@ def _split_linear_state(initial_state, normalize: bool, batch: int, num_heads: i
     return kv, z
 
 
+def _check_linear_attention_args(q, k, v, scale):
+    """Validate linear_attention's q, k, v and scale (shared by the reference and the Triton backend).
+
+    Returns ``(batch, seqlen, num_heads, k_dim, v_dim, scale)`` with the default scale
+    ``k_dim ** -0.5`` filled in. The initial state is checked by :func:`_split_linear_state`.
+    """
+    _check_tensor("q", q, 4)
+    _check_tensor("k", k, 4)
+    _check_tensor("v", v, 4)
+    _check_same_dtype(q=q, k=k, v=v)
+    _check_scale(scale)
+    if k.shape != q.shape:
+        raise ValueError(
+            f"q and k must have the same shape (B, T, H, K), got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    batch, seqlen, num_heads, k_dim = q.shape
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"v must be (B, T, H, V) with (B, T, H) = {tuple(q.shape[:3])}, got {tuple(v.shape)}"
+        )
+    v_dim = v.shape[3]
+    if scale is None:
+        scale = k_dim**-0.5
+    return batch, seqlen, num_heads, k_dim, v_dim, scale
+
+
+def _check_linear_attention_step_args(q, k, v, state, z_state, scale):
+    """Validate linear_attention_step's arguments (shared by the reference and the Triton backend).
+
+    Returns the scale, with the default ``k_dim ** -0.5`` filled in.
+    """
+    _check_tensor("q", q, 3)
+    _check_tensor("k", k, 3)
+    _check_tensor("v", v, 3)
+    _check_tensor("state", state, 4)
+    _check_same_dtype(q=q, k=k, v=v)
+    _check_scale(scale)
+    if k.shape != q.shape or v.shape[:2] != q.shape[:2]:
+        raise ValueError(
+            f"q, k must be (B, H, K) and v (B, H, V) with equal (B, H), got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    batch, num_heads, k_dim = q.shape
+    expected = (batch, num_heads, k_dim, v.shape[2])
+    if state.shape != expected:
+        raise ValueError(f"state must be (B, H, K, V) = {expected}, got {tuple(state.shape)}")
+    if z_state is not None:
+        _check_tensor("z_state", z_state, 3)
+        if z_state.shape != q.shape:
+            raise ValueError(f"z_state must be (B, H, K) = {tuple(q.shape)}, got {tuple(z_state.shape)}")
+    if scale is None:
+        scale = k_dim**-0.5
+    return scale
+
+
 def linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -716,23 +771,7 @@ def linear_attention(
             ``normalize`` (e.g. a bare tensor with normalize=True).
         ValueError: wrong ndim or mismatched shapes.
     """
-    _check_tensor("q", q, 4)
-    _check_tensor("k", k, 4)
-    _check_tensor("v", v, 4)
-    _check_same_dtype(q=q, k=k, v=v)
-    _check_scale(scale)
-    if k.shape != q.shape:
-        raise ValueError(
-            f"q and k must have the same shape (B, T, H, K), got {tuple(q.shape)} and {tuple(k.shape)}"
-        )
-    batch, seqlen, num_heads, k_dim = q.shape
-    if v.shape[:3] != q.shape[:3]:
-        raise ValueError(
-            f"v must be (B, T, H, V) with (B, T, H) = {tuple(q.shape[:3])}, got {tuple(v.shape)}"
-        )
-    v_dim = v.shape[3]
-    if scale is None:
-        scale = k_dim**-0.5
+    batch, seqlen, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(q, k, v, scale)
 
     dtype = _compute_dtype(q.dtype)
     if initial_state is None:
@@ -803,27 +842,7 @@ def linear_attention_step(
         TypeError: non-tensor / non-floating inputs or mismatched q / k / v dtypes.
         ValueError: wrong ndim or mismatched shapes.
     """
-    _check_tensor("q", q, 3)
-    _check_tensor("k", k, 3)
-    _check_tensor("v", v, 3)
-    _check_tensor("state", state, 4)
-    _check_same_dtype(q=q, k=k, v=v)
-    _check_scale(scale)
-    if k.shape != q.shape or v.shape[:2] != q.shape[:2]:
-        raise ValueError(
-            f"q, k must be (B, H, K) and v (B, H, V) with equal (B, H), got {tuple(q.shape)}, "
-            f"{tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    batch, num_heads, k_dim = q.shape
-    expected = (batch, num_heads, k_dim, v.shape[2])
-    if state.shape != expected:
-        raise ValueError(f"state must be (B, H, K, V) = {expected}, got {tuple(state.shape)}")
-    if z_state is not None:
-        _check_tensor("z_state", z_state, 3)
-        if z_state.shape != q.shape:
-            raise ValueError(f"z_state must be (B, H, K) = {tuple(q.shape)}, got {tuple(z_state.shape)}")
-    if scale is None:
-        scale = k_dim**-0.5
+    scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale)
 
     dtype = torch.float64 if torch.float64 in (q.dtype, state.dtype) else torch.float32
     qs = q.to(dtype) * scale
