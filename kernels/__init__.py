@@ -21,13 +21,16 @@ import torch
 
 from kernels import reference
 
-# Triton is a Linux-only dependency; elsewhere every op runs its reference. The kernel module must be
-# imported before the ``def flash_attention`` below: importing the submodule ``kernels.flash_attention``
-# binds that name on this package, and the public function has to be what the name ends up meaning.
+# Triton is a Linux-only dependency; elsewhere every op runs its reference. The kernel modules must be
+# imported before the ``def flash_attention`` / ``def linear_attention`` below: importing the submodule
+# ``kernels.flash_attention`` binds that name on this package, and the public function has to be
+# what the name ends up meaning.
 if importlib.util.find_spec("triton") is not None:
     from kernels.flash_attention import flash_attention as _triton_flash_attention
+    from kernels.linear_attention import linear_attention as _triton_linear_attention
+    from kernels.linear_attention import linear_attention_step as _triton_linear_attention_step
 else:  # pragma: no cover
-    _triton_flash_attention = None
+    _triton_flash_attention = _triton_linear_attention = _triton_linear_attention_step = None
 
 __all__ = [
     "flash_attention",
@@ -45,6 +48,9 @@ BACKENDS = (None, "reference", "triton")
 _TRITON_OPS: dict[str, Callable] = {}
 if _triton_flash_attention is not None:
     _TRITON_OPS["flash_attention"] = _triton_flash_attention  # kernels/flash_attention.py (FlashAttention-2)
+if _triton_linear_attention is not None:  # kernels/linear_attention.py (chunked form, recurrent step)
+    _TRITON_OPS["linear_attention"] = _triton_linear_attention
+    _TRITON_OPS["linear_attention_step"] = _triton_linear_attention_step
 
 
 def _dispatch(op_name: str, backend: str | None, tensor: torch.Tensor) -> Callable:
@@ -158,8 +164,9 @@ def linear_attention(
 
     q, k (B, T, H, K), v (B, T, H, V) -> o (B, T, H, V) in q's dtype [, final_state: kv (B, H, K, V)
     or (kv, z (B, H, K)) when normalize, fp32 / fp64].
-    ``backend``: None (Triton for CUDA tensors once landed, else the reference), "reference",
-    "triton" (NotImplementedError until the kernel lands); anything else is a ValueError.
+    ``backend``: None (the chunked Triton kernel, :mod:`kernels.linear_attention`, for CUDA tensors;
+    the reference for CPU tensors), "reference", "triton" (CUDA tensors, or CPU tensors under
+    ``TRITON_INTERPRET=1``); anything else is a ValueError.
     """
     impl = _dispatch("linear_attention", backend, q)
     return impl(
@@ -180,8 +187,9 @@ def linear_attention_step(q, k, v, state, *, scale=None, z_state=None, eps=1e-10
 
     q, k (B, H, K), v (B, H, V), state (B, H, K, V) fp32, z_state (B, H, K) or None
     -> (B, H, V) in q's dtype.
-    ``backend``: None (Triton for CUDA tensors once landed, else the reference), "reference",
-    "triton" (NotImplementedError until the kernel lands); anything else is a ValueError.
+    ``backend``: None (the Triton decode kernel, :mod:`kernels.linear_attention`, for CUDA tensors;
+    the reference for CPU tensors), "reference", "triton" (CUDA tensors, or CPU tensors under
+    ``TRITON_INTERPRET=1``); anything else is a ValueError.
     """
     impl = _dispatch("linear_attention_step", backend, q)
     return impl(q, k, v, state, scale=scale, z_state=z_state, eps=eps)

@@ -1,0 +1,932 @@
+"""Causal linear attention in Triton: chunked forward and backward, recurrent decode step.
+
+``linear_attention(q, k, v, *, scale=None, normalize=True, eps=1e-10, initial_state=None,
+output_final_state=False)`` and ``linear_attention_step(q, k, v, state, *, scale=None, z_state=None,
+eps=1e-10)`` have exactly the semantics, shapes, dtypes, state forms and errors of
+:func:`kernels.reference.linear_attention` / :func:`kernels.reference.linear_attention_step`;
+:mod:`kernels` dispatches here for CUDA tensors and for ``backend="triton"`` (CPU tensors run under
+``TRITON_INTERPRET=1``).
+
+Math (Katharopoulos et al. 2020, "Transformers are RNNs", eq. 4-6), q, k already feature-mapped:
+
+    S_t = S_0 + sum_{s<=t} k_s v_s^T,   z_t = z_0 + sum_{s<=t} k_s
+    o_t = scale q_t S_t   [ / (scale q_t . z_t + eps) with normalize ]
+
+Chunkwise-parallel form (Yang et al. 2024, "Gated Linear Attention Transformers with
+Hardware-Efficient Training", Sec. 3 / eq. 3-4 with the gates set to 1; fla's ``chunk_fwd_h`` /
+``chunk_fwd_o``): the sequence is cut into chunks of C tokens. With S_c the state before chunk c,
+
+    O_c = scale (Q_c S_c + (Q_c K_c^T * M) V_c),   S_{c+1} = S_c + K_c^T V_c,   M = tril(ones(C, C))
+
+Forward, two launches:
+
+- ``linear_attention_state_kernel``: one program per (K tile, V tile, batch * head) runs over the
+  chunks in order, keeps S in fp32 registers and writes every S_c (in the input dtype: it only
+  feeds tensor-core products, which would round it to that dtype anyway) and the final state (fp32).
+  Programs of the first V tile also write z_c (fp32) when normalising.
+- ``linear_attention_fwd_kernel``: one program per (V tile, chunk, batch * head), fully parallel:
+  ``Q_c S_c`` and the masked ``Q_c K_c^T`` accumulated over K tiles on the tensor cores, then the
+  (C x C) product with V_c; with normalize the denominator ``scale (rowsum(masked Q K^T) + Q_c z_c)
+  + eps`` is formed in fp32 and saved for the backward.
+
+Backward (the same two shapes of kernel, run in reverse and four times): with G = dO / den (the
+numerator's gradient; dO itself without normalize) and r_t = -rowsum(dO_t * O_t) / den_t (the
+denominator's), and dS_c the gradient reaching the state after chunk c,
+
+    dS_c = dS_N + scale sum_{c' > c} Q_{c'}^T G_{c'}                       (state kernel, REVERSE)
+    dQ_c = scale (G_c S_c^T + ((G_c V_c^T + r 1^T) * M) K_c + r z_c^T)   (bwd_dq kernel)
+    dK_c = V_c dS_c^T + scale ((V_c G_c^T + 1 r^T) * M^T) Q_c + dz_c     (bwd_dk kernel)
+    dV_c = K_c dS_c + scale ((K_c Q_c^T) * M^T) G_c                      (bwd_dv kernel)
+    dS_0, dz_0 = the reverse scan's final values
+
+where dz_c is the normaliser-state gradient carried alongside dS. The forward's S_c (and z_c) are
+saved for the backward rather than recomputed (memory of about 2 K / C times q's for K = V; one
+sequential scan less). ``linear_attention_bwd_preprocess_kernel`` forms G and r.
+
+Miscompile-avoidance (Triton 3.4-3.7.0 on Hopper miscompiles ``tl.dot(tl.trans(x), y)`` when ``x``
+is itself a dot result, fla-org/flash-linear-attention#640): every (C x C) product is computed in
+the orientation it is consumed in (dK uses ``V G^T``, dV uses ``K Q^T``, each its own dot), the
+transposed operands of the loads are read through swapped strides, and no kernel calls
+``tl.trans``. No atomics: every output element is written by exactly one program, so forward and
+backward are deterministic.
+
+Numerics: products of 16-bit inputs are exact on the tensor cores and accumulate in fp32; states,
+the normaliser, its denominator and the decode step are fp32 (fp64 for fp64 inputs). fp32 inputs
+use IEEE fp32 products (TF32 would cost ~1e-3 relative error). Triton passes Python floats as fp32,
+so for fp64 inputs the scale arrives as two fp32 halves.
+
+Decode, ``linear_attention_step_kernel``: one program per (batch, head) streams its (K, V) state
+through registers in K tiles, adds ``k v^T``, writes it back in place and reduces ``q . S`` on the
+way (and ``z += k``, ``q . z`` when normalising): each state byte is read and written once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+from kernels.reference import (
+    _check_linear_attention_args,
+    _check_linear_attention_step_args,
+    _compute_dtype,
+    _split_linear_state,
+)
+
+__all__ = ["linear_attention", "linear_attention_step"]
+
+# Read once at import, like Triton itself (``triton.jit`` picks the interpreter at decoration time).
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+# ----------------------------------------------------------------------------------------------
+# Chunk size and autotune configs
+# ----------------------------------------------------------------------------------------------
+
+# Under the interpreter: chunks of 16 and 32-wide K / V tiles, so that tiny test shapes (T = 17, 65;
+# K, V = 80, 273) still span several chunks and tiles, with partial ones at the ends.
+INTERPRET_CHUNK = 16
+INTERPRET_BLOCK = 32
+
+
+def chunk_size(dtype: torch.dtype) -> int:
+    """Tokens per chunk C for inputs of ``dtype``.
+
+    64 for 16-bit inputs on CUDA (fla's choice: the (C x C) products fill the tensor cores, the
+    per-chunk states cost K V / C per token); 32 for fp32 / fp64, whose IEEE products run on FMA
+    units and which Triton unrolls completely (large tiles make ptxas very slow); 16 under the
+    interpreter.
+    """
+    if _INTERPRET:
+        return INTERPRET_CHUNK
+    return 64 if dtype in (torch.float16, torch.bfloat16) else 32
+
+
+def _configs(cuda_configs):
+    """``triton.Config`` list from (BLOCK_D, BLOCK_E, num_warps, num_stages) tuples; one config
+    of INTERPRET_BLOCK-wide tiles under the interpreter."""
+    if _INTERPRET:
+        block = {"BLOCK_D": INTERPRET_BLOCK, "BLOCK_E": INTERPRET_BLOCK}
+        return [triton.Config(block, num_warps=4, num_stages=1)]
+    return [
+        triton.Config({"BLOCK_D": bd, "BLOCK_E": be}, num_warps=w, num_stages=s)
+        for bd, be, w, s in cuda_configs
+    ]
+
+
+# BLOCK_D tiles the contraction dim, BLOCK_E the output dim (state kernel: K and V tiles). The state
+# scan is sequential over chunks, so its configs trade tile size for programs (memory parallelism).
+_STATE_CONFIGS = _configs([(64, 64, 4, 3), (32, 64, 4, 4), (32, 32, 2, 4)])
+_FWD_CONFIGS = _configs([(64, 128, 8, 2), (64, 64, 4, 3)])
+# Backward chunk kernels: 4 warps only (fla restricts its Hopper backward configs the same way).
+_BWD_CONFIGS = _configs([(64, 64, 4, 2), (64, 128, 4, 2)])
+
+
+def _pad(n: int) -> int:
+    """A dim rounded up to a power of two, at least 16 (tl.dot's smallest tile)."""
+    return max(16, triton.next_power_of_2(n))
+
+
+def _prune_configs(configs, named_args, **kwargs):
+    """Clamp the tiles to the (padded) dims and drop duplicates (CUDA only).
+
+    fp32 / fp64 inputs (IEEE products) get one config of 32-wide tiles, keeping compile time low.
+    """
+    if _INTERPRET:
+        return configs
+    args = {**named_args, **kwargs}
+    d_pad, e_pad = _pad(args["D_DIM"]), _pad(args["E_DIM"])
+    if args["DOT_PRECISION"] == "ieee":
+        block = {"BLOCK_D": min(32, d_pad), "BLOCK_E": min(32, e_pad)}
+        return [triton.Config(block, num_warps=4, num_stages=2)]
+    pruned = {}
+    for c in configs:
+        bd, be = min(c.kwargs["BLOCK_D"], d_pad), min(c.kwargs["BLOCK_E"], e_pad)
+        pruned.setdefault(
+            (bd, be, c.num_warps, c.num_stages),
+            triton.Config({"BLOCK_D": bd, "BLOCK_E": be}, num_warps=c.num_warps, num_stages=c.num_stages),
+        )
+    return list(pruned.values())
+
+
+def _bucket(n: int) -> int:
+    """Autotune key for the number of (batch, head) pairs: the state scan's parallelism."""
+    return min(max(triton.next_power_of_2(max(n, 1)), 16), 1024)
+
+
+_CHUNK_KEY = ["D_DIM", "E_DIM", "BLOCK_T", "NORMALIZE"]
+_STATE_KEY = ["D_DIM", "E_DIM", "BLOCK_T", "BH_BUCKET", "REVERSE", "HAS_Z"]
+
+# ----------------------------------------------------------------------------------------------
+# Shared device helpers
+# ----------------------------------------------------------------------------------------------
+# Kernel argument lists stay packed (one per line would triple this file's length).
+# fmt: off
+
+
+@triton.jit
+def _scaled(x, scale, scale_lo, FP64: tl.constexpr):
+    """x * scale; for fp64 the scale arrives as two fp32 halves (Triton passes floats as fp32)."""
+    if FP64:
+        return x * scale + x * scale_lo
+    else:
+        return x * scale
+
+
+@triton.jit
+def _chunk_products(
+    x_base, y_base, h_base, vec_base, stride_xt, stride_xd, stride_yt, stride_yd, stride_hd, stride_he,
+    offs_t, offs_e, T, D_DIM: tl.constexpr, E_DIM: tl.constexpr, HAS_VEC: tl.constexpr, ACC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr
+):
+    """The three products of one chunk, accumulated over the contraction dim in BLOCK_D tiles.
+
+    X, Y: (T, D) rows offs_t of one head; H: a (D, E) state, columns offs_e; vec: (D,) or unused.
+    Returns ``inter = X H`` (BLOCK_T, BLOCK_E), ``intra = X Y^T`` (BLOCK_T, BLOCK_T) unmasked and
+    ``xv = X vec`` (BLOCK_T,) (zeros without HAS_VEC), all in ACC. Rows >= T and columns >= D / E
+    load as zeros. Y^T is loaded transposed through its strides (no tl.trans).
+    """
+    t_mask = offs_t < T
+    e_mask = offs_e < E_DIM
+    inter = tl.zeros([BLOCK_T, BLOCK_E], dtype=ACC)
+    intra = tl.zeros([BLOCK_T, BLOCK_T], dtype=ACC)
+    xv = tl.zeros([BLOCK_T], dtype=ACC)
+    for d0 in range(0, D_DIM, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        d_mask = offs_d < D_DIM
+        x = tl.load(
+            x_base + offs_t[:, None] * stride_xt + offs_d[None, :] * stride_xd,
+            mask=t_mask[:, None] & d_mask[None, :], other=0.0
+        )
+        y_t = tl.load(
+            y_base + offs_d[:, None] * stride_yd + offs_t[None, :] * stride_yt,
+            mask=d_mask[:, None] & t_mask[None, :], other=0.0
+        )
+        h = tl.load(
+            h_base + offs_d[:, None] * stride_hd + offs_e[None, :] * stride_he,
+            mask=d_mask[:, None] & e_mask[None, :], other=0.0
+        )
+        intra = tl.dot(x, y_t, intra, input_precision=DOT_PRECISION)
+        inter = tl.dot(x, h, inter, input_precision=DOT_PRECISION)
+        if HAS_VEC:
+            vec = tl.load(vec_base + offs_d, mask=d_mask, other=0.0)
+            xv += tl.sum(x.to(ACC) * vec[None, :], 1)
+    return inter, intra, xv
+
+
+# ----------------------------------------------------------------------------------------------
+# The state scan (forward and reverse)
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.autotune(configs=_STATE_CONFIGS, key=_STATE_KEY, prune_configs_by={"early_config_prune": _prune_configs})
+@triton.jit(do_not_specialize=["num_heads", "T", "BH_BUCKET"])
+def linear_attention_state_kernel(
+    X, Y, W, S_IN, Z_IN, STATES, ZSTATES, S_OUT, Z_OUT,
+    stride_xb, stride_xt, stride_xh, stride_xd,
+    stride_yb, stride_yt, stride_yh, stride_ye,
+    stride_sb, stride_sh, stride_sd, stride_se,
+    stride_zb, stride_zh, stride_zd,
+    num_heads, T, scale, scale_lo, BH_BUCKET,
+    D_DIM: tl.constexpr, E_DIM: tl.constexpr, HAS_S_IN: tl.constexpr, HAS_Z_IN: tl.constexpr,
+    HAS_Z: tl.constexpr, REVERSE: tl.constexpr, FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """Running (D, E) state over the chunks of one head; grid (cdiv(D, BLOCK_D), cdiv(E, BLOCK_E), B*H).
+
+    Forward (REVERSE=False; X = k, Y = v, D = K, E = V, scale = 1): STATES[c] = S_c = S_IN +
+    sum_{c' < c} X_{c'}^T Y_{c'}, S_OUT = S_N; with HAS_Z, ZSTATES[c] = z_c = Z_IN + the sum of X's
+    rows before chunk c, Z_OUT = z_N.
+    Reverse (X = q, Y = G, W = r): STATES[c] = dS_c = S_IN + scale sum_{c' > c} X_{c'}^T Y_{c'},
+    S_OUT = dS_0; with HAS_Z, ZSTATES[c] = dz_c = Z_IN + scale sum_{t after chunk c} r_t q_t.
+    STATES (B*H, n_chunks, D, E) in the input dtype; ZSTATES (B*H, n_chunks, D), S_OUT (B*H, D, E),
+    Z_OUT (B*H, D) in the accumulator dtype, all contiguous. S_IN / Z_IN: any strides, any float dtype.
+    """
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    pid_d = tl.program_id(0)
+    pid_e = tl.program_id(1)
+    bh = tl.program_id(2)
+    batch = (bh // num_heads).to(tl.int64)
+    head = (bh % num_heads).to(tl.int64)
+    bh64 = bh.to(tl.int64)
+    n_chunks = tl.cdiv(T, BLOCK_T)
+
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    d_mask = offs_d < D_DIM
+    de_mask = d_mask[:, None] & (offs_e < E_DIM)[None, :]
+    # Every E tile computes z (a cheap row sum); only the first one stores it. (The pid test is
+    # broadcast to a block: the interpreter rejects a scalar bool inside a block mask.)
+    z_mask = d_mask & (tl.zeros_like(offs_d) + pid_e == 0)
+
+    s = tl.zeros([BLOCK_D, BLOCK_E], dtype=ACC)
+    if HAS_S_IN:
+        s = tl.load(
+            S_IN + batch * stride_sb + head * stride_sh + offs_d[:, None] * stride_sd + offs_e[None, :] * stride_se,
+            mask=de_mask, other=0.0
+        ).to(ACC)
+    z = tl.zeros([BLOCK_D], dtype=ACC)
+    if HAS_Z and HAS_Z_IN:
+        z = tl.load(Z_IN + batch * stride_zb + head * stride_zh + offs_d * stride_zd, mask=d_mask, other=0.0).to(ACC)
+
+    x_base = X + batch * stride_xb + head * stride_xh
+    y_base = Y + batch * stride_yb + head * stride_yh
+    state_offs = offs_d[:, None] * E_DIM + offs_e[None, :]
+    for i in range(0, n_chunks):
+        if REVERSE:
+            chunk = n_chunks - 1 - i
+        else:
+            chunk = i
+        row = bh64 * n_chunks + chunk
+        tl.store(STATES + row * (D_DIM * E_DIM) + state_offs, s.to(STATES.dtype.element_ty), mask=de_mask)
+        if HAS_Z:
+            tl.store(ZSTATES + row * D_DIM + offs_d, z, mask=z_mask)
+        offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_mask = offs_t < T
+        x_t = tl.load(
+            x_base + offs_d[:, None] * stride_xd + offs_t[None, :] * stride_xt,
+            mask=d_mask[:, None] & t_mask[None, :], other=0.0
+        )  # (BLOCK_D, BLOCK_T): X_c^T through its strides
+        y = tl.load(
+            y_base + offs_t[:, None] * stride_yt + offs_e[None, :] * stride_ye,
+            mask=t_mask[:, None] & (offs_e < E_DIM)[None, :], other=0.0
+        )
+        if REVERSE:
+            s += _scaled(tl.dot(x_t, y, input_precision=DOT_PRECISION), scale, scale_lo, FP64)
+            if HAS_Z:
+                w = tl.load(W + bh64 * T + offs_t, mask=t_mask, other=0.0)
+                z += _scaled(tl.sum(x_t.to(ACC) * w[None, :], 1), scale, scale_lo, FP64)
+        else:
+            s = tl.dot(x_t, y, s, input_precision=DOT_PRECISION)
+            if HAS_Z:
+                z += tl.sum(x_t.to(ACC), 1)
+
+    tl.store(S_OUT + bh64 * (D_DIM * E_DIM) + state_offs, s, mask=de_mask)
+    if HAS_Z:
+        tl.store(Z_OUT + bh64 * D_DIM + offs_d, z, mask=z_mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward output
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.autotune(configs=_FWD_CONFIGS, key=_CHUNK_KEY, prune_configs_by={"early_config_prune": _prune_configs})
+@triton.jit(do_not_specialize=["num_heads", "T"])
+def linear_attention_fwd_kernel(
+    Q, K, V, STATES, ZSTATES, Out, DEN,
+    stride_qb, stride_qt, stride_qh, stride_qd,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_vb, stride_vt, stride_vh, stride_vd,
+    stride_ob, stride_ot, stride_oh, stride_od,
+    num_heads, T, scale, scale_lo, eps,
+    D_DIM: tl.constexpr, E_DIM: tl.constexpr, NORMALIZE: tl.constexpr, FP64: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """O_c = scale (Q_c S_c + (Q_c K_c^T * M) V_c) [/ den] for one (V tile, chunk, batch * head);
+    grid (cdiv(V, BLOCK_E), n_chunks, B*H); D = K, E = V.
+
+    With NORMALIZE, den = scale (rowsum(Q_c K_c^T * M) + Q_c z_c) + eps is also written to DEN
+    (B*H, T) by the first V tile's programs.
+    """
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    pid_e = tl.program_id(0)
+    chunk = tl.program_id(1)
+    bh = tl.program_id(2)
+    batch = (bh // num_heads).to(tl.int64)
+    head = (bh % num_heads).to(tl.int64)
+    bh64 = bh.to(tl.int64)
+    row = bh64 * tl.cdiv(T, BLOCK_T) + chunk
+    offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    out_mask = (offs_t < T)[:, None] & (offs_e < E_DIM)[None, :]
+
+    inter, scores, qz = _chunk_products(
+        Q + batch * stride_qb + head * stride_qh, K + batch * stride_kb + head * stride_kh,
+        STATES + row * (D_DIM * E_DIM), ZSTATES + row * D_DIM, stride_qt, stride_qd, stride_kt, stride_kd,
+        E_DIM, 1, offs_t, offs_e, T, D_DIM, E_DIM, NORMALIZE, ACC, DOT_PRECISION, BLOCK_T, BLOCK_D, BLOCK_E
+    )
+    # Query t sees keys s <= t of its chunk; earlier chunks are in S_c.
+    scores = tl.where(offs_t[:, None] >= offs_t[None, :], scores, 0.0)
+    v = tl.load(
+        V + batch * stride_vb + head * stride_vh + offs_t[:, None] * stride_vt + offs_e[None, :] * stride_vd,
+        mask=out_mask, other=0.0
+    )
+    o = _scaled(tl.dot(scores.to(v.dtype), v, inter, input_precision=DOT_PRECISION), scale, scale_lo, FP64)
+    if NORMALIZE:
+        # The in-chunk part of q_t . z_t is the row sum of the masked scores, taken in fp32 before
+        # they are rounded for the product with V.
+        den = _scaled(tl.sum(scores, 1) + qz, scale, scale_lo, FP64) + eps
+        o = o / den[:, None]
+        tl.store(DEN + bh64 * T + offs_t, den, mask=(offs_t < T) & (tl.zeros_like(offs_t) + pid_e == 0))
+    tl.store(
+        Out + batch * stride_ob + head * stride_oh + offs_t[:, None] * stride_ot + offs_e[None, :] * stride_od,
+        o.to(Out.dtype.element_ty), mask=out_mask
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["num_heads", "T"])
+def linear_attention_bwd_preprocess_kernel(
+    DO, Out, DEN, G, R,
+    stride_dob, stride_dot, stride_doh, stride_dod,
+    stride_ob, stride_ot, stride_oh, stride_od,
+    stride_gb, stride_gt, stride_gh, stride_gd,
+    num_heads, T,
+    E_DIM: tl.constexpr, FP64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """G = dO / den and r = -rowsum(dO * O) / den (normalize only); grid (cdiv(T, BLOCK_T), H, B).
+
+    O = N / den, so dL/dN = dO / den and dL/dden = -rowsum(dO * N) / den^2 = -rowsum(dO * O) / den.
+    G (B, T, H, V) in the input dtype; R (B*H, T) in the accumulator dtype.
+    """
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    head = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    t_mask = offs_t < T
+    row = (batch * num_heads + head) * T
+    den = tl.load(DEN + row + offs_t, mask=t_mask, other=1.0)
+    r = tl.zeros([BLOCK_T], dtype=ACC)
+    for e0 in range(0, E_DIM, BLOCK_E):
+        offs_e = e0 + tl.arange(0, BLOCK_E)
+        mask = t_mask[:, None] & (offs_e < E_DIM)[None, :]
+        do = tl.load(
+            DO + batch * stride_dob + head * stride_doh + offs_t[:, None] * stride_dot + offs_e[None, :] * stride_dod,
+            mask=mask, other=0.0
+        ).to(ACC)
+        o = tl.load(
+            Out + batch * stride_ob + head * stride_oh + offs_t[:, None] * stride_ot + offs_e[None, :] * stride_od,
+            mask=mask, other=0.0
+        ).to(ACC)
+        r += tl.sum(do * o, 1)
+        tl.store(
+            G + batch * stride_gb + head * stride_gh + offs_t[:, None] * stride_gt + offs_e[None, :] * stride_gd,
+            (do / den[:, None]).to(G.dtype.element_ty), mask=mask
+        )
+    tl.store(R + row + offs_t, -r / den, mask=t_mask)
+
+
+@triton.autotune(configs=_BWD_CONFIGS, key=_CHUNK_KEY, prune_configs_by={"early_config_prune": _prune_configs})
+@triton.jit(do_not_specialize=["num_heads", "T"])
+def linear_attention_bwd_dq_kernel(
+    G, V, K, STATES, ZSTATES, R, DQ,
+    stride_gb, stride_gt, stride_gh, stride_gd,
+    stride_vb, stride_vt, stride_vh, stride_vd,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_dqb, stride_dqt, stride_dqh, stride_dqd,
+    num_heads, T, scale, scale_lo,
+    D_DIM: tl.constexpr, E_DIM: tl.constexpr, NORMALIZE: tl.constexpr, FP64: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """dQ_c = scale (G_c S_c^T + ((G_c V_c^T + r 1^T) * M) K_c + r z_c^T) for one (K tile, chunk,
+    batch * head); grid (cdiv(K, BLOCK_E), n_chunks, B*H); D = V, E = K.
+
+    The r terms (NORMALIZE) are the denominator's: d den_t / d q_t = scale z_t, z_t = z_c + the keys
+    s <= t of the chunk.
+    """
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    pid_e = tl.program_id(0)
+    chunk = tl.program_id(1)
+    bh = tl.program_id(2)
+    batch = (bh // num_heads).to(tl.int64)
+    head = (bh % num_heads).to(tl.int64)
+    bh64 = bh.to(tl.int64)
+    row = bh64 * tl.cdiv(T, BLOCK_T) + chunk
+    offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    t_mask = offs_t < T
+    e_mask = offs_e < E_DIM
+    out_mask = t_mask[:, None] & e_mask[None, :]
+
+    # S_c is stored (K, V): read as (V, K) = S_c^T through swapped strides.
+    inter, dp, _ = _chunk_products(
+        G + batch * stride_gb + head * stride_gh, V + batch * stride_vb + head * stride_vh,
+        STATES + row * (D_DIM * E_DIM), ZSTATES, stride_gt, stride_gd, stride_vt, stride_vd,
+        1, D_DIM, offs_t, offs_e, T, D_DIM, E_DIM, False, ACC, DOT_PRECISION, BLOCK_T, BLOCK_D, BLOCK_E
+    )
+    if NORMALIZE:
+        r = tl.load(R + bh64 * T + offs_t, mask=t_mask, other=0.0)
+        dp += r[:, None]
+    dp = tl.where(offs_t[:, None] >= offs_t[None, :], dp, 0.0)
+    k = tl.load(
+        K + batch * stride_kb + head * stride_kh + offs_t[:, None] * stride_kt + offs_e[None, :] * stride_kd,
+        mask=out_mask, other=0.0
+    )
+    dq = tl.dot(dp.to(k.dtype), k, inter, input_precision=DOT_PRECISION)
+    if NORMALIZE:
+        z = tl.load(ZSTATES + row * E_DIM + offs_e, mask=e_mask, other=0.0)
+        dq += r[:, None] * z[None, :]
+    dq = _scaled(dq, scale, scale_lo, FP64)
+    tl.store(
+        DQ + batch * stride_dqb + head * stride_dqh + offs_t[:, None] * stride_dqt + offs_e[None, :] * stride_dqd,
+        dq.to(DQ.dtype.element_ty), mask=out_mask
+    )
+
+
+@triton.autotune(configs=_BWD_CONFIGS, key=_CHUNK_KEY, prune_configs_by={"early_config_prune": _prune_configs})
+@triton.jit(do_not_specialize=["num_heads", "T"])
+def linear_attention_bwd_dk_kernel(
+    V, G, Q, DSTATES, DZSTATES, R, DK,
+    stride_vb, stride_vt, stride_vh, stride_vd,
+    stride_gb, stride_gt, stride_gh, stride_gd,
+    stride_qb, stride_qt, stride_qh, stride_qd,
+    stride_dkb, stride_dkt, stride_dkh, stride_dkd,
+    num_heads, T, scale, scale_lo,
+    D_DIM: tl.constexpr, E_DIM: tl.constexpr, NORMALIZE: tl.constexpr, FP64: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """dK_c = V_c dS_c^T + scale ((V_c G_c^T + 1 r^T) * M^T) Q_c + dz_c for one (K tile, chunk,
+    batch * head); grid (cdiv(K, BLOCK_E), n_chunks, B*H); D = V, E = K.
+
+    Key s is seen by the queries t >= s of its chunk (M^T) and by every later chunk (dS_c, dz_c).
+    """
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    pid_e = tl.program_id(0)
+    chunk = tl.program_id(1)
+    bh = tl.program_id(2)
+    batch = (bh // num_heads).to(tl.int64)
+    head = (bh % num_heads).to(tl.int64)
+    bh64 = bh.to(tl.int64)
+    row = bh64 * tl.cdiv(T, BLOCK_T) + chunk
+    offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    t_mask = offs_t < T
+    e_mask = offs_e < E_DIM
+    out_mask = t_mask[:, None] & e_mask[None, :]
+
+    # (V G^T)[s, t] computed in this orientation rather than transposing G V^T (see the module notes).
+    inter, dp_t, _ = _chunk_products(
+        V + batch * stride_vb + head * stride_vh, G + batch * stride_gb + head * stride_gh,
+        DSTATES + row * (D_DIM * E_DIM), DZSTATES, stride_vt, stride_vd, stride_gt, stride_gd,
+        1, D_DIM, offs_t, offs_e, T, D_DIM, E_DIM, False, ACC, DOT_PRECISION, BLOCK_T, BLOCK_D, BLOCK_E
+    )
+    if NORMALIZE:
+        r = tl.load(R + bh64 * T + offs_t, mask=t_mask, other=0.0)
+        dp_t += r[None, :]
+    dp_t = _scaled(tl.where(offs_t[None, :] >= offs_t[:, None], dp_t, 0.0), scale, scale_lo, FP64)
+    q = tl.load(
+        Q + batch * stride_qb + head * stride_qh + offs_t[:, None] * stride_qt + offs_e[None, :] * stride_qd,
+        mask=out_mask, other=0.0
+    )
+    dk = tl.dot(dp_t.to(q.dtype), q, inter, input_precision=DOT_PRECISION)
+    if NORMALIZE:
+        dz = tl.load(DZSTATES + row * E_DIM + offs_e, mask=e_mask, other=0.0)
+        dk += dz[None, :]
+    tl.store(
+        DK + batch * stride_dkb + head * stride_dkh + offs_t[:, None] * stride_dkt + offs_e[None, :] * stride_dkd,
+        dk.to(DK.dtype.element_ty), mask=out_mask
+    )
+
+
+@triton.autotune(configs=_BWD_CONFIGS, key=_CHUNK_KEY, prune_configs_by={"early_config_prune": _prune_configs})
+@triton.jit(do_not_specialize=["num_heads", "T"])
+def linear_attention_bwd_dv_kernel(
+    K, Q, G, DSTATES, DV,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_qb, stride_qt, stride_qh, stride_qd,
+    stride_gb, stride_gt, stride_gh, stride_gd,
+    stride_dvb, stride_dvt, stride_dvh, stride_dvd,
+    num_heads, T, scale, scale_lo,
+    D_DIM: tl.constexpr, E_DIM: tl.constexpr, NORMALIZE: tl.constexpr, FP64: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """dV_c = K_c dS_c + scale ((K_c Q_c^T) * M^T) G_c for one (V tile, chunk, batch * head);
+    grid (cdiv(V, BLOCK_E), n_chunks, B*H); D = K, E = V. NORMALIZE only keys the autotuner
+    (G already carries the division by den)."""
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    pid_e = tl.program_id(0)
+    chunk = tl.program_id(1)
+    bh = tl.program_id(2)
+    batch = (bh // num_heads).to(tl.int64)
+    head = (bh % num_heads).to(tl.int64)
+    row = bh.to(tl.int64) * tl.cdiv(T, BLOCK_T) + chunk
+    offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    out_mask = (offs_t < T)[:, None] & (offs_e < E_DIM)[None, :]
+
+    inter, scores_t, _ = _chunk_products(
+        K + batch * stride_kb + head * stride_kh, Q + batch * stride_qb + head * stride_qh,
+        DSTATES + row * (D_DIM * E_DIM), DSTATES, stride_kt, stride_kd, stride_qt, stride_qd,
+        E_DIM, 1, offs_t, offs_e, T, D_DIM, E_DIM, False, ACC, DOT_PRECISION, BLOCK_T, BLOCK_D, BLOCK_E
+    )
+    scores_t = _scaled(tl.where(offs_t[None, :] >= offs_t[:, None], scores_t, 0.0), scale, scale_lo, FP64)
+    g = tl.load(
+        G + batch * stride_gb + head * stride_gh + offs_t[:, None] * stride_gt + offs_e[None, :] * stride_gd,
+        mask=out_mask, other=0.0
+    )
+    dv = tl.dot(scores_t.to(g.dtype), g, inter, input_precision=DOT_PRECISION)
+    tl.store(
+        DV + batch * stride_dvb + head * stride_dvh + offs_t[:, None] * stride_dvt + offs_e[None, :] * stride_dvd,
+        dv.to(DV.dtype.element_ty), mask=out_mask
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Decode step
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["num_heads"])
+def linear_attention_step_kernel(
+    Q, K, V, S, Z, Out,
+    stride_qb, stride_qh, stride_qd,
+    stride_kb, stride_kh, stride_kd,
+    stride_vb, stride_vh, stride_ve,
+    stride_sb, stride_sh, stride_sd, stride_se,
+    stride_zb, stride_zh, stride_zd,
+    num_heads, scale, scale_lo, eps,
+    D_DIM: tl.constexpr, E_DIM: tl.constexpr, HAS_Z: tl.constexpr, FP64: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """One token of one (batch, head): S += k v^T in place, o = scale q . S [/ (scale q . z + eps)
+    after z += k]; grid (B*H,); D = K, E = V <= BLOCK_E. Out (B*H, V) contiguous."""
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    bh = tl.program_id(0)
+    batch = (bh // num_heads).to(tl.int64)
+    head = (bh % num_heads).to(tl.int64)
+    offs_e = tl.arange(0, BLOCK_E)
+    e_mask = offs_e < E_DIM
+    v = tl.load(V + batch * stride_vb + head * stride_vh + offs_e * stride_ve, mask=e_mask, other=0.0).to(ACC)
+    s_base = S + batch * stride_sb + head * stride_sh
+    o = tl.zeros([BLOCK_E], dtype=ACC)
+    qz = tl.zeros([BLOCK_D], dtype=ACC)
+    for d0 in range(0, D_DIM, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        d_mask = offs_d < D_DIM
+        q = tl.load(Q + batch * stride_qb + head * stride_qh + offs_d * stride_qd, mask=d_mask, other=0.0).to(ACC)
+        k = tl.load(K + batch * stride_kb + head * stride_kh + offs_d * stride_kd, mask=d_mask, other=0.0).to(ACC)
+        s_ptrs = s_base + offs_d[:, None] * stride_sd + offs_e[None, :] * stride_se
+        s_mask = d_mask[:, None] & e_mask[None, :]
+        s = tl.load(s_ptrs, mask=s_mask, other=0.0).to(ACC) + k[:, None] * v[None, :]
+        tl.store(s_ptrs, s.to(S.dtype.element_ty), mask=s_mask)
+        o += tl.sum(q[:, None] * s, 0)
+        if HAS_Z:
+            z_ptrs = Z + batch * stride_zb + head * stride_zh + offs_d * stride_zd
+            z = tl.load(z_ptrs, mask=d_mask, other=0.0).to(ACC) + k
+            tl.store(z_ptrs, z.to(Z.dtype.element_ty), mask=d_mask)
+            qz += q * z
+    o = _scaled(o, scale, scale_lo, FP64)
+    if HAS_Z:
+        o = o / (_scaled(tl.sum(qz, 0), scale, scale_lo, FP64) + eps)
+    tl.store(Out + bh.to(tl.int64) * E_DIM + offs_e, o.to(Out.dtype.element_ty), mask=e_mask)
+
+
+# fmt: on
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+
+
+def _split_fp64(x: float) -> tuple[float, float]:
+    """x as hi + lo, both fp32-representable: Triton passes Python floats as fp32."""
+    hi = float(torch.tensor(x, dtype=torch.float32))
+    return hi, x - hi
+
+
+def _scale_args(scale: float, fp64: bool) -> tuple[float, float]:
+    return _split_fp64(scale) if fp64 else (scale, 0.0)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs: IEEE fp32 products (TF32 would cost ~1e-3 relative error); 16-bit inputs multiply
+    # exactly on the tensor cores either way.
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
+
+
+def _strides(x: torch.Tensor | None, ndim: int) -> tuple[int, ...]:
+    return tuple(x.stride()) if x is not None else (0,) * ndim
+
+
+def _device_guard(x: torch.Tensor):
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _scan(x, y, w, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool, scale: float):
+    """Launch the state scan over (B, T, H, D) x and (B, T, H, E) y; returns
+    (states (B, H, n_chunks, D, E) in x's dtype, zstates (B, H, n_chunks, D) or None,
+    s_out (B, H, D, E), z_out (B, H, D) or None), the last three in the accumulator dtype."""
+    batch, seqlen, num_heads, d_dim = x.shape
+    e_dim = y.shape[3]
+    acc = _compute_dtype(x.dtype)
+    n_chunks = triton.cdiv(seqlen, chunk)
+    device = x.device
+    states = torch.empty((batch, num_heads, n_chunks, d_dim, e_dim), dtype=x.dtype, device=device)
+    s_out = torch.empty((batch, num_heads, d_dim, e_dim), dtype=acc, device=device)
+    zstates = z_out = None
+    if normalize:
+        zstates = torch.empty((batch, num_heads, n_chunks, d_dim), dtype=acc, device=device)
+        z_out = torch.empty((batch, num_heads, d_dim), dtype=acc, device=device)
+    bh = batch * num_heads
+    if bh == 0 or d_dim == 0:  # nothing to scan (K == 0: every state is empty)
+        return states, zstates, s_out, z_out
+    fp64 = acc == torch.float64
+
+    def grid(meta):
+        # At least one E tile, so that z is still summed when E == 0.
+        return (triton.cdiv(d_dim, meta["BLOCK_D"]), max(1, triton.cdiv(e_dim, meta["BLOCK_E"])), bh)
+
+    linear_attention_state_kernel[grid](
+        x, y, w if w is not None else s_out, s_in if s_in is not None else s_out,
+        z_in if z_in is not None else s_out, states, zstates if normalize else s_out, s_out,
+        z_out if normalize else s_out,
+        *x.stride(), *y.stride(), *_strides(s_in, 4), *_strides(z_in, 3),
+        num_heads, seqlen, *_scale_args(scale, fp64), _bucket(bh),
+        D_DIM=d_dim, E_DIM=e_dim, HAS_S_IN=s_in is not None, HAS_Z_IN=z_in is not None, HAS_Z=normalize,
+        REVERSE=reverse, FP64=fp64, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_T=chunk,
+    )  # fmt: skip
+    return states, zstates, s_out, z_out
+
+
+def _forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float):
+    """o (B, T, H, V), final kv, final z (or None), and what the backward needs:
+    states, zstates (or None), den (B, H, T) (or None)."""
+    batch, seqlen, num_heads, k_dim = q.shape
+    v_dim = v.shape[3]
+    chunk = chunk_size(q.dtype)
+    states, zstates, kv, z = _scan(
+        k, v, None, kv0, z0, chunk=chunk, reverse=False, normalize=normalize, scale=1.0
+    )
+    o = torch.empty((batch, seqlen, num_heads, v_dim), dtype=q.dtype, device=q.device)
+    den = torch.empty((batch, num_heads, seqlen), dtype=kv.dtype, device=q.device) if normalize else None
+    if o.numel() == 0:
+        return o, kv, z, states, zstates, den
+    fp64 = kv.dtype == torch.float64
+
+    def grid(meta):
+        return (triton.cdiv(v_dim, meta["BLOCK_E"]), triton.cdiv(seqlen, chunk), batch * num_heads)
+
+    linear_attention_fwd_kernel[grid](
+        q, k, v, states, zstates if normalize else kv, o, den if normalize else kv,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        num_heads, seqlen, *_scale_args(scale, fp64), eps,
+        D_DIM=k_dim, E_DIM=v_dim, NORMALIZE=normalize, FP64=fp64, DOT_PRECISION=_dot_precision(q.dtype),
+        BLOCK_T=chunk,
+    )  # fmt: skip
+    return o, kv, z, states, zstates, den
+
+
+def _backward(do, dkv, dz, q, k, v, o, states, zstates, den, scale: float, normalize: bool):
+    """dq, dk, dv (input dtype) and the initial state's dkv0, dz0 (accumulator dtype; dz0 None
+    without normalize). do / dkv / dz: gradients of o and of the final state, each possibly None."""
+    batch, seqlen, num_heads, k_dim = q.shape
+    v_dim = v.shape[3]
+    chunk = chunk_size(q.dtype)
+    acc = _compute_dtype(q.dtype)
+    fp64 = acc == torch.float64
+    if do is None:  # only the final state was used
+        do = torch.zeros((batch, seqlen, num_heads, v_dim), dtype=q.dtype, device=q.device)
+    g, r = do, None
+    if normalize and do.numel() == 0:  # no output element (V == 0): nothing reaches the normaliser
+        r = torch.zeros((batch, num_heads, seqlen), dtype=acc, device=q.device)
+    elif normalize:
+        g = torch.empty(do.shape, dtype=q.dtype, device=q.device)
+        r = torch.empty((batch, num_heads, seqlen), dtype=acc, device=q.device)
+        block_t = 32 if _INTERPRET else 64
+        linear_attention_bwd_preprocess_kernel[(triton.cdiv(seqlen, block_t), num_heads, batch)](
+            do, o, den, g, r, *do.stride(), *o.stride(), *g.stride(), num_heads, seqlen,
+            E_DIM=v_dim, FP64=fp64, BLOCK_T=block_t, BLOCK_E=min(_pad(v_dim), 64),
+        )  # fmt: skip
+    dstates, dzstates, dkv0, dz0 = _scan(
+        q, g, r, dkv, dz if normalize else None, chunk=chunk, reverse=True, normalize=normalize, scale=scale
+    )
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    n_chunks = triton.cdiv(seqlen, chunk)
+    bh = batch * num_heads
+    common = (num_heads, seqlen, *_scale_args(scale, fp64))
+    meta = dict(NORMALIZE=normalize, FP64=fp64, DOT_PRECISION=_dot_precision(q.dtype), BLOCK_T=chunk)
+    dummy = dkv0
+    # A launch per gradient that has elements (with K == 0 or V == 0 the other two still may).
+    if dv.numel() > 0:
+        linear_attention_bwd_dv_kernel[lambda m: (triton.cdiv(v_dim, m["BLOCK_E"]), n_chunks, bh)](
+            k, q, g, dstates, dv, *k.stride(), *q.stride(), *g.stride(), *dv.stride(), *common,
+            D_DIM=k_dim, E_DIM=v_dim, **meta,
+        )  # fmt: skip
+    if dk.numel() > 0:
+        linear_attention_bwd_dk_kernel[lambda m: (triton.cdiv(k_dim, m["BLOCK_E"]), n_chunks, bh)](
+            v, g, q, dstates, dzstates if normalize else dummy, r if normalize else dummy, dk,
+            *v.stride(), *g.stride(), *q.stride(), *dk.stride(), *common,
+            D_DIM=v_dim, E_DIM=k_dim, **meta,
+        )  # fmt: skip
+        linear_attention_bwd_dq_kernel[lambda m: (triton.cdiv(k_dim, m["BLOCK_E"]), n_chunks, bh)](
+            g, v, k, states, zstates if normalize else dummy, r if normalize else dummy, dq,
+            *g.stride(), *v.stride(), *k.stride(), *dq.stride(), *common,
+            D_DIM=v_dim, E_DIM=k_dim, **meta,
+        )  # fmt: skip
+    return dq, dk, dv, dkv0, dz0
+
+
+class _LinearAttentionFunction(torch.autograd.Function):
+    """Autograd glue: saves q, k, v, the per-chunk states (and o, z states, den when normalising)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kv0, z0, scale, normalize, eps):
+        with _device_guard(q):
+            o, kv, z, states, zstates, den = _forward(q, k, v, kv0, z0, scale, normalize, eps)
+        ctx.save_for_backward(q, k, v, o if normalize else None, states, zstates, den)
+        ctx.scale, ctx.normalize = scale, normalize
+        ctx.state_dtypes = (kv0.dtype if kv0 is not None else None, z0.dtype if z0 is not None else None)
+        # Unused outputs (the final state, or o when only the state is used) arrive as None.
+        ctx.set_materialize_grads(False)
+        return o, kv, z
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, dkv, dz):
+        q, k, v, o, states, zstates, den = ctx.saved_tensors
+        with _device_guard(q):
+            dq, dk, dv, dkv0, dz0 = _backward(
+                do, dkv, dz, q, k, v, o, states, zstates, den, ctx.scale, ctx.normalize
+            )
+        kv0_dtype, z0_dtype = ctx.state_dtypes
+        dkv0 = dkv0.to(kv0_dtype) if ctx.needs_input_grad[3] else None
+        dz0 = dz0.to(z0_dtype) if ctx.needs_input_grad[4] else None
+        return dq, dk, dv, dkv0, dz0, None, None, None
+
+
+def _check_backend(op: str, tensors: dict[str, torch.Tensor | None]) -> None:
+    """This backend's own limits: one device, and CUDA or the interpreter."""
+    present = {name: t for name, t in tensors.items() if t is not None}
+    devices = {t.device for t in present.values()}
+    if len(devices) > 1:
+        listing = ", ".join(f"{name} on {t.device}" for name, t in present.items())
+        raise ValueError(f"{op}: all tensors must be on one device, got {listing}")
+    device = next(iter(devices))
+    if device.type != "cuda" and not _INTERPRET:
+        raise ValueError(
+            f"the Triton {op} needs CUDA tensors (got {device}); on CPU set TRITON_INTERPRET=1 before "
+            "importing kernels, or use backend='reference'"
+        )
+
+
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    normalize: bool = True,
+    eps: float = 1e-10,
+    initial_state: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
+    output_final_state: bool = False,
+):
+    """Causal linear attention over feature-mapped queries and keys, chunked, in Triton.
+
+    Katharopoulos et al. 2020, "Transformers are RNNs", eq. 4-6, in the chunkwise-parallel form of
+    Yang et al. 2024 (GLA, Sec. 3, gates = 1) / fla's ``chunk_linear_attn``; exactly
+    :func:`kernels.reference.linear_attention`:
+
+        o_t = scale q_t . (S_0 + sum_{s<=t} k_s v_s^T)
+        with normalize: o_t /= scale q_t . (z_0 + sum_{s<=t} k_s) + eps
+
+    Differentiable in q, k, v and the initial state (and through the returned final state).
+
+    Args:
+        q: (B, T, H, K) feature-mapped queries, float16 / bfloat16 / float32 / float64, any strides.
+        k: (B, T, H, K) feature-mapped keys, same dtype as q.
+        v: (B, T, H, V) values, same dtype as q.
+        scale: defaults to ``K ** -0.5``.
+        normalize: divide by the normaliser above (needs non-negative feature inner products).
+        eps: added to the normaliser.
+        initial_state: kv (B, H, K, V) when normalize=False, the pair (kv, z (B, H, K)) when
+            normalize=True, or None (zeros); any float dtype (computed in fp32, fp64 for fp64 inputs).
+        output_final_state: also return the state after the last token, in the same form.
+
+    Any K, V >= 1 (tiled; padded to powers of two with masks) and any T >= 0. Accumulation and states
+    are fp32 (fp64 for fp64 inputs); 16-bit products run on the tensor cores.
+
+    Returns:
+        o (B, T, H, V) in q's dtype, or (o, final_state) with output_final_state; the state is kv
+        (B, H, K, V) or (kv, z (B, H, K)) in float32 (float64 for float64 inputs).
+
+    Raises:
+        The reference's errors, from the same checks (TypeError: non-tensor / non-floating inputs,
+        mismatched dtypes, bad scale, the wrong state form for ``normalize``; ValueError: wrong ndim
+        or mismatched shapes), and, for this backend only, ValueError for tensors on different
+        devices or CPU tensors without ``TRITON_INTERPRET=1``.
+    """
+    # The reference's validation: same checks, order and messages.
+    batch, _, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(q, k, v, scale)
+    kv0 = z0 = None
+    if initial_state is not None:
+        kv0, z0 = _split_linear_state(initial_state, normalize, batch, num_heads, k_dim, v_dim)
+    _check_backend(
+        "linear_attention", {"q": q, "k": k, "v": v, "initial_state kv": kv0, "initial_state z": z0}
+    )
+
+    normalize = bool(normalize)
+    o, kv, z = _LinearAttentionFunction.apply(q, k, v, kv0, z0, float(scale), normalize, float(eps))
+    if not output_final_state:
+        return o
+    return o, ((kv, z) if normalize else kv)
+
+
+def linear_attention_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state: torch.Tensor,
+    *,
+    scale: float | None = None,
+    z_state: torch.Tensor | None = None,
+    eps: float = 1e-10,
+) -> torch.Tensor:
+    """One recurrent decode step of causal linear attention, updating the state in place, in Triton.
+
+    Katharopoulos et al. 2020, "Transformers are RNNs", eq. 5-6 (the RNN form); exactly
+    :func:`kernels.reference.linear_attention_step`:
+
+        state += k v^T;  o = scale q . state
+        with z_state:  z_state += k;  o /= scale q . z_state + eps
+
+    Args:
+        q: (B, H, K) feature-mapped query.   k: (B, H, K) feature-mapped key.   v: (B, H, V).
+        state: (B, H, K, V) kv state (float32; any float dtype, any strides), updated in place.
+        scale: defaults to ``K ** -0.5``.
+        z_state: (B, H, K) normaliser state updated in place; normalises exactly when given.
+        eps: added to the normaliser.
+
+    Computes in float32 (float64 when q or the state is float64); each state element is read and
+    written once. Not differentiable (a decode-time op, like the reference's in-place update).
+
+    Returns:
+        (B, H, V) in q's dtype.
+
+    Raises:
+        The reference's errors, from the same checks (TypeError: non-tensor / non-floating inputs or
+        mismatched q / k / v dtypes, bad scale; ValueError: wrong ndim or mismatched shapes), and,
+        for this backend only, ValueError for tensors on different devices or CPU tensors without
+        ``TRITON_INTERPRET=1``.
+    """
+    scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale)
+    _check_backend("linear_attention_step", {"q": q, "k": k, "v": v, "state": state, "z_state": z_state})
+    batch, num_heads, k_dim = q.shape
+    v_dim = v.shape[2]
+    out = torch.empty((batch, num_heads, v_dim), dtype=q.dtype, device=q.device)
+    if batch * num_heads == 0 or k_dim == 0:
+        return out.zero_()  # K == 0: the state is empty and q . state is 0 (0 / eps normalised)
+    fp64 = torch.float64 in (q.dtype, state.dtype)
+    # V == 0 still launches (one masked column) so that z_state is updated.
+    block_e = max(1, triton.next_power_of_2(v_dim))
+    # (BLOCK_D, BLOCK_E) tiles of at most 4096 elements: 32 fp32 registers a thread at 4 warps.
+    block_d = min(triton.next_power_of_2(k_dim), max(1, 4096 // block_e))
+    with _device_guard(q):
+        linear_attention_step_kernel[(batch * num_heads,)](
+            q, k, v, state, z_state if z_state is not None else state, out,
+            *q.stride(), *k.stride(), *v.stride(), *state.stride(), *_strides(z_state, 3),
+            num_heads, *_scale_args(float(scale), fp64), float(eps),
+            D_DIM=k_dim, E_DIM=v_dim, HAS_Z=z_state is not None, FP64=fp64, BLOCK_D=block_d,
+            BLOCK_E=block_e, num_warps=4,
+        )  # fmt: skip
+    return out
