@@ -454,6 +454,58 @@ def _check_scan_params(
     return groups
 
 
+def _check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias, initial_state):
+    """Validate selective_scan's arguments (shared by the reference and the Triton backend).
+
+    Returns ``(batch, dim, seqlen, d_state, groups)``.
+    """
+    _check_tensor("u", u, 3)
+    batch, dim, seqlen = u.shape
+    _check_tensor("delta", delta, 3)
+    if delta.shape != u.shape:
+        raise ValueError(
+            f"delta must have u's shape (batch, dim, L) = {tuple(u.shape)}, got {tuple(delta.shape)}"
+        )
+    if z is not None:
+        _check_tensor("z", z, 3)
+        if z.shape != u.shape:
+            raise ValueError(
+                f"z must have u's shape (batch, dim, L) = {tuple(u.shape)}, got {tuple(z.shape)}"
+            )
+    d_state = A.shape[1] if isinstance(A, torch.Tensor) and A.ndim == 2 else None
+    groups = _check_scan_params(dim, d_state, A, B, C, D, delta_bias, bc_ndims=(3, 4), batch=batch)
+    if B.shape[-1] != seqlen:
+        raise ValueError(f"B and C must have L = {seqlen} steps in their last dim, got {tuple(B.shape)}")
+    if initial_state is not None:
+        _check_tensor("initial_state", initial_state, 3)
+        if initial_state.shape != (batch, dim, d_state):
+            raise ValueError(
+                f"initial_state must be (batch, dim, d_state) = {(batch, dim, d_state)}, got {tuple(initial_state.shape)}"
+            )
+    return batch, dim, seqlen, d_state, groups
+
+
+def _check_selective_state_update_args(state, x, dt, A, B, C, D, z, dt_bias):
+    """Validate selective_state_update's arguments (shared by the reference and the Triton backend).
+
+    Returns ``(batch, dim, d_state, groups)``.
+    """
+    _check_tensor("state", state, 3)
+    batch, dim, d_state = state.shape
+    for name, t in (("x", x), ("dt", dt), ("z", z)):
+        if t is not None or name != "z":
+            _check_tensor(name, t, 2)
+            if t.shape != (batch, dim):
+                raise ValueError(
+                    f"{name} must be (batch, dim) = {(batch, dim)} like state, got {tuple(t.shape)}"
+                )
+    _check_tensor("A", A, 2)
+    if A.shape[1] != d_state:
+        raise ValueError(f"A must be (dim, d_state) = {(dim, d_state)} like state, got {tuple(A.shape)}")
+    groups = _check_scan_params(dim, d_state, A, B, C, D, dt_bias, bc_ndims=(2, 3), batch=batch)
+    return batch, dim, d_state, groups
+
+
 def selective_scan(
     u: torch.Tensor,
     delta: torch.Tensor,
@@ -501,29 +553,9 @@ def selective_scan(
         TypeError: non-tensor or non-floating inputs.
         ValueError: wrong ndim or any shape mismatch, G not dividing dim.
     """
-    _check_tensor("u", u, 3)
-    batch, dim, seqlen = u.shape
-    _check_tensor("delta", delta, 3)
-    if delta.shape != u.shape:
-        raise ValueError(
-            f"delta must have u's shape (batch, dim, L) = {tuple(u.shape)}, got {tuple(delta.shape)}"
-        )
-    if z is not None:
-        _check_tensor("z", z, 3)
-        if z.shape != u.shape:
-            raise ValueError(
-                f"z must have u's shape (batch, dim, L) = {tuple(u.shape)}, got {tuple(z.shape)}"
-            )
-    d_state = A.shape[1] if isinstance(A, torch.Tensor) and A.ndim == 2 else None
-    groups = _check_scan_params(dim, d_state, A, B, C, D, delta_bias, bc_ndims=(3, 4), batch=batch)
-    if B.shape[-1] != seqlen:
-        raise ValueError(f"B and C must have L = {seqlen} steps in their last dim, got {tuple(B.shape)}")
-    if initial_state is not None:
-        _check_tensor("initial_state", initial_state, 3)
-        if initial_state.shape != (batch, dim, d_state):
-            raise ValueError(
-                f"initial_state must be (batch, dim, d_state) = {(batch, dim, d_state)}, got {tuple(initial_state.shape)}"
-            )
+    batch, dim, _, d_state, groups = _check_selective_scan_args(
+        u, delta, A, B, C, D, z, delta_bias, initial_state
+    )
 
     dtype = _compute_dtype(u.dtype)
     dt = delta.to(dtype)
@@ -596,19 +628,7 @@ def selective_state_update(
         TypeError: non-tensor or non-floating inputs.
         ValueError: wrong ndim or any shape mismatch, G not dividing dim.
     """
-    _check_tensor("state", state, 3)
-    batch, dim, d_state = state.shape
-    for name, t in (("x", x), ("dt", dt), ("z", z)):
-        if t is not None or name != "z":
-            _check_tensor(name, t, 2)
-            if t.shape != (batch, dim):
-                raise ValueError(
-                    f"{name} must be (batch, dim) = {(batch, dim)} like state, got {tuple(t.shape)}"
-                )
-    _check_tensor("A", A, 2)
-    if A.shape[1] != d_state:
-        raise ValueError(f"A must be (dim, d_state) = {(dim, d_state)} like state, got {tuple(A.shape)}")
-    groups = _check_scan_params(dim, d_state, A, B, C, D, dt_bias, bc_ndims=(2, 3), batch=batch)
+    batch, dim, d_state, groups = _check_selective_state_update_args(state, x, dt, A, B, C, D, z, dt_bias)
 
     dtype = torch.float64 if torch.float64 in (x.dtype, state.dtype) else torch.float32
     step = dt.to(dtype)
