@@ -121,7 +121,7 @@ def _configs(cuda_configs):
 # scan is sequential over chunks, so its configs trade tile size for programs (memory parallelism).
 _STATE_CONFIGS = _configs([(64, 64, 4, 3), (32, 64, 4, 4), (32, 32, 2, 4)])
 _FWD_CONFIGS = _configs([(64, 128, 8, 2), (64, 64, 4, 3)])
-# Backward chunk kernels: 4 warps only (fla restricts its Hopper backward configs the same way).
+# Backward chunk kernels: 4 warps only (fla keeps its chunk backward kernels at 2-4 warps on Hopper).
 _BWD_CONFIGS = _configs([(64, 64, 4, 2), (64, 128, 4, 2)])
 
 
@@ -131,7 +131,7 @@ def _pad(n: int) -> int:
 
 
 def _prune_configs(configs, named_args, **kwargs):
-    """Clamp the tiles to the (padded) dims and drop duplicates (CUDA only).
+    """Clamp the tiles to the (padded) dims, keeping the first config of each tile shape (CUDA only).
 
     fp32 / fp64 inputs (IEEE products) get one config of 32-wide tiles, keeping compile time low.
     """
@@ -146,7 +146,7 @@ def _prune_configs(configs, named_args, **kwargs):
     for c in configs:
         bd, be = min(c.kwargs["BLOCK_D"], d_pad), min(c.kwargs["BLOCK_E"], e_pad)
         pruned.setdefault(
-            (bd, be, c.num_warps, c.num_stages),
+            (bd, be),
             triton.Config({"BLOCK_D": bd, "BLOCK_E": be}, num_warps=c.num_warps, num_stages=c.num_stages),
         )
     return list(pruned.values())
@@ -157,8 +157,12 @@ def _bucket(n: int) -> int:
     return min(max(triton.next_power_of_2(max(n, 1)), 16), 1024)
 
 
-_CHUNK_KEY = ["D_DIM", "E_DIM", "BLOCK_T", "NORMALIZE"]
-_STATE_KEY = ["D_DIM", "E_DIM", "BLOCK_T", "BH_BUCKET", "REVERSE", "HAS_Z"]
+# Dims enter the keys padded (K = 80 tunes like 128); lengths not at all (they only size the grid).
+_CHUNK_KEY = ["D_BUCKET", "E_BUCKET", "BLOCK_T", "NORMALIZE"]
+_STATE_KEY = ["D_BUCKET", "E_BUCKET", "BLOCK_T", "BH_BUCKET", "REVERSE", "HAS_Z"]
+# Runtime ints that must not multiply compilations. The dims D_DIM / E_DIM are left to Triton's
+# specialisation (% 16), which keeps masked loads along them vectorised.
+_RUNTIME_INTS = ["num_heads", "T", "D_BUCKET", "E_BUCKET", "BH_BUCKET"]
 
 # ----------------------------------------------------------------------------------------------
 # Shared device helpers
@@ -179,7 +183,7 @@ def _scaled(x, scale, scale_lo, FP64: tl.constexpr):
 @triton.jit
 def _chunk_products(
     x_base, y_base, h_base, vec_base, stride_xt, stride_xd, stride_yt, stride_yd, stride_hd, stride_he,
-    offs_t, offs_e, T, D_DIM: tl.constexpr, E_DIM: tl.constexpr, HAS_VEC: tl.constexpr, ACC: tl.constexpr,
+    offs_t, offs_e, T, D_DIM, E_DIM, HAS_VEC: tl.constexpr, ACC: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr
 ):
     """The three products of one chunk, accumulated over the contraction dim in BLOCK_D tiles.
@@ -223,15 +227,15 @@ def _chunk_products(
 
 
 @triton.autotune(configs=_STATE_CONFIGS, key=_STATE_KEY, prune_configs_by={"early_config_prune": _prune_configs})
-@triton.jit(do_not_specialize=["num_heads", "T", "BH_BUCKET"])
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def linear_attention_state_kernel(
     X, Y, W, S_IN, Z_IN, STATES, ZSTATES, S_OUT, Z_OUT,
     stride_xb, stride_xt, stride_xh, stride_xd,
     stride_yb, stride_yt, stride_yh, stride_ye,
     stride_sb, stride_sh, stride_sd, stride_se,
     stride_zb, stride_zh, stride_zd,
-    num_heads, T, scale, scale_lo, BH_BUCKET,
-    D_DIM: tl.constexpr, E_DIM: tl.constexpr, HAS_S_IN: tl.constexpr, HAS_Z_IN: tl.constexpr,
+    num_heads, T, D_DIM, E_DIM, scale, scale_lo, D_BUCKET, E_BUCKET, BH_BUCKET,
+    HAS_S_IN: tl.constexpr, HAS_Z_IN: tl.constexpr,
     HAS_Z: tl.constexpr, REVERSE: tl.constexpr, FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
@@ -315,15 +319,15 @@ def linear_attention_state_kernel(
 
 
 @triton.autotune(configs=_FWD_CONFIGS, key=_CHUNK_KEY, prune_configs_by={"early_config_prune": _prune_configs})
-@triton.jit(do_not_specialize=["num_heads", "T"])
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def linear_attention_fwd_kernel(
     Q, K, V, STATES, ZSTATES, Out, DEN,
     stride_qb, stride_qt, stride_qh, stride_qd,
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_vb, stride_vt, stride_vh, stride_vd,
     stride_ob, stride_ot, stride_oh, stride_od,
-    num_heads, T, scale, scale_lo, eps,
-    D_DIM: tl.constexpr, E_DIM: tl.constexpr, NORMALIZE: tl.constexpr, FP64: tl.constexpr,
+    num_heads, T, D_DIM, E_DIM, scale, scale_lo, eps, D_BUCKET, E_BUCKET,
+    NORMALIZE: tl.constexpr, FP64: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """O_c = scale (Q_c S_c + (Q_c K_c^T * M) V_c) [/ den] for one (V tile, chunk, batch * head);
@@ -360,6 +364,7 @@ def linear_attention_fwd_kernel(
         # The in-chunk part of q_t . z_t is the row sum of the masked scores, taken in fp32 before
         # they are rounded for the product with V.
         den = _scaled(tl.sum(scores, 1) + qz, scale, scale_lo, FP64) + eps
+        den = tl.where(offs_t < T, den, 1.0)  # padding rows (never stored) must not divide 0 by 0
         o = o / den[:, None]
         tl.store(DEN + bh64 * T + offs_t, den, mask=(offs_t < T) & (tl.zeros_like(offs_t) + pid_e == 0))
     tl.store(
@@ -379,8 +384,8 @@ def linear_attention_bwd_preprocess_kernel(
     stride_dob, stride_dot, stride_doh, stride_dod,
     stride_ob, stride_ot, stride_oh, stride_od,
     stride_gb, stride_gt, stride_gh, stride_gd,
-    num_heads, T,
-    E_DIM: tl.constexpr, FP64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+    num_heads, T, E_DIM,
+    FP64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """G = dO / den and r = -rowsum(dO * O) / den (normalize only); grid (cdiv(T, BLOCK_T), H, B).
 
@@ -415,15 +420,15 @@ def linear_attention_bwd_preprocess_kernel(
 
 
 @triton.autotune(configs=_BWD_CONFIGS, key=_CHUNK_KEY, prune_configs_by={"early_config_prune": _prune_configs})
-@triton.jit(do_not_specialize=["num_heads", "T"])
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def linear_attention_bwd_dq_kernel(
     G, V, K, STATES, ZSTATES, R, DQ,
     stride_gb, stride_gt, stride_gh, stride_gd,
     stride_vb, stride_vt, stride_vh, stride_vd,
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_dqb, stride_dqt, stride_dqh, stride_dqd,
-    num_heads, T, scale, scale_lo,
-    D_DIM: tl.constexpr, E_DIM: tl.constexpr, NORMALIZE: tl.constexpr, FP64: tl.constexpr,
+    num_heads, T, D_DIM, E_DIM, scale, scale_lo, D_BUCKET, E_BUCKET,
+    NORMALIZE: tl.constexpr, FP64: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """dQ_c = scale (G_c S_c^T + ((G_c V_c^T + r 1^T) * M) K_c + r z_c^T) for one (K tile, chunk,
@@ -472,15 +477,15 @@ def linear_attention_bwd_dq_kernel(
 
 
 @triton.autotune(configs=_BWD_CONFIGS, key=_CHUNK_KEY, prune_configs_by={"early_config_prune": _prune_configs})
-@triton.jit(do_not_specialize=["num_heads", "T"])
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def linear_attention_bwd_dk_kernel(
     V, G, Q, DSTATES, DZSTATES, R, DK,
     stride_vb, stride_vt, stride_vh, stride_vd,
     stride_gb, stride_gt, stride_gh, stride_gd,
     stride_qb, stride_qt, stride_qh, stride_qd,
     stride_dkb, stride_dkt, stride_dkh, stride_dkd,
-    num_heads, T, scale, scale_lo,
-    D_DIM: tl.constexpr, E_DIM: tl.constexpr, NORMALIZE: tl.constexpr, FP64: tl.constexpr,
+    num_heads, T, D_DIM, E_DIM, scale, scale_lo, D_BUCKET, E_BUCKET,
+    NORMALIZE: tl.constexpr, FP64: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """dK_c = V_c dS_c^T + scale ((V_c G_c^T + 1 r^T) * M^T) Q_c + dz_c for one (K tile, chunk,
@@ -527,15 +532,15 @@ def linear_attention_bwd_dk_kernel(
 
 
 @triton.autotune(configs=_BWD_CONFIGS, key=_CHUNK_KEY, prune_configs_by={"early_config_prune": _prune_configs})
-@triton.jit(do_not_specialize=["num_heads", "T"])
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def linear_attention_bwd_dv_kernel(
     K, Q, G, DSTATES, DV,
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_qb, stride_qt, stride_qh, stride_qd,
     stride_gb, stride_gt, stride_gh, stride_gd,
     stride_dvb, stride_dvt, stride_dvh, stride_dvd,
-    num_heads, T, scale, scale_lo,
-    D_DIM: tl.constexpr, E_DIM: tl.constexpr, NORMALIZE: tl.constexpr, FP64: tl.constexpr,
+    num_heads, T, D_DIM, E_DIM, scale, scale_lo, D_BUCKET, E_BUCKET,
+    NORMALIZE: tl.constexpr, FP64: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """dV_c = K_c dS_c + scale ((K_c Q_c^T) * M^T) G_c for one (V tile, chunk, batch * head);
@@ -582,8 +587,8 @@ def linear_attention_step_kernel(
     stride_vb, stride_vh, stride_ve,
     stride_sb, stride_sh, stride_sd, stride_se,
     stride_zb, stride_zh, stride_zd,
-    num_heads, scale, scale_lo, eps,
-    D_DIM: tl.constexpr, E_DIM: tl.constexpr, HAS_Z: tl.constexpr, FP64: tl.constexpr,
+    num_heads, D_DIM, E_DIM, scale, scale_lo, eps,
+    HAS_Z: tl.constexpr, FP64: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """One token of one (batch, head): S += k v^T in place, o = scale q . S [/ (scale q . z + eps)
@@ -680,8 +685,8 @@ def _scan(x, y, w, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool, sc
         z_in if z_in is not None else s_out, states, zstates if normalize else s_out, s_out,
         z_out if normalize else s_out,
         *x.stride(), *y.stride(), *_strides(s_in, 4), *_strides(z_in, 3),
-        num_heads, seqlen, *_scale_args(scale, fp64), _bucket(bh),
-        D_DIM=d_dim, E_DIM=e_dim, HAS_S_IN=s_in is not None, HAS_Z_IN=z_in is not None, HAS_Z=normalize,
+        num_heads, seqlen, d_dim, e_dim, *_scale_args(scale, fp64), _pad(d_dim), _pad(e_dim), _bucket(bh),
+        HAS_S_IN=s_in is not None, HAS_Z_IN=z_in is not None, HAS_Z=normalize,
         REVERSE=reverse, FP64=fp64, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_T=chunk,
     )  # fmt: skip
     return states, zstates, s_out, z_out
@@ -708,8 +713,8 @@ def _forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float):
     linear_attention_fwd_kernel[grid](
         q, k, v, states, zstates if normalize else kv, o, den if normalize else kv,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        num_heads, seqlen, *_scale_args(scale, fp64), eps,
-        D_DIM=k_dim, E_DIM=v_dim, NORMALIZE=normalize, FP64=fp64, DOT_PRECISION=_dot_precision(q.dtype),
+        num_heads, seqlen, k_dim, v_dim, *_scale_args(scale, fp64), eps, _pad(k_dim), _pad(v_dim),
+        NORMALIZE=normalize, FP64=fp64, DOT_PRECISION=_dot_precision(q.dtype),
         BLOCK_T=chunk,
     )  # fmt: skip
     return o, kv, z, states, zstates, den
@@ -733,8 +738,8 @@ def _backward(do, dkv, dz, q, k, v, o, states, zstates, den, scale: float, norma
         r = torch.empty((batch, num_heads, seqlen), dtype=acc, device=q.device)
         block_t = 32 if _INTERPRET else 64
         linear_attention_bwd_preprocess_kernel[(triton.cdiv(seqlen, block_t), num_heads, batch)](
-            do, o, den, g, r, *do.stride(), *o.stride(), *g.stride(), num_heads, seqlen,
-            E_DIM=v_dim, FP64=fp64, BLOCK_T=block_t, BLOCK_E=min(_pad(v_dim), 64),
+            do, o, den, g, r, *do.stride(), *o.stride(), *g.stride(), num_heads, seqlen, v_dim,
+            FP64=fp64, BLOCK_T=block_t, BLOCK_E=min(_pad(v_dim), 64),
         )  # fmt: skip
     dstates, dzstates, dkv0, dz0 = _scan(
         q, g, r, dkv, dz if normalize else None, chunk=chunk, reverse=True, normalize=normalize, scale=scale
@@ -744,25 +749,25 @@ def _backward(do, dkv, dz, q, k, v, o, states, zstates, den, scale: float, norma
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     n_chunks = triton.cdiv(seqlen, chunk)
     bh = batch * num_heads
-    common = (num_heads, seqlen, *_scale_args(scale, fp64))
+    scale_args = _scale_args(scale, fp64)
     meta = dict(NORMALIZE=normalize, FP64=fp64, DOT_PRECISION=_dot_precision(q.dtype), BLOCK_T=chunk)
     dummy = dkv0
     # A launch per gradient that has elements (with K == 0 or V == 0 the other two still may).
     if dv.numel() > 0:
         linear_attention_bwd_dv_kernel[lambda m: (triton.cdiv(v_dim, m["BLOCK_E"]), n_chunks, bh)](
-            k, q, g, dstates, dv, *k.stride(), *q.stride(), *g.stride(), *dv.stride(), *common,
-            D_DIM=k_dim, E_DIM=v_dim, **meta,
+            k, q, g, dstates, dv, *k.stride(), *q.stride(), *g.stride(), *dv.stride(),
+            num_heads, seqlen, k_dim, v_dim, *scale_args, _pad(k_dim), _pad(v_dim), **meta,
         )  # fmt: skip
     if dk.numel() > 0:
         linear_attention_bwd_dk_kernel[lambda m: (triton.cdiv(k_dim, m["BLOCK_E"]), n_chunks, bh)](
             v, g, q, dstates, dzstates if normalize else dummy, r if normalize else dummy, dk,
-            *v.stride(), *g.stride(), *q.stride(), *dk.stride(), *common,
-            D_DIM=v_dim, E_DIM=k_dim, **meta,
+            *v.stride(), *g.stride(), *q.stride(), *dk.stride(),
+            num_heads, seqlen, v_dim, k_dim, *scale_args, _pad(v_dim), _pad(k_dim), **meta,
         )  # fmt: skip
         linear_attention_bwd_dq_kernel[lambda m: (triton.cdiv(k_dim, m["BLOCK_E"]), n_chunks, bh)](
             g, v, k, states, zstates if normalize else dummy, r if normalize else dummy, dq,
-            *g.stride(), *v.stride(), *k.stride(), *dq.stride(), *common,
-            D_DIM=v_dim, E_DIM=k_dim, **meta,
+            *g.stride(), *v.stride(), *k.stride(), *dq.stride(),
+            num_heads, seqlen, v_dim, k_dim, *scale_args, _pad(v_dim), _pad(k_dim), **meta,
         )  # fmt: skip
     return dq, dk, dv, dkv0, dz0
 
@@ -925,8 +930,8 @@ def linear_attention_step(
         linear_attention_step_kernel[(batch * num_heads,)](
             q, k, v, state, z_state if z_state is not None else state, out,
             *q.stride(), *k.stride(), *v.stride(), *state.stride(), *_strides(z_state, 3),
-            num_heads, *_scale_args(float(scale), fp64), float(eps),
-            D_DIM=k_dim, E_DIM=v_dim, HAS_Z=z_state is not None, FP64=fp64, BLOCK_D=block_d,
+            num_heads, k_dim, v_dim, *_scale_args(float(scale), fp64), float(eps),
+            HAS_Z=z_state is not None, FP64=fp64, BLOCK_D=block_d,
             BLOCK_E=block_e, num_warps=4,
         )  # fmt: skip
     return out

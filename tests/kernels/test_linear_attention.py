@@ -1,0 +1,813 @@
+"""The chunked linear-attention Triton kernels (kernels/linear_attention.py) against the reference.
+
+Accuracy rule (flash-attention's, as in test_flash_attention.py): with the float64 reference on the
+same (dtype-rounded) inputs as ground truth,
+
+    err(kernel in dtype X)  <=  2 * err(naive linear attention in dtype X) + atol   (output)
+                                3 * ...                                          (dq, dk, dv,
+                                                                                  d initial state)
+
+where "naive" is the textbook parallel form (Katharopoulos et al. 2020, eq. 4: masked
+``(scale q) k^T`` times v, over its row sum) with every intermediate rounded to X -- written out
+below, because the reference upcasts 16-bit inputs -- and its gradients by autograd in X; ``atol``
+is X's rounding step at the values' magnitude (flash-attn's). The kernel rounds the per-chunk
+states to X before their tensor-core products, as the naive form rounds its scores, so the two
+errors are of one size. The final state is accumulated in fp32 (fp64), not in X, so it is held to
+the bound of fp32 summation instead: ``n u (|S_0| + |k|^T |v|)`` elementwise, n the number of
+terms summed along one path (a chunk, then one add per chunk), u = 2^-23 (2^-52), which also holds
+for accumulators that truncate. float64 runs are compared with the reference at ~1e-10.
+
+On CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1) with
+chunks of 16 and 32-wide K / V tiles, so the tiny cases below span several chunks and tiles and
+cover every *kind* of case once: T = 1, 17, 64, 65, 300; K and V of 16, 64, 80, 128, 273; normalize
+on and off; initial state given or not (and its gradient); gradients of the final state; prefill +
+decode; two calls with a carried state; non-contiguous inputs and output gradients; NaN-poisoned
+buffers; empty sequences; errors. The full product, bf16 and realistic shapes (chunks of 64, the
+CUDA autotune configs, each one forced in turn to catch a miscompiled config) are marked ``gpu``
+(``pytest -m gpu`` on a CUDA machine). Without CUDA every test here runs on CPU; with CUDA the
+unmarked tests run on the GPU too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import math
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+import triton
+
+import kernels
+from kernels import reference
+
+# ``kernels.linear_attention`` is the public function (it shadows the submodule's name on the
+# package), so the kernel module is taken from sys.modules.
+la = sys.modules["kernels.linear_attention"]
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+F64 = torch.float64
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def dtype_id(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _place(x: torch.Tensor, dtype, layout: str) -> torch.Tensor:
+    """x (B, T, H, D) in ``dtype`` on DEVICE, laid out as ``layout``: "contiguous"; "transposed"
+    (allocated (B, H, T, D)); "sliced" (a window of a larger tensor: odd offsets, padded rows);
+    "strided_d" (stride 2 along D)."""
+    if layout == "contiguous":
+        y = x
+    elif layout == "transposed":
+        y = x.transpose(1, 2).contiguous().transpose(1, 2)
+    elif layout == "sliced":
+        b, t, h, d = x.shape
+        y = torch.zeros(b, t + 3, h + 1, d + 8)
+        y[:, 2 : 2 + t, 1:, 3 : 3 + d] = x
+        y = y[:, 2 : 2 + t, 1:, 3 : 3 + d]
+    elif layout == "strided_d":
+        y = torch.zeros(*x.shape[:3], 2 * x.shape[3])
+        y[..., ::2] = x
+        y = y[..., ::2]
+    else:
+        raise ValueError(layout)
+    # Cast without copying into a contiguous tensor: the view keeps its strides.
+    return torch.empty_strided(y.shape, y.stride(), dtype=dtype, device=DEVICE).copy_(y)
+
+
+def make_inputs(batch, seqlen, num_heads, k_dim, v_dim, dtype, *, normalize, init, layout="contiguous"):
+    """q, k (B, T, H, K), v (B, T, H, V) and the initial state (or None).
+
+    Normalised runs get positive features (elu + 1 of a Gaussian, as the mixer's default map);
+    unnormalised ones signed (identity) features. The initial state looks like the state after ~10
+    earlier tokens: kv ~ N(0, 10), z ~ 10 positive features; fp32 (fp64 for fp64 inputs).
+    """
+
+    def features(*shape):
+        x = torch.randn(*shape)
+        return F.elu(x) + 1 if normalize else x
+
+    q = _place(features(batch, seqlen, num_heads, k_dim), dtype, layout)
+    k = _place(features(batch, seqlen, num_heads, k_dim), dtype, layout)
+    v = _place(torch.randn(batch, seqlen, num_heads, v_dim), dtype, layout)
+    state = None
+    if init:
+        sdtype = F64 if dtype == F64 else torch.float32
+        kv0 = (torch.randn(batch, num_heads, k_dim, v_dim) * math.sqrt(10)).to(DEVICE, sdtype)
+        z0 = (10 * features(batch, num_heads, k_dim).abs()).to(DEVICE, sdtype)
+        state = (kv0, z0) if normalize else kv0
+    return q, k, v, state
+
+
+def naive_linear_attention(q, k, v, *, normalize, initial_state, scale=None, eps=1e-10):
+    """Katharopoulos et al. 2020, eq. 4 (the parallel form), every intermediate in q's dtype:
+    ``o = (tril(scale q k^T) v + scale q S_0) / (rowsum(tril(scale q k^T)) + scale q z_0 + eps)``;
+    final state ``S_0 + k^T v`` (and ``z_0 + sum k``). Returns (o, kv, z or None)."""
+    dtype = q.dtype
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    seqlen = q.shape[1]
+    qs = q * scale
+    causal = torch.ones(seqlen, seqlen, dtype=torch.bool, device=q.device).tril()
+    scores = torch.einsum("bthk,bshk->bhts", qs, k).masked_fill(~causal, 0)  # (B, H, T, T)
+    num = torch.einsum("bhts,bshv->bthv", scores, v)
+    kv = torch.einsum("bthk,bthv->bhkv", k, v)
+    if normalize:
+        kv0, z0 = initial_state if initial_state is not None else (None, None)
+    else:
+        kv0, z0 = initial_state, None
+    if kv0 is not None:
+        num = num + torch.einsum("bthk,bhkv->bthv", qs, kv0.to(dtype))
+        kv = kv + kv0.to(dtype)
+    if not normalize:
+        return num, kv, None
+    den = scores.sum(-1).transpose(1, 2).unsqueeze(-1)  # (B, T, H, 1)
+    z = k.sum(1)
+    if z0 is not None:
+        den = den + torch.einsum("bthk,bhk->bth", qs, z0.to(dtype)).unsqueeze(-1)
+        z = z + z0.to(dtype)
+    return num / (den + eps), kv, z
+
+
+def run(impl, q, k, v, initial_state, do, dstate, *, normalize, scale=None):
+    """(o, kv, z, dq, dk, dv, dkv0, dz0) of ``impl`` ("naive", "reference", "triton"), the grads of
+    ``sum(o * do) + sum(kv * dkv) [+ sum(z * dz)]`` with dstate = (dkv, dz); absent ones are None."""
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    if initial_state is None:
+        state, leaves = None, []
+    elif normalize:
+        state = tuple(s.detach().requires_grad_() for s in initial_state)
+        leaves = list(state)
+    else:
+        state = initial_state.detach().requires_grad_()
+        leaves = [state]
+    if impl == "naive":
+        o, kv, z = naive_linear_attention(q, k, v, normalize=normalize, initial_state=state, scale=scale)
+    else:
+        o, final = kernels.linear_attention(
+            q, k, v, scale=scale, normalize=normalize, initial_state=state, output_final_state=True,
+            backend=impl,
+        )  # fmt: skip
+        kv, z = final if normalize else (final, None)
+    dkv, dz = dstate
+    loss = (o * do.to(o.dtype)).sum() + (kv * dkv.to(kv.dtype)).sum()
+    if normalize:
+        loss = loss + (z * dz.to(z.dtype)).sum()
+    grads = torch.autograd.grad(loss, [q, k, v, *leaves])
+    dkv0, dz0 = (grads[3:] + (None, None))[:2] if normalize else ((grads[3:] + (None,))[0], None)
+    return o, kv, z, *grads[:3], dkv0, dz0
+
+
+NAMES = ("o", "kv", "z", "dq", "dk", "dv", "dkv0", "dz0")
+
+
+def rounding_atol(x_ref, dtype):
+    """flash-attn's atol: twice dtype's rounding step at the magnitude of x_ref (and of 0.3)."""
+    x = x_ref.to(dtype)
+    return 2 * (x + 0.3 - 0.3 - x).abs().max().item()
+
+
+def summation_bound(k, v, kv0, z0, dtype):
+    """Elementwise bounds on the final state's error (kv, z): n u (|S_0| + |k|^T |v|) (see the
+    module docstring), in fp64."""
+    seqlen = k.shape[1]
+    chunk = la.chunk_size(dtype)
+    u = 2.0**-52 if dtype == F64 else 2.0**-23
+    n = chunk + triton.cdiv(seqlen, chunk) + 2
+    kd, vd = k.double().abs(), v.double().abs()
+    kv_mag = torch.einsum("bthk,bthv->bhkv", kd, vd)
+    z_mag = kd.sum(1)
+    if kv0 is not None:
+        kv_mag = kv_mag + kv0.double().abs()
+    if z0 is not None:
+        z_mag = z_mag + z0.double().abs()
+    return n * u * kv_mag, n * u * z_mag
+
+
+def _normaliser_terms(q, k, z0, do, o_ref, scale):
+    """fp64 z_t (B, T, H, K), den_t = scale q_t . z_t (B, T, H) and sum_v |dO_tv O_tv| / den_t."""
+    qd, kd = q.double(), k.double()
+    z = kd.cumsum(1) + (z0.double()[:, None] if z0 is not None else 0)
+    den = scale * (qd * z).sum(-1)
+    return z, den, (do.double().abs() * o_ref.abs()).sum(-1) / den
+
+
+def normaliser_floors(q, k, z0, do, o_ref, scale):
+    """Error floors of dq, dk, dz0 from the normaliser's gradient r_t = -rowsum(dO_t * O_t) / den_t.
+
+    Like FA2's delta = rowsum(dO * O), r is formed from the output as stored in dtype X, so it
+    carries an absolute error of about eps(X) sum_v |dO_tv O_tv| / den_t, while the terms it cancels
+    against (dO_t / den_t . v_s) are O(1): at T = 1, or wherever o_t ~ v_t, the exact gradient is
+    ~0 and the naive backward (whose two terms round alike) can be far more accurate than any
+    kernel that saves O. Carried into dq_t = ... + scale r_t z_t, dk_s = ... + scale sum_{t>=s} r_t q_t
+    and dz0 = scale sum_t r_t q_t, that is the floor of each.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    z, _, r_mag = _normaliser_terms(q, k, z0, do, o_ref, scale)
+    r_err = torch.finfo(q.dtype).eps * r_mag
+    weighted_q = r_err[..., None] * q.double().abs()  # (B, T, H, K)
+    after = weighted_q.flip(1).cumsum(1).flip(1)  # sum over t >= s
+    return {
+        "dq": 2 * scale * (r_err[..., None] * z.abs()).max().item(),
+        "dk": 2 * scale * after.max().item(),
+        "dz0": 2 * scale * weighted_q.sum(1).max().item(),
+    }
+
+
+def state_gradient_bounds(q, k, z0, do, o_ref, dstate, normalize, scale):
+    """Summation bounds (max over elements, as in :func:`summation_bound`) of the initial state's
+    gradient dkv0 = dkv + scale sum_t q_t g_t^T and dz0 = dz + scale sum_t r_t q_t, where
+    g_t = dO_t [/ den_t] and r_t = -rowsum(dO_t * O_t) / den_t."""
+    dtype = q.dtype
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    chunk = la.chunk_size(dtype)
+    u = 2.0**-52 if dtype == F64 else 2.0**-23
+    n = chunk + triton.cdiv(q.shape[1], chunk) + 2
+    qd, g = q.double().abs(), do.double().abs()
+    dkv, dz = (x.double().abs() for x in dstate)
+    bounds = {}
+    if normalize:
+        _, den, r_mag = _normaliser_terms(q, k, z0, do, o_ref, scale)
+        g = g / den[..., None]
+        bounds["dz0"] = n * u * (dz + scale * torch.einsum("bthk,bth->bhk", qd, r_mag)).max().item()
+    bounds["dkv0"] = n * u * (dkv + scale * torch.einsum("bthk,bthv->bhkv", qd, g)).max().item()
+    return bounds
+
+
+def assert_linear_accuracy(q, k, v, initial_state, *, normalize, scale=None, check_grads=True):
+    """Kernel vs float64 reference, bounded by the naive same-dtype error (module docstring)."""
+    dtype = q.dtype
+    batch, _, num_heads, k_dim = q.shape
+    v_dim = v.shape[3]
+    do = torch.randn(v.shape, device=q.device).to(dtype)
+    dstate = (torch.randn(batch, num_heads, k_dim, v_dim, device=q.device),
+              torch.randn(batch, num_heads, k_dim, device=q.device))  # fmt: skip
+    got = run("triton", q, k, v, initial_state, do, dstate, normalize=normalize, scale=scale)
+    state64 = None
+    if initial_state is not None:
+        state64 = tuple(s.double() for s in initial_state) if normalize else initial_state.double()
+    ref = run("reference", q.double(), k.double(), v.double(), state64, do.double(), dstate,
+              normalize=normalize, scale=scale)  # fmt: skip
+
+    acc = F64 if dtype == F64 else torch.float32
+    assert got[0].dtype == dtype and got[0].shape == v.shape
+    assert got[1].dtype == acc and got[1].shape == (batch, num_heads, k_dim, v_dim)
+    if normalize:
+        assert got[2].dtype == acc and got[2].shape == (batch, num_heads, k_dim)
+    for name, x, r in zip(NAMES, got, ref, strict=True):
+        assert (x is None) == (r is None), name
+        if x is not None:
+            assert x.shape == r.shape and torch.isfinite(x).all(), f"{name}: bad shape or non-finite values"
+    if initial_state is not None:
+        assert got[6].dtype == (initial_state[0] if normalize else initial_state).dtype
+
+    if dtype == F64:
+        for name, x, r in zip(NAMES, got, ref, strict=True):
+            if x is not None and (check_grads or name in ("o", "kv", "z")):
+                tol = 1e-10 * max(1.0, r.abs().max().item())
+                torch.testing.assert_close(x, r, rtol=1e-10, atol=tol, msg=lambda m, n=name: f"{n}: {m}")
+        return
+
+    kv0, z0 = (initial_state if normalize else (initial_state, None)) if initial_state is not None else (None, None)
+    kv_bound, z_bound = summation_bound(k, v, kv0, z0, dtype)
+    for name, x, r, bound in (("kv", got[1], ref[1], kv_bound), ("z", got[2], ref[2], z_bound)):
+        if x is not None:
+            excess = ((x.double() - r).abs() - bound).max().item()
+            assert excess <= 0, f"{name}: final-state error beyond the fp32 summation bound by {excess:.3g}"
+
+    naive = run("naive", q, k, v, initial_state, do, dstate, normalize=normalize, scale=scale)
+    floors = normaliser_floors(q, k, z0, do, ref[0], scale) if normalize else {}
+    # The initial state's gradient is a state too: the reverse scan adds one chunk's terms at a
+    # time to an fp32 accumulator that starts at the final state's gradient (~sqrt(n_chunks) ulps
+    # of it, where the naive form adds one product): the summation bound applies, as for kv, z.
+    if initial_state is not None:
+        for name, bound in state_gradient_bounds(q, k, z0, do, ref[0], dstate, normalize, scale).items():
+            floors[name] = floors.get(name, 0.0) + bound
+    checks = [("o", 0, 2)]
+    if check_grads:
+        checks += [(n, i, 3) for i, n in enumerate(NAMES) if i >= 3 and got[i] is not None]
+    for name, i, factor in checks:
+        err = (got[i].double() - ref[i]).abs().max().item()
+        base_err = (naive[i].double() - ref[i]).abs().max().item()
+        atol = rounding_atol(ref[i], dtype) + floors.get(name, 0.0)
+        assert err <= factor * base_err + atol, (
+            f"{name}: kernel error {err:.3g} > {factor} x naive {dtype} error {base_err:.3g} + atol {atol:.3g}"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Accuracy: every kind of case once, at tiny sizes
+# ----------------------------------------------------------------------------------------------
+
+# (batch, T, H, K, V, normalize, initial state, dtype). The interpreter's chunks are 16 tokens, its
+# K / V tiles 32 wide.
+CASES = [
+    (1, 1, 1, 16, 16, True, False, torch.float32),  # one token
+    (1, 17, 2, 64, 16, False, True, torch.float16),  # one chunk + 1, a tile wider than V
+    (1, 64, 1, 16, 80, True, True, torch.float16),  # four whole chunks, V 80 (3 tiles, last partial)
+    (2, 65, 1, 80, 64, False, False, torch.float32),  # four chunks + 1, K 80, batch 2
+    (1, 300, 1, 16, 16, True, True, torch.float32),  # 19 chunks, long state carry
+    (1, 40, 1, 273, 32, True, True, torch.float16),  # Based's 273 Taylor features
+    (1, 33, 1, 32, 273, False, True, torch.float32),  # V 273
+    (1, 48, 1, 128, 128, True, False, torch.float16),  # 4 x 4 tiles
+    (1, 45, 2, 80, 48, True, True, F64),  # fp64 vs reference at 1e-10
+    (1, 37, 1, 20, 273, False, True, F64),
+    (1, 70, 1, 273, 16, True, False, F64),
+]
+
+
+@pytest.mark.parametrize(
+    "batch,seqlen,num_heads,k_dim,v_dim,normalize,init,dtype",
+    CASES,
+    ids=[f"B{c[0]}-T{c[1]}-H{c[2]}-K{c[3]}-V{c[4]}-{'norm' if c[5] else 'raw'}-{'s0' if c[6] else 'nos0'}-"
+         f"{dtype_id(c[7])}" for c in CASES],
+)  # fmt: skip
+def test_matches_reference(batch, seqlen, num_heads, k_dim, v_dim, normalize, init, dtype):
+    q, k, v, state = make_inputs(batch, seqlen, num_heads, k_dim, v_dim, dtype, normalize=normalize, init=init)
+    assert_linear_accuracy(q, k, v, state, normalize=normalize)
+
+
+def test_scale_and_eps_arguments():
+    q, k, v, state = make_inputs(1, 20, 2, 16, 16, F64, normalize=True, init=True)
+    assert_linear_accuracy(q, k, v, state, normalize=True, scale=0.37)
+    for eps in (0.0, 0.5):
+        got = kernels.linear_attention(q, k, v, eps=eps, initial_state=state, backend="triton")
+        want = reference.linear_attention(q, k, v, eps=eps, initial_state=state)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "strided_d"])
+def test_non_contiguous_inputs(layout):
+    # q, k, v, the initial state and the output gradient as views: same bits as contiguous copies.
+    q, k, v, (kv0, z0) = make_inputs(1, 23, 2, 24, 40, torch.float32, normalize=True, init=True, layout=layout)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    kv0_t = kv0.transpose(2, 3).contiguous().transpose(2, 3)  # (B, H, K, V) with K innermost
+    z0_s = torch.zeros(1, 2, 2 * 24, device=DEVICE)[..., ::2].copy_(z0)
+    do = torch.randn(v.shape, device=DEVICE).transpose(1, 2).contiguous().transpose(1, 2)
+    dstate = (torch.randn(kv0.shape, device=DEVICE), torch.randn(z0.shape, device=DEVICE))
+    strided = run("triton", q, k, v, (kv0_t, z0_s), do, dstate, normalize=True)
+    contiguous = run("triton", q.contiguous(), k.contiguous(), v.contiguous(), (kv0, z0), do.contiguous(),
+                     dstate, normalize=True)  # fmt: skip
+    for name, a, b in zip(NAMES, strided, contiguous, strict=True):
+        assert torch.equal(a, b), name
+    assert_linear_accuracy(q, k, v, (kv0_t, z0_s), normalize=True)
+
+
+def test_expanded_output_gradient():
+    # o.sum() backpropagates an all-ones gradient with every stride 0.
+    q, k, v, state = make_inputs(1, 21, 1, 16, 24, F64, normalize=False, init=True)
+    grads = []
+    for backend in ("triton", "reference"):
+        leaves = [x.detach().requires_grad_() for x in (q, k, v, state)]
+        o = kernels.linear_attention(*leaves[:3], normalize=False, initial_state=leaves[3], backend=backend)
+        grads.append(torch.autograd.grad(o.sum(), leaves))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------
+# State: prefill + decode, carried state, decode step
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=dtype_id)
+def test_prefill_then_decode_equals_full_forward(normalize, dtype):
+    # Full forward over 45 tokens == prefill 20 + chunked prefill 17 (carried state) + 8 decode steps.
+    q, k, v, _ = make_inputs(2, 45, 2, 24, 40, dtype, normalize=normalize, init=False)
+    full, final = kernels.linear_attention(q, k, v, normalize=normalize, output_final_state=True, backend="triton")
+    o1, state = kernels.linear_attention(
+        q[:, :20], k[:, :20], v[:, :20], normalize=normalize, output_final_state=True, backend="triton"
+    )
+    o2, state = kernels.linear_attention(
+        q[:, 20:37], k[:, 20:37], v[:, 20:37], normalize=normalize, initial_state=state,
+        output_final_state=True, backend="triton",
+    )  # fmt: skip
+    kv, z = (t.clone() for t in state) if normalize else (state.clone(), None)
+    steps = [
+        kernels.linear_attention_step(q[:, t], k[:, t], v[:, t], kv, z_state=z, backend="triton")
+        for t in range(37, 45)
+    ]
+    pieces = torch.cat([o1, o2, torch.stack(steps, dim=1)], dim=1)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(pieces, full, **tol)
+    torch.testing.assert_close(kv, final[0] if normalize else final, **tol)
+    if normalize:
+        torch.testing.assert_close(z, final[1], **tol)
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
+def test_two_calls_with_carried_state_equal_one(normalize):
+    # Forward and every gradient (through the carried state too), split mid-chunk at 23.
+    q, k, v, state = make_inputs(1, 50, 2, 20, 36, F64, normalize=normalize, init=True)
+    do = torch.randn(v.shape, device=DEVICE, dtype=F64)
+
+    def losses(split):
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        s0 = tuple(x.detach().requires_grad_() for x in state) if normalize else state.detach().requires_grad_()
+        s = s0
+        outs = []
+        for lo, hi in ((0, split), (split, 50)) if split else ((0, 50),):
+            o, s = kernels.linear_attention(
+                *(x[:, lo:hi] for x in leaves), normalize=normalize, initial_state=s,
+                output_final_state=True, backend="triton",
+            )  # fmt: skip
+            outs.append(o)
+        o = torch.cat(outs, dim=1)
+        final = s if normalize else (s,)
+        loss = (o * do).sum() + sum((f * f).sum() for f in final)
+        s0_leaves = list(s0) if normalize else [s0]
+        return o, final, torch.autograd.grad(loss, leaves + s0_leaves)
+
+    one, two = losses(None), losses(23)
+    torch.testing.assert_close(two[0], one[0], rtol=1e-12, atol=1e-12)
+    for a, b in zip((*two[1], *two[2]), (*one[1], *one[2]), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+
+
+STEP_CASES = [
+    # (K, V, normalise, q dtype, state dtype, non-contiguous state)
+    (16, 16, True, torch.float32, torch.float32, False),
+    (80, 273, False, torch.float16, torch.float32, True),
+    (273, 64, True, torch.float16, torch.float32, False),
+    (128, 128, True, F64, F64, True),
+    (64, 20, False, torch.float32, F64, False),  # fp64 state: computes in fp64, like the reference
+]
+
+
+@pytest.mark.parametrize("k_dim,v_dim,normalize,dtype,state_dtype,strided", STEP_CASES)
+def test_step_matches_reference(k_dim, v_dim, normalize, dtype, state_dtype, strided):
+    batch, num_heads = 3, 2
+    q, k = (F.elu(torch.randn(batch, num_heads, k_dim)) + 1 for _ in range(2))
+    q, k = q.to(DEVICE, dtype), k.to(DEVICE, dtype)
+    v = torch.randn(batch, num_heads, v_dim).to(DEVICE, dtype)
+    if strided:  # a (B, H, K, V) view with V outermost, and a z view with stride 2
+        state = torch.randn(batch, num_heads, v_dim, k_dim, device=DEVICE, dtype=state_dtype).transpose(2, 3)
+        z = torch.rand(batch, num_heads, 2 * k_dim, device=DEVICE, dtype=state_dtype)[..., ::2] * 10
+    else:
+        state = torch.randn(batch, num_heads, k_dim, v_dim, device=DEVICE, dtype=state_dtype)
+        z = torch.rand(batch, num_heads, k_dim, device=DEVICE, dtype=state_dtype) * 10
+    z = z if normalize else None
+    state_ref, z_ref = state.clone(), (z.clone() if normalize else None)
+    out = kernels.linear_attention_step(q, k, v, state, z_state=z, backend="triton")
+    want = reference.linear_attention_step(q, k, v, state_ref, z_state=z_ref)
+    assert out.dtype == dtype and out.shape == (batch, num_heads, v_dim)
+    tight = torch.float64 in (dtype, state_dtype)
+    tol = dict(rtol=1e-12, atol=1e-12) if tight else dict(rtol=1e-5, atol=1e-5)
+    out_tol = tol if tight or dtype == torch.float32 else dict(rtol=1e-3, atol=1e-3)  # o rounded to fp16
+    torch.testing.assert_close(out, want, **out_tol)
+    torch.testing.assert_close(state, state_ref, **tol)  # updated in place, through the view
+    if normalize:
+        torch.testing.assert_close(z, z_ref, **tol)
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory discipline and edge cases
+# ----------------------------------------------------------------------------------------------
+
+
+def test_outputs_fully_written_and_deterministic(monkeypatch):
+    # Every buffer the kernels allocate (outputs, per-chunk states, normaliser terms) starts as NaN:
+    # an element a program forgot to store, or read before it was written, surfaces as NaN. No
+    # atomics, so results are bitwise equal run to run (and to the un-poisoned run).
+    q, k, v, state = make_inputs(2, 37, 2, 40, 24, torch.float32, normalize=True, init=True)
+    do = torch.randn(v.shape, device=DEVICE)
+    dstate = (torch.randn(2, 2, 40, 24, device=DEVICE), torch.randn(2, 2, 40, device=DEVICE))
+    clean = run("triton", q, k, v, state, do, dstate, normalize=True)
+    again = run("triton", q, k, v, state, do, dstate, normalize=True)
+
+    def nan_filled(factory):
+        @functools.wraps(factory)
+        def wrapper(*args, **kwargs):
+            out = factory(*args, **kwargs)
+            return out.fill_(math.nan) if out.is_floating_point() else out
+
+        return wrapper
+
+    if DEVICE == "cuda":  # also leave NaN in the caching allocator's free blocks
+        junk = [torch.full((1 << 20,), math.nan, device=DEVICE) for _ in range(8)]
+        del junk
+    monkeypatch.setattr(torch, "empty", nan_filled(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", nan_filled(torch.empty_like))
+    poisoned = run("triton", q, k, v, state, do, dstate, normalize=True)
+    out_step = kernels.linear_attention_step(
+        q[:, 0], k[:, 0], v[:, 0], state[0].clone(), z_state=state[1].clone(), backend="triton"
+    )
+    monkeypatch.undo()
+    for name, a, b, c in zip(NAMES, clean, again, poisoned, strict=True):
+        assert torch.equal(a, b), f"{name} differs between two identical calls"
+        assert torch.equal(a, c), f"{name} differs when its buffers start as NaN"
+    assert torch.isfinite(out_step).all()
+
+
+def test_raw_mode_without_final_state_use():
+    # normalize=False, final state unused (its gradient arrives as None), no initial state.
+    q, k, v, _ = make_inputs(1, 30, 1, 16, 16, F64, normalize=False, init=False)
+    grads = []
+    for backend in ("triton", "reference"):
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        o = kernels.linear_attention(*leaves, normalize=False, backend=backend)
+        grads.append(torch.autograd.grad((o * o).sum(), leaves))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # Only the final state used: the output's gradient arrives as None.
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    _, kv = kernels.linear_attention(*leaves, normalize=False, output_final_state=True, backend="triton")
+    dq, dk, dv = torch.autograd.grad(kv.sum(), leaves)
+    assert torch.equal(dq, torch.zeros_like(dq))
+    torch.testing.assert_close(dk, v.sum(-1, keepdim=True).expand_as(k), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
+def test_empty_sequence_and_batch(normalize):
+    for batch, seqlen in ((2, 0), (0, 5)):
+        q, k, v, state = make_inputs(batch, seqlen, 2, 16, 8, torch.float32, normalize=normalize, init=True)
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        s0 = tuple(s.detach().requires_grad_() for s in state) if normalize else state.detach().requires_grad_()
+        o, final = kernels.linear_attention(
+            *leaves, normalize=normalize, initial_state=s0, output_final_state=True, backend="triton"
+        )
+        assert o.shape == (batch, seqlen, 2, 8) and o.dtype == torch.float32
+        finals = final if normalize else (final,)
+        s0s = s0 if normalize else (s0,)
+        for f, s in zip(finals, s0s, strict=True):
+            assert torch.equal(f, s.detach())  # no token: the state passes through
+        grads = torch.autograd.grad(sum((f * 2).sum() for f in finals), list(s0s))
+        for g in grads:
+            assert torch.equal(g, torch.full_like(g, 2.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# Dispatch and errors
+# ----------------------------------------------------------------------------------------------
+
+
+def test_registered_for_triton_backend():
+    assert kernels._TRITON_OPS["linear_attention"] is la.linear_attention
+    assert kernels._TRITON_OPS["linear_attention_step"] is la.linear_attention_step
+    q, k, v, _ = make_inputs(1, 5, 2, 16, 16, torch.float32, normalize=True, init=False)
+    expected = "triton" if DEVICE == "cuda" else "reference"
+    assert torch.equal(kernels.linear_attention(q, k, v), kernels.linear_attention(q, k, v, backend=expected))
+
+
+def _t(*shape, dtype=torch.float32):
+    return torch.randn(shape, dtype=dtype, device=DEVICE)
+
+
+def _call(op, backend, *args, **kwargs):
+    try:
+        getattr(kernels, op)(*args, backend=backend, **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        return type(exc), str(exc)
+    return None
+
+
+QKV = (_t(1, 4, 2, 8), _t(1, 4, 2, 8), _t(1, 4, 2, 6))
+
+
+@pytest.mark.parametrize(
+    "args,kwargs",
+    [
+        ((_t(4, 2, 8), QKV[1], QKV[2]), {}),
+        ((QKV[0], _t(1, 4, 2, 7), QKV[2]), {}),
+        ((QKV[0], QKV[1], _t(1, 5, 2, 6)), {}),
+        ((QKV[0], QKV[1], _t(1, 4, 2, 6, dtype=F64)), {}),
+        ((QKV[0], torch.ones(1, 4, 2, 8, dtype=torch.int64), QKV[2]), {}),
+        (([1.0], QKV[1], QKV[2]), {}),
+        (QKV, {"scale": "0.1"}),
+        (QKV, {"scale": True}),
+        (QKV, {"initial_state": _t(1, 2, 8, 6)}),  # normalize=True needs (kv, z)
+        (QKV, {"initial_state": (_t(1, 2, 8, 6),)}),
+        (QKV, {"initial_state": (_t(1, 2, 8, 6), _t(1, 2, 7))}),
+        (QKV, {"initial_state": (_t(1, 2, 6, 8), _t(1, 2, 8))}),
+        (QKV, {"normalize": False, "initial_state": (_t(1, 2, 8, 6), _t(1, 2, 8))}),
+        (QKV, {"normalize": False, "initial_state": _t(2, 8, 6)}),
+        (QKV, {"normalize": False, "initial_state": torch.ones(1, 2, 8, 6, dtype=torch.int32)}),
+    ],
+)
+def test_errors_identical_to_reference(args, kwargs):
+    triton_error = _call("linear_attention", "triton", *args, **kwargs)
+    reference_error = _call("linear_attention", "reference", *args, **kwargs)
+    assert reference_error is not None
+    assert triton_error == reference_error
+
+
+STEP_ARGS = (_t(2, 3, 8), _t(2, 3, 8), _t(2, 3, 6), _t(2, 3, 8, 6))
+
+
+@pytest.mark.parametrize(
+    "args,kwargs",
+    [
+        ((_t(2, 3, 8, 1), *STEP_ARGS[1:]), {}),
+        ((STEP_ARGS[0], _t(2, 3, 7), *STEP_ARGS[2:]), {}),
+        ((*STEP_ARGS[:2], _t(2, 4, 6), STEP_ARGS[3]), {}),
+        ((*STEP_ARGS[:3], _t(2, 3, 6, 8)), {}),
+        ((*STEP_ARGS[:3], _t(2, 3, 8)), {}),
+        ((*STEP_ARGS[:2], _t(2, 3, 6, dtype=torch.float16), STEP_ARGS[3]), {}),
+        ((*STEP_ARGS[:3], torch.zeros(2, 3, 8, 6, dtype=torch.int32)), {}),
+        (STEP_ARGS, {"z_state": _t(2, 3, 6)}),
+        (STEP_ARGS, {"z_state": torch.zeros(2, 3, 8, dtype=torch.int64)}),
+        (STEP_ARGS, {"scale": [0.5]}),
+    ],
+)
+def test_step_errors_identical_to_reference(args, kwargs):
+    triton_error = _call("linear_attention_step", "triton", *args, **kwargs)
+    reference_error = _call("linear_attention_step", "reference", *args, **kwargs)
+    assert reference_error is not None
+    assert triton_error == reference_error
+
+
+def test_backend_specific_errors():
+    meta = torch.empty(1, 4, 2, 8, device="meta")
+    with pytest.raises(ValueError, match="one device"):
+        kernels.linear_attention(QKV[0], meta, QKV[2].new_empty(1, 4, 2, 6).to("meta"), backend="triton")
+    with pytest.raises(ValueError, match="one device.*initial_state kv on meta"):
+        kernels.linear_attention(
+            *QKV, normalize=False, initial_state=torch.empty(1, 2, 8, 6, device="meta"), backend="triton"
+        )
+    with pytest.raises(ValueError, match="one device.*state on meta"):
+        kernels.linear_attention_step(*STEP_ARGS[:3], STEP_ARGS[3].to("meta"), backend="triton")
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: the full product, bf16, realistic shapes, every autotune config, the mixers (pytest -m gpu)
+# ----------------------------------------------------------------------------------------------
+
+GPU_LENGTHS = [1, 17, 64, 65, 300]
+GPU_DIMS = [16, 64, 80, 128, 273]
+AUTOTUNED = (
+    "linear_attention_state_kernel",
+    "linear_attention_fwd_kernel",
+    "linear_attention_bwd_dq_kernel",
+    "linear_attention_bwd_dk_kernel",
+    "linear_attention_bwd_dv_kernel",
+)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
+@pytest.mark.parametrize("k_dim", GPU_DIMS)
+def test_gpu_sweep(dtype, normalize, k_dim):
+    # Every V and length for this (dtype, normalize, K), with and without an initial state.
+    for v_dim, seqlen, init in itertools.product(GPU_DIMS, GPU_LENGTHS, [False, True]):
+        q, k, v, state = make_inputs(2, seqlen, 3, k_dim, v_dim, dtype, normalize=normalize, init=init)
+        try:
+            assert_linear_accuracy(q, k, v, state, normalize=normalize)
+        except AssertionError as exc:
+            raise AssertionError(f"V={v_dim} T={seqlen} init={init}: {exc}") from exc
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "strided_d"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+def test_gpu_non_contiguous(layout, dtype):
+    for normalize in (True, False):
+        q, k, v, state = make_inputs(2, 333, 4, 80, 96, dtype, normalize=normalize, init=True, layout=layout)
+        assert_linear_accuracy(q, k, v, state, normalize=normalize)
+
+
+REALISTIC = [
+    # (batch, T, H, K, V): the benchmark's head shapes, Based's 273 features, the widest dims
+    (2, 2048, 4, 128, 128),
+    (4, 1024, 8, 64, 64),
+    (1, 2048, 4, 273, 64),
+    (1, 1031, 2, 512, 512),
+]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
+@pytest.mark.parametrize("batch,seqlen,num_heads,k_dim,v_dim", REALISTIC)
+def test_gpu_realistic_shapes(dtype, normalize, batch, seqlen, num_heads, k_dim, v_dim):
+    q, k, v, state = make_inputs(batch, seqlen, num_heads, k_dim, v_dim, dtype, normalize=normalize, init=True)
+    assert_linear_accuracy(q, k, v, state, normalize=normalize)
+
+
+@contextlib.contextmanager
+def forced_config(index):
+    """Every autotuned kernel restricted to its ``index``-th CUDA config (the last one if it has
+    fewer), with the autotune cache emptied; restored on exit. A single config skips autotuning."""
+    saved = []
+    try:
+        for name in AUTOTUNED:
+            tuner = getattr(la, name)
+            saved.append((tuner, tuner.configs, tuner.cache))
+            tuner.configs = [tuner.configs[min(index, len(tuner.configs) - 1)]]
+            tuner.cache = {}
+        yield
+    finally:
+        for tuner, configs, cache in saved:
+            tuner.configs, tuner.cache = configs, cache
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
+def test_gpu_every_autotune_config(dtype, normalize):
+    # A config the autotuner may pick on another shape or run must be correct too: Triton 3.4-3.7.0
+    # on Hopper is known to miscompile some chunked linear-attention backward kernels for some
+    # tile / warp choices only. Each config of every kernel in turn, at chunks of 64, vs float64.
+    n_configs = max(len(getattr(la, name).configs) for name in AUTOTUNED)
+    for index in range(n_configs):
+        with forced_config(index):
+            for batch, seqlen, num_heads, k_dim, v_dim in [(2, 1024, 4, 128, 128), (2, 777, 4, 64, 64),
+                                                         (1, 500, 2, 273, 64)]:  # fmt: skip
+                q, k, v, state = make_inputs(
+                    batch, seqlen, num_heads, k_dim, v_dim, dtype, normalize=normalize, init=True
+                )
+                try:
+                    assert_linear_accuracy(q, k, v, state, normalize=normalize)
+                except AssertionError as exc:
+                    raise AssertionError(f"config #{index}, K={k_dim} V={v_dim} T={seqlen}: {exc}") from exc
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+def test_gpu_prefill_and_decode(dtype):
+    # Mixer-style use at a realistic size: prefill 1000 tokens, then 40 decode steps, vs one call.
+    for normalize in (True, False):
+        q, k, v, _ = make_inputs(8, 1040, 4, 128, 64, dtype, normalize=normalize, init=False)
+        full = kernels.linear_attention(q, k, v, normalize=normalize, backend="reference")
+        o1, state = kernels.linear_attention(
+            q[:, :1000], k[:, :1000], v[:, :1000], normalize=normalize, output_final_state=True
+        )
+        kv, z = (t.clone() for t in state) if normalize else (state.clone(), None)
+        steps = [kernels.linear_attention_step(q[:, t], k[:, t], v[:, t], kv, z_state=z) for t in range(1000, 1040)]
+        got = torch.cat([o1, torch.stack(steps, 1)], 1).float()
+        want = full.float()
+        tol = 1e-4 if dtype == torch.float32 else 2e-2  # the reference's output is rounded to dtype too
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_decode_step_large_batch():
+    for dtype, normalize in [(torch.bfloat16, True), (torch.float32, False)]:
+        batch, num_heads, k_dim, v_dim = 256, 16, 128, 128
+        q, k = ((F.elu(torch.randn(batch, num_heads, k_dim, device=DEVICE)) + 1).to(dtype) for _ in range(2))
+        v = torch.randn(batch, num_heads, v_dim, device=DEVICE).to(dtype)
+        state = torch.randn(batch, num_heads, k_dim, v_dim, device=DEVICE)
+        z = torch.rand(batch, num_heads, k_dim, device=DEVICE) * 10 if normalize else None
+        state_ref, z_ref = state.clone(), (z.clone() if normalize else None)
+        out = kernels.linear_attention_step(q, k, v, state, z_state=z)
+        want = reference.linear_attention_step(q, k, v, state_ref, z_state=z_ref)
+        torch.testing.assert_close(state, state_ref, rtol=1e-6, atol=1e-6)
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(out.float(), want.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(num_heads=4, feature_map="elu"),
+        dict(num_heads=4, feature_map="relu", normalize=False, short_conv=True),
+        dict(num_heads=2, feature_map="taylor", feature_dim=16, short_conv=True),
+        dict(num_heads=2, feature_map="identity", normalize=False),
+    ],
+    ids=["elu", "relu-raw-conv", "taylor273", "identity"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_gpu_mixer_matches_reference_backend(monkeypatch, settings, dtype):
+    # The mixer calls kernels.linear_attention(...) with backend=None: the Triton kernel on CUDA.
+    # Same mixer and input, once more with the reference forced: outputs and parameter gradients agree.
+    from mixers import build_mixer
+
+    mixer = build_mixer("linear_attention", 256, **settings).to(DEVICE, dtype)
+    x = torch.randn(2, 300, 256, device=DEVICE, dtype=dtype)
+    results = []
+    for backend in ("triton", "reference"):
+        if backend == "reference":
+            forced = functools.partial(kernels.linear_attention, backend="reference")
+            monkeypatch.setattr(kernels, "linear_attention", forced)
+        mixer.zero_grad()
+        y = mixer(x)
+        y.float().square().mean().backward()
+        results.append((y.float(), [p.grad.float().clone() for p in mixer.parameters()]))
+    (y_tr, g_tr), (y_ref, g_ref) = results
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(y_tr, y_ref, **tol)
+    for a, b in zip(g_tr, g_ref, strict=True):
+        torch.testing.assert_close(a, b, **tol)
