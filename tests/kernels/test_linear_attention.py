@@ -282,7 +282,9 @@ def assert_linear_accuracy(q, k, v, initial_state, *, normalize, scale=None, che
                 torch.testing.assert_close(x, r, rtol=1e-10, atol=tol, msg=lambda m, n=name: f"{n}: {m}")
         return
 
-    kv0, z0 = (initial_state if normalize else (initial_state, None)) if initial_state is not None else (None, None)
+    kv0, z0 = (
+        (initial_state if normalize else (initial_state, None)) if initial_state is not None else (None, None)
+    )
     kv_bound, z_bound = summation_bound(k, v, kv0, z0, dtype)
     for name, x, r, bound in (("kv", got[1], ref[1], kv_bound), ("z", got[2], ref[2], z_bound)):
         if x is not None:
@@ -337,7 +339,9 @@ CASES = [
          f"{dtype_id(c[7])}" for c in CASES],
 )  # fmt: skip
 def test_matches_reference(batch, seqlen, num_heads, k_dim, v_dim, normalize, init, dtype):
-    q, k, v, state = make_inputs(batch, seqlen, num_heads, k_dim, v_dim, dtype, normalize=normalize, init=init)
+    q, k, v, state = make_inputs(
+        batch, seqlen, num_heads, k_dim, v_dim, dtype, normalize=normalize, init=init
+    )
     assert_linear_accuracy(q, k, v, state, normalize=normalize)
 
 
@@ -353,7 +357,9 @@ def test_scale_and_eps_arguments():
 @pytest.mark.parametrize("layout", ["transposed", "sliced", "strided_d"])
 def test_non_contiguous_inputs(layout):
     # q, k, v, the initial state and the output gradient as views: same bits as contiguous copies.
-    q, k, v, (kv0, z0) = make_inputs(1, 23, 2, 24, 40, torch.float32, normalize=True, init=True, layout=layout)
+    q, k, v, (kv0, z0) = make_inputs(
+        1, 23, 2, 24, 40, torch.float32, normalize=True, init=True, layout=layout
+    )
     assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
     kv0_t = kv0.transpose(2, 3).contiguous().transpose(2, 3)  # (B, H, K, V) with K innermost
     z0_s = torch.zeros(1, 2, 2 * 24, device=DEVICE)[..., ::2].copy_(z0)
@@ -389,7 +395,9 @@ def test_expanded_output_gradient():
 def test_prefill_then_decode_equals_full_forward(normalize, dtype):
     # Full forward over 45 tokens == prefill 20 + chunked prefill 17 (carried state) + 8 decode steps.
     q, k, v, _ = make_inputs(2, 45, 2, 24, 40, dtype, normalize=normalize, init=False)
-    full, final = kernels.linear_attention(q, k, v, normalize=normalize, output_final_state=True, backend="triton")
+    full, final = kernels.linear_attention(
+        q, k, v, normalize=normalize, output_final_state=True, backend="triton"
+    )
     o1, state = kernels.linear_attention(
         q[:, :20], k[:, :20], v[:, :20], normalize=normalize, output_final_state=True, backend="triton"
     )
@@ -418,7 +426,11 @@ def test_two_calls_with_carried_state_equal_one(normalize):
 
     def losses(split):
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-        s0 = tuple(x.detach().requires_grad_() for x in state) if normalize else state.detach().requires_grad_()
+        s0 = (
+            tuple(x.detach().requires_grad_() for x in state)
+            if normalize
+            else state.detach().requires_grad_()
+        )
         s = s0
         outs = []
         for lo, hi in ((0, split), (split, 50)) if split else ((0, 50),):
@@ -537,7 +549,11 @@ def test_empty_sequence_and_batch(normalize):
     for batch, seqlen in ((2, 0), (0, 5)):
         q, k, v, state = make_inputs(batch, seqlen, 2, 16, 8, torch.float32, normalize=normalize, init=True)
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-        s0 = tuple(s.detach().requires_grad_() for s in state) if normalize else state.detach().requires_grad_()
+        s0 = (
+            tuple(s.detach().requires_grad_() for s in state)
+            if normalize
+            else state.detach().requires_grad_()
+        )
         o, final = kernels.linear_attention(
             *leaves, normalize=normalize, initial_state=s0, output_final_state=True, backend="triton"
         )
@@ -698,7 +714,9 @@ REALISTIC = [
 @pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
 @pytest.mark.parametrize("batch,seqlen,num_heads,k_dim,v_dim", REALISTIC)
 def test_gpu_realistic_shapes(dtype, normalize, batch, seqlen, num_heads, k_dim, v_dim):
-    q, k, v, state = make_inputs(batch, seqlen, num_heads, k_dim, v_dim, dtype, normalize=normalize, init=True)
+    q, k, v, state = make_inputs(
+        batch, seqlen, num_heads, k_dim, v_dim, dtype, normalize=normalize, init=True
+    )
     assert_linear_accuracy(q, k, v, state, normalize=normalize)
 
 
@@ -753,7 +771,9 @@ def test_gpu_prefill_and_decode(dtype):
             q[:, :1000], k[:, :1000], v[:, :1000], normalize=normalize, output_final_state=True
         )
         kv, z = (t.clone() for t in state) if normalize else (state.clone(), None)
-        steps = [kernels.linear_attention_step(q[:, t], k[:, t], v[:, t], kv, z_state=z) for t in range(1000, 1040)]
+        steps = [
+            kernels.linear_attention_step(q[:, t], k[:, t], v[:, t], kv, z_state=z) for t in range(1000, 1040)
+        ]
         got = torch.cat([o1, torch.stack(steps, 1)], 1).float()
         want = full.float()
         tol = 1e-4 if dtype == torch.float32 else 2e-2  # the reference's output is rounded to dtype too
