@@ -29,9 +29,10 @@ Forward, two launches:
   (C x C) product with V_c; with normalize the denominator ``scale (rowsum(masked Q K^T) + Q_c z_c)
   + eps`` is formed in fp32 and saved for the backward.
 
-Backward (the same two shapes of kernel, run in reverse and four times): with G = dO / den (the
-numerator's gradient; dO itself without normalize) and r_t = -rowsum(dO_t * O_t) / den_t (the
-denominator's), and dS_c the gradient reaching the state after chunk c,
+Backward, five launches (six with normalize) of the same two kinds of kernel: a state scan run in
+reverse and three chunk-parallel products. With G = dO / den (the numerator's gradient; dO itself
+without normalize), r_t = -rowsum(dO_t * O_t) / den_t (the denominator's) and dS_c the gradient
+reaching the state after chunk c,
 
     dS_c = dS_N + scale sum_{c' > c} Q_{c'}^T G_{c'}                       (state kernel, REVERSE)
     dQ_c = scale (G_c S_c^T + ((G_c V_c^T + r 1^T) * M) K_c + r z_c^T)   (bwd_dq kernel)
@@ -40,8 +41,8 @@ denominator's), and dS_c the gradient reaching the state after chunk c,
     dS_0, dz_0 = the reverse scan's final values
 
 where dz_c is the normaliser-state gradient carried alongside dS. The forward's S_c (and z_c) are
-saved for the backward rather than recomputed (memory of about 2 K / C times q's for K = V; one
-sequential scan less). ``linear_attention_bwd_preprocess_kernel`` forms G and r.
+saved for the backward rather than recomputed: one sequential scan less, for memory of V / C times
+q's size (2x at V = 128, C = 64). ``linear_attention_bwd_preprocess_kernel`` forms G and r.
 
 Miscompile-avoidance (Triton 3.4-3.7.0 on Hopper miscompiles ``tl.dot(tl.trans(x), y)`` when ``x``
 is itself a dot result, fla-org/flash-linear-attention#640): every (C x C) product is computed in
@@ -50,10 +51,12 @@ transposed operands of the loads are read through swapped strides, and no kernel
 ``tl.trans``. No atomics: every output element is written by exactly one program, so forward and
 backward are deterministic.
 
-Numerics: products of 16-bit inputs are exact on the tensor cores and accumulate in fp32; states,
-the normaliser, its denominator and the decode step are fp32 (fp64 for fp64 inputs). fp32 inputs
-use IEEE fp32 products (TF32 would cost ~1e-3 relative error). Triton passes Python floats as fp32,
-so for fp64 inputs the scale arrives as two fp32 halves.
+Numerics: products of 16-bit inputs are exact on the tensor cores and accumulate in fp32; the
+running states (and the final and initial-state gradients), the normaliser, its denominator and
+the decode step are fp32 (fp64 for fp64 inputs); the per-chunk states handed to the chunk kernels
+are stored in the input dtype, the rounding their tensor-core products would apply anyway. fp32
+inputs use IEEE fp32 products (TF32 would cost ~1e-3 relative error). Triton passes Python floats
+as fp32, so for fp64 inputs the scale arrives as two fp32 halves.
 
 Decode, ``linear_attention_step_kernel``: one program per (batch, head) streams its (K, V) state
 through registers in K tiles, adds ``k v^T``, writes it back in place and reduces ``q . S`` on the
