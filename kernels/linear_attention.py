@@ -56,7 +56,8 @@ running states (and the final and initial-state gradients), the normaliser, its 
 the decode step are fp32 (fp64 for fp64 inputs); the per-chunk states handed to the chunk kernels
 are stored in the input dtype, the rounding their tensor-core products would apply anyway. fp32
 inputs use IEEE fp32 products (TF32 would cost ~1e-3 relative error). Triton passes Python floats
-as fp32, so for fp64 inputs the scale arrives as two fp32 halves.
+as fp32, so for fp64 inputs the scale arrives as two fp32 halves; every ``tl.dot`` names its accumulator
+dtype (``out_dtype=ACC``), which Triton 3.6 requires of fp64 accumulators.
 
 Decode, ``linear_attention_step_kernel``: one program per (batch, head) streams its (K, V) state
 through registers in K tiles, adds ``k v^T``, writes it back in place and reduces ``q . S`` on the
@@ -216,8 +217,8 @@ def _chunk_products(
             h_base + offs_d[:, None] * stride_hd + offs_e[None, :] * stride_he,
             mask=d_mask[:, None] & e_mask[None, :], other=0.0
         )
-        intra = tl.dot(x, y_t, intra, input_precision=DOT_PRECISION)
-        inter = tl.dot(x, h, inter, input_precision=DOT_PRECISION)
+        intra = tl.dot(x, y_t, intra, input_precision=DOT_PRECISION, out_dtype=ACC)
+        inter = tl.dot(x, h, inter, input_precision=DOT_PRECISION, out_dtype=ACC)
         if HAS_VEC:
             vec = tl.load(vec_base + offs_d, mask=d_mask, other=0.0)
             xv += tl.sum(x.to(ACC) * vec[None, :], 1)
@@ -302,12 +303,12 @@ def linear_attention_state_kernel(
             mask=t_mask[:, None] & (offs_e < E_DIM)[None, :], other=0.0
         )
         if REVERSE:
-            s += _scaled(tl.dot(x_t, y, input_precision=DOT_PRECISION), scale, scale_lo, FP64)
+            s += _scaled(tl.dot(x_t, y, input_precision=DOT_PRECISION, out_dtype=ACC), scale, scale_lo, FP64)
             if HAS_Z:
                 w = tl.load(W + bh64 * T + offs_t, mask=t_mask, other=0.0)
                 z += _scaled(tl.sum(x_t.to(ACC) * w[None, :], 1), scale, scale_lo, FP64)
         else:
-            s = tl.dot(x_t, y, s, input_precision=DOT_PRECISION)
+            s = tl.dot(x_t, y, s, input_precision=DOT_PRECISION, out_dtype=ACC)
             if HAS_Z:
                 z += tl.sum(x_t.to(ACC), 1)
 
@@ -362,7 +363,7 @@ def linear_attention_fwd_kernel(
         V + batch * stride_vb + head * stride_vh + offs_t[:, None] * stride_vt + offs_e[None, :] * stride_vd,
         mask=out_mask, other=0.0
     )
-    o = _scaled(tl.dot(scores.to(v.dtype), v, inter, input_precision=DOT_PRECISION), scale, scale_lo, FP64)
+    o = _scaled(tl.dot(scores.to(v.dtype), v, inter, input_precision=DOT_PRECISION, out_dtype=ACC), scale, scale_lo, FP64)
     if NORMALIZE:
         # The in-chunk part of q_t . z_t is the row sum of the masked scores, taken in fp32 before
         # they are rounded for the product with V.
@@ -468,7 +469,7 @@ def linear_attention_bwd_dq_kernel(
         K + batch * stride_kb + head * stride_kh + offs_t[:, None] * stride_kt + offs_e[None, :] * stride_kd,
         mask=out_mask, other=0.0
     )
-    dq = tl.dot(dp.to(k.dtype), k, inter, input_precision=DOT_PRECISION)
+    dq = tl.dot(dp.to(k.dtype), k, inter, input_precision=DOT_PRECISION, out_dtype=ACC)
     if NORMALIZE:
         z = tl.load(ZSTATES + row * E_DIM + offs_e, mask=e_mask, other=0.0)
         dq += r[:, None] * z[None, :]
@@ -524,7 +525,7 @@ def linear_attention_bwd_dk_kernel(
         Q + batch * stride_qb + head * stride_qh + offs_t[:, None] * stride_qt + offs_e[None, :] * stride_qd,
         mask=out_mask, other=0.0
     )
-    dk = tl.dot(dp_t.to(q.dtype), q, inter, input_precision=DOT_PRECISION)
+    dk = tl.dot(dp_t.to(q.dtype), q, inter, input_precision=DOT_PRECISION, out_dtype=ACC)
     if NORMALIZE:
         dz = tl.load(DZSTATES + row * E_DIM + offs_e, mask=e_mask, other=0.0)
         dk += dz[None, :]
@@ -570,7 +571,7 @@ def linear_attention_bwd_dv_kernel(
         G + batch * stride_gb + head * stride_gh + offs_t[:, None] * stride_gt + offs_e[None, :] * stride_gd,
         mask=out_mask, other=0.0
     )
-    dv = tl.dot(scores_t.to(g.dtype), g, inter, input_precision=DOT_PRECISION)
+    dv = tl.dot(scores_t.to(g.dtype), g, inter, input_precision=DOT_PRECISION, out_dtype=ACC)
     tl.store(
         DV + batch * stride_dvb + head * stride_dvh + offs_t[:, None] * stride_dvt + offs_e[None, :] * stride_dvd,
         dv.to(DV.dtype.element_ty), mask=out_mask
