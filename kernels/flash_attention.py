@@ -22,11 +22,13 @@ Algorithm (Dao 2022, "FlashAttention", Algorithm 1; Dao 2023, "FlashAttention-2"
 Masking: for each block the kernels compute which tiles of the other operand can be visible
 (causal diagonal, window edge) and loop only over those, in three segments -- boundary tiles
 ``[lo, a)`` that need the elementwise mask, interior tiles ``[a, b)`` that every row of the block
-sees entirely (no mask), boundary tiles ``[b, hi)`` (the diagonal and the sequence tail). Tiles
-outside ``[lo, hi)`` are never loaded.
+sees entirely (no mask), boundary tiles ``[b, hi)`` (the diagonal and the sequence tail). The
+forward splits ``[lo, a)`` once more and masks each segment only by the edges it can cross (the
+window edge alone on ``[lo, w)``), because at small head dims its softmax, not the matrix products,
+bounds the speed. Tiles outside ``[lo, hi)`` are never loaded.
 
 Scores are kept in base 2: ``S * scale * log2(e)`` feeds ``exp2`` (one multiply folded into the
-scale); the LSE is converted back to the natural log when stored. float64 inputs (supported for
+scale); the saved LSE stays in base 2 for the backward, and callers get its natural log. float64 inputs (supported for
 completeness) use ``exp`` / ``log`` and an fp64 scale split into two fp32 halves, since Triton
 passes Python floats as fp32.
 
@@ -58,6 +60,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "y
 
 _MAX_HEAD_DIM = 256
 _LOG2E = math.log2(math.e)
+_LN2 = math.log(2.0)
 
 # ----------------------------------------------------------------------------------------------
 # Autotune configs
@@ -84,14 +87,17 @@ def _configs(interpret_blocks, cuda_configs):
     ]
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages, largest BLOCK_D the config is meant for). Two configs
-# per head-dim range and kernel keep autotuning (and compiling) cheap. Head dim 256 takes smaller
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, largest BLOCK_D the config is meant for). Two or three
+# configs per head-dim range and kernel keep autotuning (and compiling) cheap. The forward at head
+# dims <= 64 keeps both 4 and 8 warps: on an H200 (Triton 3.6, bf16, T = 8192) 8 warps ran causal
+# / non-causal 7-9% faster, 4 warps the sliding window 25% faster. Head dim 256 takes smaller
 # tiles and 2 stages: its fp32 accumulators and K/V (or Q/dO) tiles would spill registers or
 # overflow shared memory at 128-wide blocks.
 _FWD_CONFIGS = _configs(
     INTERPRET_FWD_BLOCKS,
     [
         (128, 64, 4, 3, 64),
+        (128, 64, 8, 3, 64),
         (64, 64, 4, 3, 64),
         (128, 64, 8, 3, 128),
         (64, 64, 4, 3, 128),
@@ -170,10 +176,13 @@ def _kv_tile_bounds(
     start_m, Tq, Tk, window, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr
 ):
-    """Key-tile starts for query rows [start_m, start_m + BLOCK_M): masked [lo, a), full [a, b),
-    masked [b, hi); lo <= a <= b <= hi, lo a multiple of BLOCK_N, a and b multiples or == hi.
+    """Key-tile starts for query rows [start_m, start_m + BLOCK_M): window-edge tiles [lo, w),
+    tiles on both edges [w, a), full [a, b), causal-edge / tail tiles [b, hi);
+    lo <= w <= a <= b <= hi, lo a multiple of BLOCK_N, w, a and b multiples or == hi.
 
-    Query i sees key j iff j <= i + diag (causal) and j > i + diag - window, diag = Tk - Tq.
+    Query i sees key j iff j <= i + diag (causal) and j > i + diag - window, diag = Tk - Tq. Tiles in
+    [lo, w) are in bounds and causally visible to every row of the block, so only the window edge
+    needs a mask there; tiles in [b, hi) lie inside every row's window.
     """
     diag = Tk - Tq
     m_last = tl.minimum(start_m + BLOCK_M, Tq) - 1
@@ -193,8 +202,9 @@ def _kv_tile_bounds(
         lo = 0
         a = 0
     a = tl.minimum(tl.maximum(a, lo), hi)
+    w = tl.maximum(tl.minimum(a, b), lo)  # before b is clamped: tiles below b are causally visible
     b = tl.minimum(tl.maximum(b, a), hi)
-    return lo, a, b, hi
+    return lo, w, a, b, hi
 
 
 @triton.jit
@@ -269,25 +279,37 @@ def _exp(x, FP64: tl.constexpr):
 @triton.jit
 def _fwd_tiles(
     acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, start, end,
-    Tq, Tk, window, qk_scale, qk_scale_lo, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, FP64: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr,
+    Tk, diag, window, qk_scale, qk_scale_lo, WINDOW_EDGE: tl.constexpr, CAUSAL_EDGE: tl.constexpr,
+    KEY_TAIL: tl.constexpr, FP64: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr
 ):
-    """Online softmax over the key tiles starting in [start, end) (FA2 Alg. 1, lines 6-10)."""
+    """Online softmax over the key tiles starting in [start, end) (FA2 Alg. 1, lines 6-10).
+
+    The mask applies only the edges a segment can cross (see :func:`_kv_tile_bounds`): per score
+    the softmax is the bottleneck at small head dims, so every compare counts. Rows past Tq are
+    never stored and need no mask; with CAUSAL_EDGE, ``j <= i + diag`` already implies ``j < Tk``
+    for the rows that are.
+    """
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32  # the dots accumulate in fp64 for fp64
+    MASKED: tl.constexpr = WINDOW_EDGE or CAUSAL_EDGE or KEY_TAIL
     d_mask = offs_d < HEAD_DIM
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        if MASKED:
+        if CAUSAL_EDGE or KEY_TAIL:
             kv_mask = (offs_n < Tk)[:, None] & d_mask[None, :]
         else:
             kv_mask = d_mask[None, :]
         k = tl.load(
             k_base + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0
         )
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC)  # (BLOCK_M, BLOCK_N)
         s = _scale_scores(s, qk_scale, qk_scale_lo, FP64)
-        if MASKED:
-            s = tl.where(_visible(offs_m, offs_n, Tq, Tk, window, CAUSAL, HAS_WINDOW), s, float("-inf"))
+        if CAUSAL_EDGE:
+            s = tl.where(offs_n[None, :] <= offs_m[:, None] + diag, s, float("-inf"))
+        if WINDOW_EDGE:
+            s = tl.where(offs_n[None, :] > offs_m[:, None] + (diag - window), s, float("-inf"))
+        if KEY_TAIL:
+            s = tl.where((offs_n < Tk)[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         if MASKED:
             # A row that has seen no visible key yet has m_new = -inf; shifting by a finite 0 keeps
@@ -302,7 +324,7 @@ def _fwd_tiles(
             v_base + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0
         )
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION, out_dtype=ACC)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -346,20 +368,26 @@ def flash_attention_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=ACC)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)
 
-    lo, a, b, hi = _kv_tile_bounds(start_m, Tq, Tk, window, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+    lo, w, a, b, hi = _kv_tile_bounds(start_m, Tq, Tk, window, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+    diag = Tk - Tq
     acc, l_i, m_i = _fwd_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, lo, a,
-        Tq, Tk, window, qk_scale, qk_scale_lo, True, CAUSAL, HAS_WINDOW, FP64, DOT_PRECISION, HEAD_DIM,
+        acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, lo, w,
+        Tk, diag, window, qk_scale, qk_scale_lo, True, False, False, FP64, DOT_PRECISION, HEAD_DIM,
+        BLOCK_N, BLOCK_D
+    )
+    acc, l_i, m_i = _fwd_tiles(
+        acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, w, a,
+        Tk, diag, window, qk_scale, qk_scale_lo, True, True, False, FP64, DOT_PRECISION, HEAD_DIM,
         BLOCK_N, BLOCK_D
     )
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, a, b,
-        Tq, Tk, window, qk_scale, qk_scale_lo, False, CAUSAL, HAS_WINDOW, FP64, DOT_PRECISION, HEAD_DIM,
+        Tk, diag, window, qk_scale, qk_scale_lo, False, False, False, FP64, DOT_PRECISION, HEAD_DIM,
         BLOCK_N, BLOCK_D
     )
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, b, hi,
-        Tq, Tk, window, qk_scale, qk_scale_lo, True, CAUSAL, HAS_WINDOW, FP64, DOT_PRECISION, HEAD_DIM,
+        Tk, diag, window, qk_scale, qk_scale_lo, False, CAUSAL, not CAUSAL, FP64, DOT_PRECISION, HEAD_DIM,
         BLOCK_N, BLOCK_D
     )
 
@@ -368,10 +396,13 @@ def flash_attention_fwd_kernel(
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     o = acc / l_safe[:, None]
+    # The lse stays in the scores' base (base 2 unless fp64): the backward recomputes
+    # P = exp2(S - lse) from it without a round trip through the natural log, whose two extra
+    # roundings would perturb every P by ~ulp(lse) (a row seeing one key would get P != 1).
     if FP64:
         lse = m_i + tl.log(l_safe)
     else:
-        lse = (m_i + tl.log2(l_safe)) * 0.6931471805599453  # base 2 -> natural log
+        lse = m_i + tl.log2(l_safe)
     lse = tl.where(empty, float("-inf"), lse)
 
     o_base = Out + batch * stride_ob + head * stride_oh
@@ -439,15 +470,11 @@ def flash_attention_bwd_preprocess_kernel(
 
 @triton.jit
 def _load_row_stats(LSE, DELTA, row_base, offs_m, Tq, FP64: tl.constexpr):
-    """LSE (in the scores' base) and delta for query rows offs_m. Rows without keys (lse = -inf)
-    get +inf, so their recomputed P = exp(S - lse) is 0 even before any mask."""
+    """LSE (stored in the scores' base by the forward) and delta for query rows offs_m. Rows without
+    keys (lse = -inf) get +inf, so their recomputed P = exp(S - lse) is 0 even before any mask."""
     in_bounds = offs_m < Tq
     lse = tl.load(LSE + row_base + offs_m, mask=in_bounds, other=0.0)
-    if FP64:
-        lse_b = lse
-    else:
-        lse_b = lse.to(tl.float32) * 1.4426950408889634  # natural -> base 2
-    lse_b = tl.where(lse == float("-inf"), float("inf"), lse_b)
+    lse_b = tl.where(lse == float("-inf"), float("inf"), lse)
     delta = tl.load(DELTA + row_base + offs_m, mask=in_bounds, other=0.0)
     return lse_b, delta
 
@@ -461,6 +488,7 @@ def _bwd_dkdv_tiles(
 ):
     """dK, dV contributions of the query tiles starting in [start, end) (FA2 Alg. 2, lines 11-21),
     in the transposed layout (keys along rows) so dK and dV accumulate without transposes."""
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
     d_mask = offs_d < HEAD_DIM
     for start_m in range(start, end, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -475,15 +503,15 @@ def _bwd_dkdv_tiles(
             do_base + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=q_mask, other=0.0
         )
         lse, delta = _load_row_stats(LSE, DELTA, row_base, offs_m, Tq, FP64)
-        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M) = S^T
+        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=ACC)  # (BLOCK_N, BLOCK_M) = S^T
         p_t = _exp(_scale_scores(s_t, qk_scale, qk_scale_lo, FP64) - lse[None, :], FP64)
         if MASKED:
             # where() selects, so an inf or NaN computed at an invisible pair never propagates.
             p_t = tl.where(tl.trans(_visible(offs_m, offs_n, Tq, Tk, window, CAUSAL, HAS_WINDOW)), p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # dP^T = V dO^T
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=ACC)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=ACC)  # dP^T = V dO^T
         ds_t = p_t * (dp_t - delta[None, :])  # dS = P * (dP - delta); the scale is applied at the end
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION, out_dtype=ACC)
     return dk, dv
 
 
@@ -581,6 +609,7 @@ def _bwd_dq_tiles(
     BLOCK_N: tl.constexpr
 ):
     """dQ contributions of the key tiles starting in [start, end) (FA2 Alg. 2, lines 12-20)."""
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
     d_mask = offs_d < HEAD_DIM
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -594,13 +623,13 @@ def _bwd_dq_tiles(
         v = tl.load(
             v_base + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0
         )
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC)  # (BLOCK_M, BLOCK_N)
         p = _exp(_scale_scores(s, qk_scale, qk_scale_lo, FP64) - lse[:, None], FP64)
         if MASKED:
             p = tl.where(_visible(offs_m, offs_n, Tq, Tk, window, CAUSAL, HAS_WINDOW), p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=ACC)
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION, out_dtype=ACC)
     return dq
 
 
@@ -654,7 +683,8 @@ def flash_attention_bwd_dq_kernel(
     v_base = V + batch * stride_vb + kv_head * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)
 
-    lo, a, b, hi = _kv_tile_bounds(start_m, Tq, Tk, window, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+    # The window-edge-only split [lo, w) is a forward refinement; here [lo, a) takes the full mask.
+    lo, _, a, b, hi = _kv_tile_bounds(start_m, Tq, Tk, window, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
     dq = _bwd_dq_tiles(
         dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, lo,
         a, Tq, Tk, window, qk_scale, qk_scale_lo, True, CAUSAL, HAS_WINDOW, FP64, DOT_PRECISION, HEAD_DIM,
@@ -783,22 +813,25 @@ class _FlashAttentionFunction(torch.autograd.Function):
     """Autograd glue: saves q, k, v, o and the lse (O(T) extra memory, no scores)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, window, scale):
+    def forward(ctx, q, k, v, causal, window, scale, return_lse):
         with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
             o, lse = _forward(q, k, v, causal, window, scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.window, ctx.scale = causal, window, scale
-        # Unused outputs (the lse when return_lse=False) arrive as None instead of zeros.
+        if not return_lse:
+            return o
+        # The kernels keep the lse in the scores' base (2, or e for fp64); callers get the natural log.
+        # The unused output's gradient arrives as None instead of zeros.
         ctx.set_materialize_grads(False)
-        return o, lse
+        return o, lse if q.dtype == torch.float64 else lse * _LN2
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, do, dlse):
+    def backward(ctx, do, dlse=None):
         q, k, v, o, lse = ctx.saved_tensors
         with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
             dq, dk, dv = _backward(do, dlse, q, k, v, o, lse, ctx.causal, ctx.window, ctx.scale)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 def flash_attention(
@@ -859,5 +892,4 @@ def flash_attention(
             "before importing kernels, or use backend='reference'"
         )
 
-    o, lse = _FlashAttentionFunction.apply(q, k, v, bool(causal), window, float(scale))
-    return (o, lse) if return_lse else o
+    return _FlashAttentionFunction.apply(q, k, v, bool(causal), window, float(scale), bool(return_lse))

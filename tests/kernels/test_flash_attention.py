@@ -114,7 +114,19 @@ def naive_attention(q, k, v, causal, window, scale=None):
     group = q.shape[2] // k.shape[2]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-    scores = torch.einsum("bihd,bjhd->bhij", q, k) * scale  # (B, H, Tq, Tk) in q's dtype
+    if q.dtype == torch.float32 and q.is_cuda:
+        # On the GPU Triton's IEEE fp32 dot is an in-order FMA chain along D, whose rounding error
+        # (growing with D) is several times that of cuBLAS's blocked sums: at D = 128-256 it, not the
+        # softmax, dominates fp32 errors (kernel / in-order naive ~1-2x, kernel / cuBLAS naive
+        # ~3-8x on an H200). The textbook baseline sums the scores in the same order.
+        scores = torch.zeros(q.shape[0], q.shape[2], q.shape[1], k.shape[1], device=q.device)
+        for d in range(q.shape[-1]):
+            scores = (
+                scores + q[..., d].transpose(1, 2)[..., :, None] * k[..., d].transpose(1, 2)[..., None, :]
+            )
+        scores = scores * scale
+    else:
+        scores = torch.einsum("bihd,bjhd->bhij", q, k) * scale  # (B, H, Tq, Tk) in q's dtype
     visible = visible_mask(q.shape[1], k.shape[1], causal, window, q.device)
     has_key = visible.any(-1, keepdim=True)  # (Tq, 1)
     scores = scores.masked_fill(~(visible | ~has_key), float("-inf"))
@@ -181,14 +193,17 @@ def assert_flash_accuracy(q, k, v, *, causal, window, scale=None, check_grads=Tr
     # does not have on rows that see a single key (its dS is exactly 0 there, e.g. T = 1 or window
     # = 1). Carried into dq = scale * dS K and dk = scale * dS^T Q (summed over the group's query
     # heads), that is the floor for dq and dk.
-    eps = torch.finfo(dtype).eps
+    # Both dot products also round in their fp32 accumulation, ~sqrt(D) fp32 ulps of the same sum
+    # (the usual probabilistic bound for a D-term sum): negligible beside eps(X) for 16-bit X, the
+    # larger term for fp32 inputs.
+    eps = 2 * torch.finfo(dtype).eps + math.sqrt(q.shape[-1]) * torch.finfo(torch.float32).eps
     scale_ = q.shape[-1] ** -0.5 if scale is None else scale
     delta = (do.double().abs() * ref[0].abs()).sum(-1).max().item()
     group = q.shape[2] // k.shape[2]
     floors = {
         "o": 0.0,
-        "dq": 2 * eps * delta * scale_ * k.abs().max().item(),
-        "dk": 2 * eps * delta * scale_ * q.abs().max().item() * group,
+        "dq": eps * delta * scale_ * k.abs().max().item(),
+        "dk": eps * delta * scale_ * q.abs().max().item() * group,
         "dv": 0.0,
     }
     # On the GPU, tl.exp2 is ex2.approx.f32 (relative error about 2^-22, PTX ISA) and the scores
@@ -271,7 +286,11 @@ def test_non_contiguous_output_gradient():
     q, k, v = make_qkv(1, 33, 33, 2, 2, 16, F64)
     for make_do in (
         lambda o: o.new_ones(()).expand(o.shape),
-        lambda o: torch.randn_like(o.transpose(1, 2)).transpose(1, 2),
+        # Drawn by shape, not randn_like(o): that follows o's strides, which differ between the
+        # backends, and would hand them different gradients.
+        lambda o: torch.randn(
+            o.shape[0], o.shape[2], o.shape[1], o.shape[3], dtype=o.dtype, device=o.device
+        ).transpose(1, 2),
     ):
         grads = []
         for backend in ("triton", "reference"):
@@ -456,23 +475,28 @@ def _tile_bounds_probe_kernel(
     BLOCK_N: tl.constexpr,
     OUTER_IS_Q: tl.constexpr,
 ):
-    """Writes the kernels' (lo, a, b, hi) tile bounds for outer block program_id(0)."""
+    """Writes the kernels' (lo, w, a, b, hi) tile bounds for outer block program_id(0); the key-side
+    bounds of the dK/dV kernel have no w, written as lo."""
     pid = tl.program_id(0)
     if OUTER_IS_Q:
-        lo, a, b, hi = _kv_tile_bounds(pid * BLOCK_M, Tq, Tk, window, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+        lo, w, a, b, hi = _kv_tile_bounds(pid * BLOCK_M, Tq, Tk, window, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
     else:
         lo, a, b, hi = _q_tile_bounds(pid * BLOCK_N, Tq, Tk, window, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
-    tl.store(Out + pid * 4 + 0, lo)
-    tl.store(Out + pid * 4 + 1, a)
-    tl.store(Out + pid * 4 + 2, b)
-    tl.store(Out + pid * 4 + 3, hi)  # fmt: skip
+        w = lo
+    tl.store(Out + pid * 5 + 0, lo)
+    tl.store(Out + pid * 5 + 1, w)
+    tl.store(Out + pid * 5 + 2, a)
+    tl.store(Out + pid * 5 + 3, b)
+    tl.store(Out + pid * 5 + 4, hi)  # fmt: skip
 
 
 @pytest.mark.parametrize("block_m,block_n", [(32, 16), (16, 32), (64, 64), (128, 64), (32, 128)])
 def test_tile_bounds_skip_invisible_and_mask_only_boundary_tiles(block_m, block_n):
     # The loop bounds every kernel uses, evaluated by a probe kernel for several block shapes: tiles
     # outside [lo, hi) have no visible pair (never loaded), every tile inside has one, and interior
-    # tiles [a, b) -- the ones run without the elementwise mask -- are entirely visible.
+    # tiles [a, b) -- the ones run without the elementwise mask -- are entirely visible; the forward's
+    # window-edge tiles [lo, w) are complete and causally visible to every row (only the window
+    # masks them), and tiles from a on lie inside every row's window.
     for (tq, tk), causal, window in itertools.product(
         [(1, 1), (17, 17), (64, 64), (65, 127), (127, 65), (40, 97), (300, 300)],
         [True, False],
@@ -485,17 +509,28 @@ def test_tile_bounds_skip_invisible_and_mask_only_boundary_tiles(block_m, block_
             outer_block, inner_block = (block_m, block_n) if outer_is_q else (block_n, block_m)
             vis = visible if outer_is_q else visible.T
             num_blocks = triton.cdiv(vis.shape[0], outer_block)
-            out = torch.full((num_blocks, 4), -1, dtype=torch.int32, device=DEVICE)
+            out = torch.full((num_blocks, 5), -1, dtype=torch.int32, device=DEVICE)
             _tile_bounds_probe_kernel[(num_blocks,)](
                 out, tq, tk, window or 0, causal, window is not None, block_m, block_n, outer_is_q
             )
-            for block, (lo, a, b, hi) in enumerate(out.tolist()):
+            no_window = visible_mask(tq, tk, causal, None, "cpu")
+            no_window = no_window if outer_is_q else no_window.T
+            for block, (lo, w, a, b, hi) in enumerate(out.tolist()):
                 where = (tq, tk, causal, window, outer_is_q, block)
-                assert 0 <= lo <= a <= b <= hi <= vis.shape[1] and lo % inner_block == 0, where
+                assert 0 <= lo <= w <= a <= b <= hi <= vis.shape[1] and lo % inner_block == 0, where
                 rows = vis[block * outer_block : (block + 1) * outer_block]
                 for tile in range(0, vis.shape[1], inner_block):
                     seen = rows[:, tile : tile + inner_block]
                     assert (lo <= tile < hi) == bool(seen.any()), where + (tile,)
+                    if outer_is_q and lo <= tile < w:
+                        causal_seen = no_window[block * outer_block : (block + 1) * outer_block]
+                        assert causal_seen[:, tile : tile + inner_block].all(), where + (tile,)
+                        assert tile + inner_block <= tk, where + (tile,)
+                    if outer_is_q and tile >= a and window is not None:
+                        # Inside every row's window: the window mask alone would keep every pair.
+                        window_only = vis | ~no_window
+                        band = window_only[block * outer_block : (block + 1) * outer_block]
+                        assert band[:, tile : tile + inner_block].all(), where + (tile,)
                     if a <= tile < b:
                         # Rows past the outer length are padding that is never stored; the inner
                         # tile itself must be complete (its tail is a boundary tile).
