@@ -29,8 +29,11 @@ if importlib.util.find_spec("triton") is not None:
     from kernels.flash_attention import flash_attention as _triton_flash_attention
     from kernels.linear_attention import linear_attention as _triton_linear_attention
     from kernels.linear_attention import linear_attention_step as _triton_linear_attention_step
+    from kernels.selective_scan import selective_scan as _triton_selective_scan
+    from kernels.selective_scan import selective_state_update as _triton_selective_state_update
 else:  # pragma: no cover
     _triton_flash_attention = _triton_linear_attention = _triton_linear_attention_step = None
+    _triton_selective_scan = _triton_selective_state_update = None
 
 __all__ = [
     "flash_attention",
@@ -51,6 +54,9 @@ if _triton_flash_attention is not None:
 if _triton_linear_attention is not None:  # kernels/linear_attention.py (chunked form, recurrent step)
     _TRITON_OPS["linear_attention"] = _triton_linear_attention
     _TRITON_OPS["linear_attention_step"] = _triton_linear_attention_step
+if _triton_selective_scan is not None:  # kernels/selective_scan.py (chunked scan, checkpointed backward)
+    _TRITON_OPS["selective_scan"] = _triton_selective_scan
+    _TRITON_OPS["selective_state_update"] = _triton_selective_state_update
 
 
 def _dispatch(op_name: str, backend: str | None, tensor: torch.Tensor) -> Callable:
@@ -125,8 +131,9 @@ def selective_scan(
 
     u, delta, z (batch, dim, L); A (dim, N); B, C (batch, N, L) or (batch, G, N, L)
     -> y (batch, dim, L) in u's dtype [, last_state (batch, dim, N) fp32 / fp64].
-    ``backend``: None (Triton for CUDA tensors once landed, else the reference), "reference",
-    "triton" (NotImplementedError until the kernel lands); anything else is a ValueError.
+    ``backend``: None (the Triton kernel, :mod:`kernels.selective_scan`, for CUDA tensors; the
+    reference for CPU tensors), "reference", "triton" (CUDA tensors, or CPU tensors under
+    ``TRITON_INTERPRET=1``); anything else is a ValueError.
     """
     impl = _dispatch("selective_scan", backend, u)
     return impl(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial_state)
@@ -140,8 +147,10 @@ def selective_state_update(
 
     state (batch, dim, N) fp32, x / dt / z (batch, dim), B / C (batch, N) or (batch, G, N)
     -> y (batch, dim) in x's dtype.
-    ``backend``: None (Triton for CUDA tensors once landed, else the reference), "reference",
-    "triton" (NotImplementedError until the kernel lands); anything else is a ValueError.
+    ``backend``: None (the Triton kernel, :mod:`kernels.selective_scan`, for CUDA tensors; the
+    reference for CPU tensors), "reference", "triton" (CUDA tensors, or CPU tensors under
+    ``TRITON_INTERPRET=1``; not differentiable, it is the decode path); anything else is a
+    ValueError.
     """
     impl = _dispatch("selective_state_update", backend, x)
     return impl(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)

@@ -1,0 +1,883 @@
+"""Mamba-1 selective scan in Triton: forward, backward (chunk-checkpointed reverse walk), decode step.
+
+``selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+return_last_state=False, initial_state=None)`` and ``selective_state_update(state, x, dt, A, B, C,
+D=None, z=None, dt_bias=None, dt_softplus=False)`` have exactly the semantics, shapes, dtypes and
+errors of :func:`kernels.reference.selective_scan` / :func:`kernels.reference.selective_state_update`
+(mamba_ssm's ``selective_scan_fn`` semantics); :mod:`kernels` dispatches here for CUDA tensors and
+for ``backend="triton"`` (CPU tensors run under ``TRITON_INTERPRET=1``).
+
+Math (Gu & Dao 2023, "Mamba: Linear-Time Sequence Modeling with Selective State Spaces",
+Algorithm 2 and eq. 2a-2b), per channel d and state n, with group g(d) of B and C:
+
+    dt_t = delta_t (+ delta_bias) (softplus if asked),   x_t = dt_t u_t,   a_t = exp(dt_t A)
+    h_t = a_t h_{t-1} + x_t B_t,   y_t = (C_t . h_t + D u_t) * silu(z_t)
+
+Layout. A program owns a block of channels of one (batch element, B/C group) and keeps their
+states ``h (N, BLOCK_D)`` in registers: the channels are spread over the lanes (one channel per
+thread, or two threads per channel when BLOCK_D is half the warp width) and every thread holds
+its channels' whole state vectors. Time is walked in chunks of BLOCK_T steps: a chunk loads
+``(BLOCK_T, BLOCK_D)`` tiles of u, delta, z (contiguous along time: one 16-byte access per thread
+and row) and ``(BLOCK_T, N)`` tiles of B, C, then runs its steps in an unrolled loop, each step
+picking its row out of the tiles in registers (see ``_add`` below). The recurrence is a chain of
+fused multiply-adds per state, sums over states stay in-thread, and the exponential is one
+``exp2`` with log2(e) folded into A once per program. Only the partial last chunk of a sequence
+masks time: a mask that may vary along time would keep Triton from vectorising the loads. B and
+C are passed in the compute dtype, so the values every thread reads are converted once, on the
+host. The state is never stored per step.
+
+Forward, ``selective_scan_fwd_kernel``: grid (channel blocks, groups, batch); y per chunk, the
+last state at the end and, when gradients are needed, the state every ``CHECKPOINT_STEPS`` steps
+(``(batch, dim, n_checkpoints, N)`` in the compute dtype).
+
+Backward, ``selective_scan_bwd_kernel``: same grid; the program walks the checkpoint segments
+from last to first, in two passes per segment (mamba_ssm's chunked recomputation, Gu & Dao 2023
+Sec. 3.3.2, with a second level of chunks):
+
+1. from the segment's checkpoint, advance the state chunk by chunk and write the state before
+   each chunk to a per-channel scratch slot (written and read back by the same program, so it
+   stays in L2);
+2. for the segment's chunks in reverse (``_bwd_chunk``): reload the chunk's starting state,
+   recompute its states forward (keeping the state before each step in registers), then walk the
+   chunk backwards with the state gradient ``q_t = C_t dy_t + a_{t+1} q_{t+1}``, seeded by the
+   gradient carried from the chunk after (the last state's gradient at the end), forming every
+   input gradient on the way; ``a_0 q_0`` carries to the chunk before and finally becomes the
+   initial state's gradient.
+
+Sums over channels (dB, dC) reduce within the warp and are written per channel block
+(``(batch, G, n_blocks, L, N)``), sums over time (dA, dD, d delta_bias) per batch element; the
+host adds those partials up. No atomics: every element is written by exactly one program, so
+results are deterministic and autotuning (which reruns kernels) is safe.
+
+Decode, ``selective_state_update_kernel``: one program per (channel block, group, batch) reads its
+``(BLOCK_D, N)`` state tile once (16-byte accesses along N), applies one step, writes it back in
+place and reduces ``C . h``; the state bytes dominate, so it runs at memory speed.
+
+Numerics: accumulation in fp32 (fp64 for fp64 inputs, which are supported for completeness and
+use ``exp``); softplus as torch's (identity above 20, else ``log1p(exp(v))`` with log1p by
+Goldberg's correction, so dt near 0 keeps its digits); exponentials that underflow give a = 0,
+which the recurrence handles like any other decay. Masked steps (beyond L) get dt = 0, i.e. a = 1
+and no input, so padding never changes a state, an output or a gradient. Sums over the whole
+sequence (dD, d delta_bias) use Kahan's compensated summation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+from kernels.reference import (
+    _check_selective_scan_args,
+    _check_selective_state_update_args,
+    _compute_dtype,
+)
+
+__all__ = ["selective_scan", "selective_state_update"]
+
+# Read once at import, like Triton itself (``triton.jit`` picks the interpreter at decoration time).
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+_LOG2E = math.log2(math.e)
+
+# ----------------------------------------------------------------------------------------------
+# Chunk sizes and autotune configs
+# ----------------------------------------------------------------------------------------------
+
+# Steps between the forward's saved states. Under the interpreter: 8 steps in chunks of 4, so tiny
+# test lengths (7, 64, 65, 300) span several chunks and segments, with partial ones at the end. On
+# CUDA: 32 steps, i.e. 4 N / 32 bytes of saved state per (channel, step) (2 bytes at N = 16, the
+# size of a bf16 input), which keeps the backward's scratch per program at
+# (32 / BLOCK_T) * N * BLOCK_D * 4 bytes (16-32 KB): the scratch of all resident programs stays in L2.
+CHECKPOINT_STEPS = 8 if _INTERPRET else 32
+INTERPRET_BLOCK_T = 4
+INTERPRET_BLOCK_D = 8
+
+# Forward: (BLOCK_T, BLOCK_D, num_warps). BLOCK_D = 32 * num_warps gives each thread one channel
+# with its whole state vector (no shuffles in the y reduction); BLOCK_D = 16 * num_warps splits the
+# states over two lanes, doubling the threads when batch * dim is small. BLOCK_T = 8 keeps a bf16
+# chunk row in one 16-byte load per thread, BLOCK_T = 4 an fp32 one. Compiled for sm_90 (Triton
+# 3.6), (8, 32, 1) takes 136 registers and about 13 instructions per (channel, state, step).
+_FWD_CUDA = [(8, 32, 1), (8, 16, 1), (4, 32, 1)]
+# Backward: (BLOCK_T, num_warps), channel block BWD_BLOCK_D = 32 (fixed by the host: it sizes the dB /
+# dC partials). One warp per program: the sums over channels (dB, dC) then stay within the warp
+# (shuffles, no shared memory or barriers). A thread holds the chunk's BLOCK_T states of its channel,
+# so chunks are short: about 255 registers and 53 instructions per element at BLOCK_T = 2.
+_BWD_CUDA = [(4, 1), (2, 1)]
+BWD_BLOCK_D = INTERPRET_BLOCK_D if _INTERPRET else 32
+
+
+def _fwd_configs():
+    if _INTERPRET:
+        return [triton.Config({"BLOCK_T": INTERPRET_BLOCK_T, "BLOCK_D": INTERPRET_BLOCK_D}, num_warps=1)]
+    return [triton.Config({"BLOCK_T": t, "BLOCK_D": d}, num_warps=w, num_stages=1) for t, d, w in _FWD_CUDA]
+
+
+def _bwd_configs():
+    if _INTERPRET:
+        return [triton.Config({"BLOCK_T": INTERPRET_BLOCK_T}, num_warps=1)]
+    return [triton.Config({"BLOCK_T": t}, num_warps=w, num_stages=1) for t, w in _BWD_CUDA]
+
+
+# Smallest chunk any backward config uses: it sizes the scratch (one slot per chunk of a segment).
+_MIN_BWD_BLOCK_T = INTERPRET_BLOCK_T if _INTERPRET else min(t for t, _ in _BWD_CUDA)
+
+
+def _prune_fwd_configs(configs, named_args, **kwargs):
+    """Clamp BLOCK_D to the channels per group (padded to a power of two) and drop duplicates."""
+    channels = triton.next_power_of_2({**named_args, **kwargs}["P"])
+    pruned = {}
+    for c in configs:
+        block_d = min(c.kwargs["BLOCK_D"], channels)
+        key = (c.kwargs["BLOCK_T"], block_d, c.num_warps)
+        if key not in pruned:
+            pruned[key] = triton.Config(
+                {**c.kwargs, "BLOCK_D": block_d}, num_warps=c.num_warps, num_stages=c.num_stages
+            )
+    return list(pruned.values())
+
+
+def _bucket(n: int) -> int:
+    """Autotune key for a length: the next power of two, clamped to [256, 16384] (short sequences
+    share one tuning instead of re-benchmarking at every prefill length)."""
+    return min(max(triton.next_power_of_2(max(n, 1)), 256), 16384)
+
+
+# Sizes that only feed loop bounds and masks: specialising on them would compile a kernel per value
+# class for nothing. L, d_state and the strides do specialise: their divisibility by 16 is what tells
+# Triton that rows are aligned for 16-byte accesses.
+_FWD_RUNTIME_INTS = ["dim", "P", "n_ckpt", "L_BUCKET", "P_BUCKET"]
+_BWD_RUNTIME_INTS = ["dim", "P", "n_ckpt", "n_blocks", "scratch_slots", "L_BUCKET"]
+
+# ----------------------------------------------------------------------------------------------
+# Device helpers
+# ----------------------------------------------------------------------------------------------
+# Kernel argument lists stay packed (one per line would triple this section's length).
+# fmt: off
+
+# The per-step loops below pick step i out of (T, X) register tiles with
+# ``tl.reduce(tl.where(sel, tile, -0.0), 0, _add)``, sel = (offs_t == i): time lives in each
+# thread's registers, so the select resolves at compile time and the sum of one value and -0.0s
+# folds away. They reduce with the builtin tl.reduce and tl.sum's own combine instead of calling
+# tl.sum: tl.sum is itself a jit function, and under the interpreter every device-function call
+# re-patches triton.language (about a millisecond), which would dominate the CPU tests; the GPU
+# code is the same.
+_add = tl.standard._sum_combine
+
+
+@triton.jit
+def _softplus(v):
+    """torch's softplus: v above 20, else log(1 + e^v) with log1p done by Goldberg's correction:
+    ``log(w) * e / (w - 1)`` with w = 1 + e cancels the rounding of w, and where w rounds to 1,
+    log1p(e) = e to working precision (libdevice's log1p is not available to the interpreter)."""
+    e = tl.exp(tl.minimum(v, 20.0))
+    w = 1.0 + e
+    log1p = tl.where(w == 1.0, e, tl.log(w) * (e / (w - 1.0)))
+    return tl.where(v > 20.0, v, log1p)
+
+
+@triton.jit
+def _kahan_add(total, compensation, value):
+    """total + value with Kahan's compensated summation (Higham 2002, Algorithm 4.2). dD and
+    d delta_bias add one term per chunk over the whole sequence (thousands of chunks); plain fp32
+    accumulation would lose about log2(L / BLOCK_T) bits. (dA keeps plain sums: compensating its
+    (N, D) tile would cost registers the state needs.)"""
+    y = value - compensation
+    t = total + y
+    return t, (t - total) - y
+
+
+@triton.jit
+def _chunk_masks(t, L, d_mask, n_mask, MASKED: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Masks of a chunk's (T, D) and (T, N) tiles. Only the sequence's last, partial chunk masks
+    time: a mask that may vary along time keeps Triton from vectorising the loads along it."""
+    if MASKED:
+        t_mask = (t < L)[:, None]
+    else:
+        t_mask = tl.full([BLOCK_T, 1], True, tl.int1)
+    return d_mask[None, :] & t_mask, n_mask[None, :] & t_mask
+
+
+@triton.jit
+def _chunk_dt(delta_ptrs, bias, td_mask, ACC: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+    """dt (T, D) and the pre-softplus value v of a chunk; masked steps get dt = 0, i.e. a = 1 and
+    no input, so padding never changes a state, an output or a gradient."""
+    v = tl.load(delta_ptrs, mask=td_mask, other=0.0).to(ACC)
+    if HAS_BIAS:
+        v = v + bias[None, :]
+    dt = _softplus(v) if SOFTPLUS else v
+    return tl.where(td_mask, dt, 0.0), v
+
+
+@triton.jit
+def _fwd_chunk(
+    h, t0, L, u_base, delta_base, z_base, y_base, b_base, c_base, stride_ul, stride_deltal, stride_zl,
+    stride_yl, stride_bn, stride_bl, stride_cn, stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
+    ACC: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SOFTPLUS: tl.constexpr, FP64: tl.constexpr, OUTPUT: tl.constexpr, MASKED: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Advance the state h (N, D) over the chunk of steps [t0, t0 + BLOCK_T); with OUTPUT also
+    compute and store the chunk's y. Returns the state after the chunk."""
+    offs_t = tl.arange(0, BLOCK_T)
+    t = t0 + offs_t
+    td_mask, tn_mask = _chunk_masks(t, L, d_mask, n_mask, MASKED, BLOCK_T)
+    u = tl.load(u_base + t[:, None] * stride_ul, mask=td_mask, other=0.0).to(ACC)  # (T, D)
+    dt, _ = _chunk_dt(delta_base + t[:, None] * stride_deltal, bias, td_mask, ACC, HAS_BIAS, SOFTPLUS)
+    Bc = tl.load(b_base + offs_n[None, :] * stride_bn + t[:, None] * stride_bl, mask=tn_mask, other=0.0)  # (T, N)
+    if OUTPUT:
+        Cc = tl.load(c_base + offs_n[None, :] * stride_cn + t[:, None] * stride_cl, mask=tn_mask, other=0.0)
+    x = dt * u
+    y = tl.zeros([BLOCK_T, BLOCK_D], dtype=ACC)
+    for i in tl.static_range(BLOCK_T):
+        sel = (offs_t == i)[:, None]
+        dt_i = tl.reduce(tl.where(sel, dt, -0.0), 0, _add)  # (D,)
+        x_i = tl.reduce(tl.where(sel, x, -0.0), 0, _add)
+        B_i = tl.reduce(tl.where(sel, Bc, -0.0), 0, _add)  # (N,)
+        a = tl.exp(dt_i[None, :] * A2) if FP64 else tl.exp2(dt_i[None, :] * A2)  # (N, D)
+        h = a * h + x_i[None, :] * B_i[:, None]
+        if OUTPUT:
+            C_i = tl.reduce(tl.where(sel, Cc, -0.0), 0, _add)
+            y = tl.where(sel, tl.reduce(h * C_i[:, None], 0, _add)[None, :], y)
+    if OUTPUT:
+        if HAS_D:
+            y = y + skip[None, :] * u
+        if HAS_Z:
+            z = tl.load(z_base + t[:, None] * stride_zl, mask=td_mask, other=0.0).to(ACC)
+            y = y * z * tl.sigmoid(z)
+        tl.store(y_base + t[:, None] * stride_yl, y.to(y_base.dtype.element_ty), mask=td_mask)
+    return h
+
+
+@triton.jit
+def _bwd_chunk(
+    h_start, grad_h, grad_A, grad_skip, grad_skip_c, grad_bias, grad_bias_c,
+    t0, L, d_state, u_base, delta_base, z_base, dout_base, du_base, ddelta_base, dz_base, b_base, c_base,
+    db_base, dc_base, stride_ul, stride_deltal, stride_zl, stride_dol, stride_bn, stride_bl, stride_cn,
+    stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
+    ACC: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SOFTPLUS: tl.constexpr, FP64: tl.constexpr, MASKED: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Gradients of the chunk [t0, t0 + BLOCK_T) from its starting state h_start (N, D) and
+    grad_h = dL/dh after the chunk. Stores du, ddelta, dz and the chunk's dB / dC partials; returns
+    dL/dh before the chunk and the running sums dA (N, D), dD (D,) and dbias (D,) (the last two
+    Kahan-compensated; dA, summed per step, keeps fp32 registers for the state instead).
+
+        q_t = dL/dh_t = C_t dy_t + a_{t+1} q_{t+1},   g_t = q_t a_t h_{t-1} = dL/d(dt_t A)
+        dx_t = sum_n q B,   du = dx dt + D dy,   ddt = dx u + sum_n A g,   dA += sum_t g dt
+        dB_t = sum_d q x,   dC_t = sum_d dy h,   dz = dout (C . h + D u) silu'(z),   dy = dout silu(z)
+    """
+    offs_t = tl.arange(0, BLOCK_T)
+    t = t0 + offs_t
+    td_mask, tn_mask = _chunk_masks(t, L, d_mask, n_mask, MASKED, BLOCK_T)
+    u = tl.load(u_base + t[:, None] * stride_ul, mask=td_mask, other=0.0).to(ACC)  # (T, D)
+    dt, v = _chunk_dt(delta_base + t[:, None] * stride_deltal, bias, td_mask, ACC, HAS_BIAS, SOFTPLUS)
+    dout = tl.load(dout_base + t[:, None] * stride_dol, mask=td_mask, other=0.0).to(ACC)
+    Bc = tl.load(b_base + offs_n[None, :] * stride_bn + t[:, None] * stride_bl, mask=tn_mask, other=0.0)  # (T, N)
+    Cc = tl.load(c_base + offs_n[None, :] * stride_cn + t[:, None] * stride_cl, mask=tn_mask, other=0.0)
+    x = dt * u
+    if HAS_Z:
+        z = tl.load(z_base + t[:, None] * stride_zl, mask=td_mask, other=0.0).to(ACC)
+        gate = tl.sigmoid(z)
+        dy = dout * z * gate  # dL/dy before the gate
+    else:
+        dy = dout
+
+    # Forward over the chunk: the state before each step (for the reverse below), dC_t and, for dz,
+    # the output before the gate C_t . h_t.
+    h = h_start
+    h_before = tl.zeros([BLOCK_T, BLOCK_N, BLOCK_D], dtype=ACC)
+    y_pre = tl.zeros([BLOCK_T, BLOCK_D], dtype=ACC)
+    for i in tl.static_range(BLOCK_T):
+        sel = (offs_t == i)[:, None]
+        dt_i = tl.reduce(tl.where(sel, dt, -0.0), 0, _add)
+        x_i = tl.reduce(tl.where(sel, x, -0.0), 0, _add)
+        B_i = tl.reduce(tl.where(sel, Bc, -0.0), 0, _add)
+        dy_i = tl.reduce(tl.where(sel, dy, -0.0), 0, _add)
+        h_before = tl.where(sel[:, :, None], h[None, :, :], h_before)
+        a = tl.exp(dt_i[None, :] * A2) if FP64 else tl.exp2(dt_i[None, :] * A2)
+        h = a * h + x_i[None, :] * B_i[:, None]
+        step_ok = n_mask & (t0 + i + 0 * offs_n < L)
+        tl.store(dc_base + (t0 + i) * d_state + offs_n, tl.reduce(h * dy_i[None, :], 1, _add), mask=step_ok)
+        if HAS_Z:
+            C_i = tl.reduce(tl.where(sel, Cc, -0.0), 0, _add)
+            y_pre = tl.where(sel, tl.reduce(h * C_i[:, None], 0, _add)[None, :], y_pre)
+    if HAS_Z:
+        if HAS_D:
+            y_pre = y_pre + skip[None, :] * u
+        dz = dout * y_pre * gate * (1.0 + z * (1.0 - gate))  # silu'(z) = s (1 + z (1 - s))
+        tl.store(dz_base + t[:, None], dz.to(dz_base.dtype.element_ty), mask=td_mask)
+
+    # Reverse over the chunk; grad_h carries a_{t+1} q_{t+1}.
+    dx = tl.zeros([BLOCK_T, BLOCK_D], dtype=ACC)  # dL/dx_t = sum_n q B
+    dlog = tl.zeros([BLOCK_T, BLOCK_D], dtype=ACC)  # sum_n A2 g (A2 = A log2 e in fp32)
+    for i in tl.static_range(BLOCK_T - 1, -1, -1):
+        sel = (offs_t == i)[:, None]
+        dt_i = tl.reduce(tl.where(sel, dt, -0.0), 0, _add)
+        x_i = tl.reduce(tl.where(sel, x, -0.0), 0, _add)
+        B_i = tl.reduce(tl.where(sel, Bc, -0.0), 0, _add)
+        C_i = tl.reduce(tl.where(sel, Cc, -0.0), 0, _add)
+        dy_i = tl.reduce(tl.where(sel, dy, -0.0), 0, _add)
+        h_prev = tl.reduce(tl.where(sel[:, :, None], h_before, -0.0), 0, _add)  # (N, D)
+        a = tl.exp(dt_i[None, :] * A2) if FP64 else tl.exp2(dt_i[None, :] * A2)
+        q = C_i[:, None] * dy_i[None, :] + grad_h  # (N, D)
+        g = q * a * h_prev
+        dx = tl.where(sel, tl.reduce(q * B_i[:, None], 0, _add)[None, :], dx)
+        dlog = tl.where(sel, tl.reduce(g * A2, 0, _add)[None, :], dlog)
+        grad_A += g * dt_i[None, :]
+        grad_h = a * q
+        step_ok = n_mask & (t0 + i + 0 * offs_n < L)
+        tl.store(db_base + (t0 + i) * d_state + offs_n, tl.reduce(q * x_i[None, :], 1, _add), mask=step_ok)
+
+    ddt = dx * u + (dlog if FP64 else dlog * 0.6931471805599453)  # A = A2 ln 2
+    du = dx * dt
+    if HAS_D:
+        du = du + skip[None, :] * dy
+        grad_skip, grad_skip_c = _kahan_add(grad_skip, grad_skip_c, tl.sum(dy * u, axis=0))
+    if SOFTPLUS:
+        # torch's softplus gradient: 1 above the threshold, else sigmoid(v).
+        ddt = tl.where(v > 20.0, ddt, ddt * tl.sigmoid(v))
+    ddt = tl.where(td_mask, ddt, 0.0)  # masked steps have dt = 0 but a nonzero dlog
+    if HAS_BIAS:
+        grad_bias, grad_bias_c = _kahan_add(grad_bias, grad_bias_c, tl.sum(ddt, axis=0))
+    tl.store(du_base + t[:, None], du.to(du_base.dtype.element_ty), mask=td_mask)
+    tl.store(ddelta_base + t[:, None], ddt.to(ddelta_base.dtype.element_ty), mask=td_mask)
+    return grad_h, grad_A, grad_skip, grad_skip_c, grad_bias, grad_bias_c
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.autotune(
+    configs=_fwd_configs(), key=["BLOCK_N", "L_BUCKET", "P_BUCKET"],
+    prune_configs_by={"early_config_prune": _prune_fwd_configs},
+)
+@triton.jit(do_not_specialize=_FWD_RUNTIME_INTS)
+def selective_scan_fwd_kernel(
+    U, DELTA, A, B, C, D, Z, DELTA_BIAS, H0, Y, LAST, CKPT,
+    stride_ub, stride_ud, stride_ul,
+    stride_deltab, stride_deltad, stride_deltal,
+    stride_ad, stride_an,
+    stride_bb, stride_bg, stride_bn, stride_bl,
+    stride_cb, stride_cg, stride_cn, stride_cl,
+    stride_Dd, stride_biasd,
+    stride_zb, stride_zd, stride_zl,
+    stride_hb, stride_hd, stride_hn,
+    stride_yb, stride_yd, stride_yl,
+    dim, P, d_state, L, n_ckpt, L_BUCKET, P_BUCKET,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+    HAS_H0: tl.constexpr, STORE_CKPT: tl.constexpr, FP64: tl.constexpr, CKPT_STEPS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """y, the last state and (optionally) the checkpoints of one (channel block, group, batch);
+    grid (cdiv(P, BLOCK_D), G, batch) with P = dim / G channels per group."""
+    tl.static_assert(CKPT_STEPS % BLOCK_T == 0)
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    group = tl.program_id(1)
+    batch = tl.program_id(2).to(tl.int64)
+    offs_p = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = offs_p < P
+    offs_d = group.to(tl.int64) * P + offs_p  # channel indices
+    offs_n = tl.arange(0, BLOCK_N)
+    n_mask = offs_n < d_state
+    nd_mask = n_mask[:, None] & d_mask[None, :]
+
+    A2 = tl.load(A + offs_d[None, :] * stride_ad + offs_n[:, None] * stride_an, mask=nd_mask, other=0.0)
+    A2 = A2.to(ACC) if FP64 else A2.to(ACC) * 1.4426950408889634  # (N, D), exp -> exp2
+    skip = tl.load(D + offs_d * stride_Dd, mask=d_mask, other=0.0).to(ACC) if HAS_D else None
+    bias = tl.load(DELTA_BIAS + offs_d * stride_biasd, mask=d_mask, other=0.0).to(ACC) if HAS_BIAS else None
+    if HAS_H0:
+        h = tl.load(H0 + batch * stride_hb + offs_d[None, :] * stride_hd + offs_n[:, None] * stride_hn,
+                    mask=nd_mask, other=0.0).to(ACC)
+    else:
+        h = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+
+    u_base = U + batch * stride_ub + offs_d[None, :] * stride_ud  # (1, D)
+    delta_base = DELTA + batch * stride_deltab + offs_d[None, :] * stride_deltad
+    z_base = Z + batch * stride_zb + offs_d[None, :] * stride_zd if HAS_Z else None
+    y_base = Y + batch * stride_yb + offs_d[None, :] * stride_yd
+    b_base = B + batch * stride_bb + group * stride_bg
+    c_base = C + batch * stride_cb + group * stride_cg
+    ckpt_base = CKPT + ((batch * dim + offs_d[None, :]) * n_ckpt) * d_state + offs_n[:, None]  # (N, D)
+
+    # Full chunks, saving the state every CKPT_STEPS steps; then the partial last chunk, if any.
+    n_full = L // BLOCK_T
+    for chunk in range(0, n_full):
+        if STORE_CKPT:
+            if chunk % (CKPT_STEPS // BLOCK_T) == 0:
+                tl.store(ckpt_base + (chunk // (CKPT_STEPS // BLOCK_T)) * d_state, h, mask=nd_mask)
+        h = _fwd_chunk(
+            h, chunk * BLOCK_T, L, u_base, delta_base, z_base, y_base, b_base, c_base, stride_ul, stride_deltal,
+            stride_zl, stride_yl, stride_bn, stride_bl, stride_cn, stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
+            ACC, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, FP64, True, False, BLOCK_T, BLOCK_D,
+        )
+    if n_full * BLOCK_T < L:
+        if STORE_CKPT:
+            if n_full % (CKPT_STEPS // BLOCK_T) == 0:
+                tl.store(ckpt_base + (n_full // (CKPT_STEPS // BLOCK_T)) * d_state, h, mask=nd_mask)
+        h = _fwd_chunk(
+            h, n_full * BLOCK_T, L, u_base, delta_base, z_base, y_base, b_base, c_base, stride_ul, stride_deltal,
+            stride_zl, stride_yl, stride_bn, stride_bl, stride_cn, stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
+            ACC, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, FP64, True, True, BLOCK_T, BLOCK_D,
+        )
+
+    tl.store(LAST + (batch * dim + offs_d[None, :]) * d_state + offs_n[:, None], h, mask=nd_mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.autotune(configs=_bwd_configs(), key=["BLOCK_N", "BLOCK_D", "L_BUCKET"])
+@triton.jit(do_not_specialize=_BWD_RUNTIME_INTS)
+def selective_scan_bwd_kernel(
+    U, DELTA, A, B, C, D, Z, DELTA_BIAS, CKPT, DOUT, DLAST, SCRATCH,
+    DU, DDELTA, DZ, DB_PART, DC_PART, DA_PART, DD_PART, DBIAS_PART, DH0,
+    stride_ub, stride_ud, stride_ul,
+    stride_deltab, stride_deltad, stride_deltal,
+    stride_ad, stride_an,
+    stride_bb, stride_bg, stride_bn, stride_bl,
+    stride_cb, stride_cg, stride_cn, stride_cl,
+    stride_Dd, stride_biasd,
+    stride_zb, stride_zd, stride_zl,
+    stride_dob, stride_dod, stride_dol,
+    stride_dlb, stride_dld, stride_dln,
+    dim, P, d_state, L, n_ckpt, n_blocks, scratch_slots, L_BUCKET,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+    HAS_DLAST: tl.constexpr, FP64: tl.constexpr, CKPT_STEPS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    """All gradients of one (channel block, group, batch); grid (n_blocks, G, batch).
+
+    Writes du, ddelta, dz (batch, dim, L) and dh0 (batch, dim, N) in full, the partials dB / dC
+    (batch, G, n_blocks, L, N) summed over this block's channels, dA (batch, dim, N), dD and
+    d delta_bias (batch, dim) summed over time.
+    """
+    tl.static_assert(CKPT_STEPS % BLOCK_T == 0)
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    block = tl.program_id(0)
+    group = tl.program_id(1)
+    batch = tl.program_id(2).to(tl.int64)
+    offs_p = block * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = offs_p < P
+    offs_d = group.to(tl.int64) * P + offs_p
+    offs_n = tl.arange(0, BLOCK_N)
+    n_mask = offs_n < d_state
+    nd_mask = n_mask[:, None] & d_mask[None, :]
+
+    A2 = tl.load(A + offs_d[None, :] * stride_ad + offs_n[:, None] * stride_an, mask=nd_mask, other=0.0)
+    A2 = A2.to(ACC) if FP64 else A2.to(ACC) * 1.4426950408889634  # (N, D), exp -> exp2
+    skip = tl.load(D + offs_d * stride_Dd, mask=d_mask, other=0.0).to(ACC) if HAS_D else None
+    bias = tl.load(DELTA_BIAS + offs_d * stride_biasd, mask=d_mask, other=0.0).to(ACC) if HAS_BIAS else None
+
+    u_base = U + batch * stride_ub + offs_d[None, :] * stride_ud  # (1, D)
+    delta_base = DELTA + batch * stride_deltab + offs_d[None, :] * stride_deltad
+    z_base = Z + batch * stride_zb + offs_d[None, :] * stride_zd if HAS_Z else None
+    dout_base = DOUT + batch * stride_dob + offs_d[None, :] * stride_dod
+    row = (batch * dim + offs_d[None, :]) * L  # (1, D): rows of the contiguous (batch, dim, L) outputs
+    dz_base = DZ + row if HAS_Z else None
+    b_base = B + batch * stride_bb + group * stride_bg
+    c_base = C + batch * stride_cb + group * stride_cg
+    part = ((batch * tl.num_programs(1) + group) * n_blocks + block) * L * d_state  # this block's dB / dC
+    ckpt_base = CKPT + ((batch * dim + offs_d[None, :]) * n_ckpt) * d_state + offs_n[:, None]  # (N, D)
+    scratch_base = SCRATCH + ((batch * dim + offs_d[None, :]) * scratch_slots) * d_state + offs_n[:, None]
+    state_offs = (batch * dim + offs_d[None, :]) * d_state + offs_n[:, None]  # (N, D) in (batch, dim, N)
+
+    # dL/dh after the current chunk: at the end of the sequence, the last state's gradient.
+    if HAS_DLAST:
+        grad_h = tl.load(DLAST + batch * stride_dlb + offs_d[None, :] * stride_dld + offs_n[:, None] * stride_dln,
+                         mask=nd_mask, other=0.0).to(ACC)
+    else:
+        grad_h = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+    # Running sums over time (dD and d delta_bias with their Kahan compensations).
+    grad_A = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)  # sum_t g dt
+    grad_skip = tl.zeros([BLOCK_D], dtype=ACC)
+    grad_skip_c = tl.zeros([BLOCK_D], dtype=ACC)
+    grad_bias = tl.zeros([BLOCK_D], dtype=ACC)
+    grad_bias_c = tl.zeros([BLOCK_D], dtype=ACC)
+
+    for seg_rev in range(0, n_ckpt):
+        seg = n_ckpt - 1 - seg_rev
+        seg_start = seg * CKPT_STEPS
+        n_chunks = tl.cdiv(tl.minimum(CKPT_STEPS, L - seg_start), BLOCK_T)
+
+        # Pass 1: the state before each chunk of the segment, from the segment's checkpoint, into
+        # the scratch slots. It never crosses the sequence's partial last chunk (the state after
+        # it is not needed). The barriers order the slots between threads (a slot may be stored
+        # and loaded in different layouts), against the previous segment's pass 2 and this one's.
+        tl.debug_barrier()
+        h = tl.load(ckpt_base + seg * d_state, mask=nd_mask, other=0.0)
+        tl.store(scratch_base, h, mask=nd_mask)
+        for k in range(1, n_chunks):
+            h = _fwd_chunk(
+                h, seg_start + (k - 1) * BLOCK_T, L, u_base, delta_base, None, None, b_base, None, stride_ul,
+                stride_deltal, 0, 0, stride_bn, stride_bl, 0, 0, A2, skip, bias, d_mask, offs_n, n_mask,
+                ACC, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, FP64, False, False, BLOCK_T, BLOCK_D,
+            )
+            tl.store(scratch_base + k * d_state, h, mask=nd_mask)
+        tl.debug_barrier()
+
+        # Pass 2: the segment's chunks in reverse.
+        for k_rev in range(0, n_chunks):
+            k = n_chunks - 1 - k_rev
+            t0 = seg_start + k * BLOCK_T
+            h_start = tl.load(scratch_base + k * d_state, mask=nd_mask, other=0.0)
+            if t0 + BLOCK_T > L:  # the sequence's partial last chunk
+                grad_h, grad_A, grad_skip, grad_skip_c, grad_bias, grad_bias_c = _bwd_chunk(
+                    h_start, grad_h, grad_A, grad_skip, grad_skip_c, grad_bias, grad_bias_c,
+                    t0, L, d_state, u_base, delta_base, z_base, dout_base, DU + row, DDELTA + row, dz_base,
+                    b_base, c_base, DB_PART + part, DC_PART + part, stride_ul, stride_deltal, stride_zl, stride_dol,
+                    stride_bn, stride_bl, stride_cn, stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
+                    ACC, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, FP64, True, BLOCK_T, BLOCK_N, BLOCK_D,
+                )
+            else:
+                grad_h, grad_A, grad_skip, grad_skip_c, grad_bias, grad_bias_c = _bwd_chunk(
+                    h_start, grad_h, grad_A, grad_skip, grad_skip_c, grad_bias, grad_bias_c,
+                    t0, L, d_state, u_base, delta_base, z_base, dout_base, DU + row, DDELTA + row, dz_base,
+                    b_base, c_base, DB_PART + part, DC_PART + part, stride_ul, stride_deltal, stride_zl, stride_dol,
+                    stride_bn, stride_bl, stride_cn, stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
+                    ACC, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, FP64, False, BLOCK_T, BLOCK_N, BLOCK_D,
+                )
+
+    tl.store(DH0 + state_offs, grad_h, mask=nd_mask)
+    tl.store(DA_PART + state_offs, grad_A, mask=nd_mask)
+    if HAS_D:
+        tl.store(DD_PART + batch * dim + offs_d, grad_skip, mask=d_mask)
+    if HAS_BIAS:
+        tl.store(DBIAS_PART + batch * dim + offs_d, grad_bias, mask=d_mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Decode step
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["dim", "P", "d_state"])
+def selective_state_update_kernel(
+    STATE, X, DT, A, B, C, D, Z, DT_BIAS, Y,
+    stride_sb, stride_sd, stride_sn,
+    stride_xb, stride_xd, stride_dtb, stride_dtd,
+    stride_ad, stride_an,
+    stride_bb, stride_bg, stride_bn, stride_cb, stride_cg, stride_cn,
+    stride_Dd, stride_biasd, stride_zb, stride_zd,
+    dim, P, d_state,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+    FP64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """One step for a (BLOCK_D, N) state tile, in place, and y (batch, dim) contiguous; grid
+    (cdiv(P, BLOCK_D), G, batch)."""
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    group = tl.program_id(1)
+    batch = tl.program_id(2).to(tl.int64)
+    offs_p = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = offs_p < P
+    offs_d = group.to(tl.int64) * P + offs_p
+    offs_n = tl.arange(0, BLOCK_N)
+    n_mask = offs_n < d_state
+    dn_mask = d_mask[:, None] & n_mask[None, :]
+
+    state_ptr = STATE + batch * stride_sb + offs_d[:, None] * stride_sd + offs_n[None, :] * stride_sn
+    h = tl.load(state_ptr, mask=dn_mask, other=0.0).to(ACC)  # (D, N)
+    x = tl.load(X + batch * stride_xb + offs_d * stride_xd, mask=d_mask, other=0.0).to(ACC)
+    dt = tl.load(DT + batch * stride_dtb + offs_d * stride_dtd, mask=d_mask, other=0.0).to(ACC)
+    if HAS_BIAS:
+        dt = dt + tl.load(DT_BIAS + offs_d * stride_biasd, mask=d_mask, other=0.0).to(ACC)
+    if SOFTPLUS:
+        dt = _softplus(dt)
+    A_tile = tl.load(A + offs_d[:, None] * stride_ad + offs_n[None, :] * stride_an, mask=dn_mask, other=0.0)
+    Bv = tl.load(B + batch * stride_bb + group * stride_bg + offs_n * stride_bn, mask=n_mask, other=0.0).to(ACC)
+    Cv = tl.load(C + batch * stride_cb + group * stride_cg + offs_n * stride_cn, mask=n_mask, other=0.0).to(ACC)
+    if FP64:
+        a = tl.exp(dt[:, None] * A_tile.to(ACC))
+    else:
+        a = tl.exp2(dt[:, None] * (A_tile.to(ACC) * 1.4426950408889634))
+    h = a * h + (dt * x)[:, None] * Bv[None, :]
+    tl.store(state_ptr, h.to(STATE.dtype.element_ty), mask=dn_mask)
+    y = tl.sum(h * Cv[None, :], axis=1)  # (D,)
+    if HAS_D:
+        y = y + tl.load(D + offs_d * stride_Dd, mask=d_mask, other=0.0).to(ACC) * x
+    if HAS_Z:
+        z = tl.load(Z + batch * stride_zb + offs_d * stride_zd, mask=d_mask, other=0.0).to(ACC)
+        y = y * z * tl.sigmoid(z)
+    tl.store(Y + batch * dim + offs_d, y.to(Y.dtype.element_ty), mask=d_mask)
+
+
+# fmt: on
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+
+
+def _strides(t: torch.Tensor | None, ndim: int) -> tuple[int, ...]:
+    """Strides of an optional tensor (zeros for an absent one, whose pointer is never read)."""
+    return tuple(t.stride()) if t is not None else (0,) * ndim
+
+
+def _grouped(t: torch.Tensor, dtype: torch.dtype, grouped_ndim: int) -> torch.Tensor:
+    """B or C in the compute dtype with a group dim: (batch, G, N, L) for the scan
+    (``grouped_ndim=4``), (batch, G, N) for the decode step (``grouped_ndim=3``)."""
+    t = t.to(dtype)
+    return t if t.ndim == grouped_ndim else t.unsqueeze(1)
+
+
+def _check_devices(op: str, *tensors: torch.Tensor | None) -> None:
+    devices = {t.device for t in tensors if t is not None}
+    if len(devices) > 1:
+        raise ValueError(f"{op}: all tensors must be on one device, got {sorted(map(str, devices))}")
+    device = devices.pop()
+    if device.type != "cuda" and not _INTERPRET:
+        raise ValueError(
+            f"the Triton {op} needs CUDA tensors (got {device}); on CPU set TRITON_INTERPRET=1 "
+            "before importing kernels, or use backend='reference'"
+        )
+
+
+def _forward(u, delta, A, B, C, D, z, delta_bias, h0, softplus: bool, store_ckpt: bool):
+    """Launch the forward kernel. Returns y (u's dtype), the last state and the checkpoints (None
+    unless ``store_ckpt``), both in the compute dtype."""
+    batch, dim, seqlen = u.shape
+    d_state = A.shape[1]
+    dtype = _compute_dtype(u.dtype)
+    B, C = _grouped(B, dtype, 4), _grouped(C, dtype, 4)
+    groups = B.shape[1]
+    P = dim // groups
+    n_ckpt = triton.cdiv(seqlen, CHECKPOINT_STEPS)
+    y = torch.empty((batch, dim, seqlen), dtype=u.dtype, device=u.device)
+    last = torch.empty((batch, dim, d_state), dtype=dtype, device=u.device)
+    ckpt = torch.empty((batch, dim, n_ckpt if store_ckpt else 0, d_state), dtype=dtype, device=u.device)
+    if batch * dim == 0:
+        return y, last, ckpt
+
+    def grid(meta):
+        return (triton.cdiv(P, meta["BLOCK_D"]), groups, batch)
+
+    selective_scan_fwd_kernel[grid](
+        u, delta, A, B, C, D, z, delta_bias, h0, y, last, ckpt,
+        *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(),
+        *_strides(D, 1), *_strides(delta_bias, 1), *_strides(z, 3), *_strides(h0, 3), *y.stride(),
+        dim, P, d_state, seqlen, n_ckpt, _bucket(seqlen), min(triton.next_power_of_2(P), 128),
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=softplus,
+        HAS_H0=h0 is not None, STORE_CKPT=store_ckpt, FP64=dtype == torch.float64,
+        CKPT_STEPS=CHECKPOINT_STEPS, BLOCK_N=triton.next_power_of_2(d_state),
+    )  # fmt: skip
+    return y, last, ckpt
+
+
+def _backward(dy, dlast, u, delta, A, B, C, D, z, delta_bias, ckpt, softplus: bool):
+    """Launch the backward kernel and reduce its partials. Returns the gradients of u, delta, A,
+    B, C, D, z, delta_bias and the initial state, each in its input's dtype (the initial state's
+    in the compute dtype)."""
+    batch, dim, seqlen = u.shape
+    d_state = A.shape[1]
+    dtype = _compute_dtype(u.dtype)
+    Bg, Cg = _grouped(B, dtype, 4), _grouped(C, dtype, 4)
+    groups = Bg.shape[1]
+    P = dim // groups
+    block_d = min(BWD_BLOCK_D, triton.next_power_of_2(P))
+    n_blocks = triton.cdiv(P, block_d)
+    n_ckpt = ckpt.shape[2]
+    slots = CHECKPOINT_STEPS // _MIN_BWD_BLOCK_T
+    device = u.device
+
+    du = torch.empty((batch, dim, seqlen), dtype=u.dtype, device=device)
+    ddelta = torch.empty((batch, dim, seqlen), dtype=delta.dtype, device=device)
+    dz = torch.empty((batch, dim, seqlen), dtype=z.dtype, device=device) if z is not None else None
+    db_part = torch.empty((batch, groups, n_blocks, seqlen, d_state), dtype=dtype, device=device)
+    dc_part = torch.empty_like(db_part)
+    da_part = torch.empty((batch, dim, d_state), dtype=dtype, device=device)
+    dd_part = torch.empty((batch, dim), dtype=dtype, device=device) if D is not None else None
+    dbias_part = torch.empty((batch, dim), dtype=dtype, device=device) if delta_bias is not None else None
+    dh0 = torch.empty((batch, dim, d_state), dtype=dtype, device=device)
+    scratch = torch.empty((batch, dim, slots, d_state), dtype=dtype, device=device)
+    if dy is None:  # only the last state was used
+        dy = torch.zeros_like(u)
+
+    if batch * dim > 0:
+        selective_scan_bwd_kernel[(n_blocks, groups, batch)](
+            u, delta, A, Bg, Cg, D, z, delta_bias, ckpt, dy, dlast, scratch,
+            du, ddelta, dz, db_part, dc_part, da_part, dd_part, dbias_part, dh0,
+            *u.stride(), *delta.stride(), *A.stride(), *Bg.stride(), *Cg.stride(),
+            *_strides(D, 1), *_strides(delta_bias, 1), *_strides(z, 3), *dy.stride(), *_strides(dlast, 3),
+            dim, P, d_state, seqlen, n_ckpt, n_blocks, slots, _bucket(seqlen),
+            HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None,
+            SOFTPLUS=softplus, HAS_DLAST=dlast is not None, FP64=dtype == torch.float64,
+            CKPT_STEPS=CHECKPOINT_STEPS, BLOCK_N=triton.next_power_of_2(d_state), BLOCK_D=block_d,
+        )  # fmt: skip
+    else:
+        for t in (da_part, dd_part, dbias_part, db_part, dc_part):
+            if t is not None:
+                t.zero_()
+        dh0.copy_(dlast if dlast is not None else torch.zeros_like(dh0))
+
+    dB = db_part.sum(2).transpose(-1, -2).reshape(B.shape).to(B.dtype)
+    dC = dc_part.sum(2).transpose(-1, -2).reshape(C.shape).to(C.dtype)
+    dA = da_part.sum(0).to(A.dtype)
+    dD = dd_part.sum(0).to(D.dtype) if D is not None else None
+    dbias = dbias_part.sum(0).to(delta_bias.dtype) if delta_bias is not None else None
+    return du, ddelta, dA, dB, dC, dD, dz, dbias, dh0
+
+
+class _SelectiveScanFunction(torch.autograd.Function):
+    """Autograd glue: saves the inputs and the checkpoints (4 N / CHECKPOINT_STEPS bytes per
+    (channel, step)); the backward recomputes everything else."""
+
+    @staticmethod
+    def forward(ctx, u, delta, A, B, C, D, z, delta_bias, initial_state, softplus):
+        needs_grad = any(ctx.needs_input_grad[:9])
+        with torch.cuda.device(u.device) if u.is_cuda else contextlib.nullcontext():
+            y, last, ckpt = _forward(u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, needs_grad)
+        ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, ckpt)
+        ctx.softplus = softplus
+        ctx.initial_state_dtype = initial_state.dtype if initial_state is not None else None
+        # Unused outputs (the last state when not returned) arrive as None instead of zeros.
+        ctx.set_materialize_grads(False)
+        return y, last
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dlast):
+        u, delta, A, B, C, D, z, delta_bias, ckpt = ctx.saved_tensors
+        with torch.cuda.device(u.device) if u.is_cuda else contextlib.nullcontext():
+            du, ddelta, dA, dB, dC, dD, dz, dbias, dh0 = _backward(
+                dy, dlast, u, delta, A, B, C, D, z, delta_bias, ckpt, ctx.softplus
+            )
+        dh0 = dh0.to(ctx.initial_state_dtype) if ctx.initial_state_dtype is not None else None
+        grads = (du, ddelta, dA, dB, dC, dD, dz, dbias, dh0)
+        return *(g if need else None for g, need in zip(grads, ctx.needs_input_grad, strict=False)), None
+
+
+def selective_scan(
+    u: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = False,
+    return_last_state: bool = False,
+    initial_state: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Selective state-space scan (Gu & Dao 2023, Algorithm 2, eq. 2a-2b) in Triton, with
+    mamba_ssm's ``selective_scan_fn`` semantics; differentiable in u, delta, A, B, C, D, z,
+    delta_bias and initial_state.
+
+        dt = delta (+ delta_bias) (softplus if delta_softplus)
+        h_t = exp(dt_t A) * h_{t-1} + dt_t B_t u_t,   h_0 = initial_state (zeros if None)
+        y_t = C_t . h_t + D u_t,   then y *= silu(z)
+
+    Args:
+        u: (batch, dim, L) input, float16 / bfloat16 / float32 / float64, any strides.
+        delta: (batch, dim, L) step sizes before bias / softplus.
+        A: (dim, d_state) state matrix (diagonal per channel).
+        B: (batch, d_state, L), or grouped (batch, G, d_state, L) with G dividing dim: group g
+            serves channels g * dim / G ... (g + 1) * dim / G - 1.
+        C: same shape as B.
+        D: (dim,) skip connection, or None.
+        z: (batch, dim, L) gate, or None.
+        delta_bias: (dim,) added to delta, or None.
+        delta_softplus: apply softplus to dt.
+        return_last_state: also return h_L.
+        initial_state: (batch, dim, d_state) h_0 (float32, float64 for float64 inputs), or None.
+
+    Every input may have its own floating dtype; the compute dtype is float32 (float64 when u is
+    float64), as in the reference, and exponentials are evaluated in it.
+
+    Returns:
+        y (batch, dim, L) in u's dtype; with return_last_state also last_state (batch, dim,
+        d_state) in the compute dtype.
+
+    Raises:
+        The reference's errors, from the same checks (TypeError: non-tensor or non-floating
+        inputs; ValueError: wrong ndim or any shape mismatch, G not dividing dim), and, for this
+        backend only, ValueError for inputs on different devices or CPU inputs without
+        ``TRITON_INTERPRET=1``.
+    """
+    _check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias, initial_state)
+    _check_devices("selective_scan", u, delta, A, B, C, D, z, delta_bias, initial_state)
+    y, last = _SelectiveScanFunction.apply(
+        u, delta, A, B, C, D, z, delta_bias, initial_state, bool(delta_softplus)
+    )
+    return (y, last) if return_last_state else y
+
+
+def selective_state_update(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+) -> torch.Tensor:
+    """One decode step of the selective scan (Gu & Dao 2023, eq. 2a-2b; mamba_ssm's
+    selective_state_update) in Triton, updating ``state`` in place:
+
+        dt = dt (+ dt_bias) (softplus if dt_softplus)
+        state = exp(dt A) * state + dt B x,   y = C . state + D x,   y *= silu(z)
+
+    Args:
+        state: (batch, dim, d_state) float32 (or float64) SSM state, any strides; overwritten.
+        x: (batch, dim) input of this step.
+        dt: (batch, dim) step size before bias / softplus.
+        A: (dim, d_state).
+        B, C: (batch, d_state) or grouped (batch, G, d_state) with G dividing dim.
+        D: (dim,) or None.   z: (batch, dim) or None.   dt_bias: (dim,) or None.
+        dt_softplus: apply softplus to dt.
+
+    Computes in float32 (float64 when x or state is float64). Not differentiable: it is the
+    inference (decode) path.
+
+    Returns:
+        y (batch, dim) in x's dtype.
+
+    Raises:
+        The reference's errors, from the same checks (TypeError: non-tensor or non-floating
+        inputs; ValueError: wrong ndim or any shape mismatch, G not dividing dim), and, for this
+        backend only, ValueError for inputs on different devices or CPU inputs without
+        ``TRITON_INTERPRET=1``, and RuntimeError when called with grad mode on and an input that
+        requires grad (use torch.no_grad(), or backend='reference').
+    """
+    batch, dim, d_state, groups = _check_selective_state_update_args(state, x, dt, A, B, C, D, z, dt_bias)
+    tensors = (state, x, dt, A, B, C, D, z, dt_bias)
+    _check_devices("selective_state_update", *tensors)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise RuntimeError(
+            "the Triton selective_state_update is not differentiable (it is the decode path); call it "
+            "under torch.no_grad(), or use backend='reference'"
+        )
+    dtype = torch.float64 if torch.float64 in (x.dtype, state.dtype) else torch.float32
+    Bg, Cg = _grouped(B, dtype, 3), _grouped(C, dtype, 3)
+    P = dim // groups
+    y = torch.empty((batch, dim), dtype=x.dtype, device=x.device)
+    if batch * dim == 0:
+        return y
+    block_n = triton.next_power_of_2(d_state)
+    # About 2k state elements per program: enough bytes in flight per SM, few enough registers.
+    block_d = min(
+        triton.next_power_of_2(P), max(1, 2048 // block_n), INTERPRET_BLOCK_D if _INTERPRET else 2048
+    )
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        selective_state_update_kernel[(triton.cdiv(P, block_d), groups, batch)](
+            state, x, dt, A, Bg, Cg, D, z, dt_bias, y,
+            *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *Bg.stride(), *Cg.stride(),
+            *_strides(D, 1), *_strides(dt_bias, 1), *_strides(z, 2),
+            dim, P, d_state,
+            HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus),
+            FP64=dtype == torch.float64, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4,
+        )  # fmt: skip
+    return y
