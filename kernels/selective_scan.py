@@ -256,7 +256,7 @@ def _fwd_chunk(
 
 @triton.jit
 def _bwd_chunk(
-    h_start, grad_h, grad_A, grad_skip, grad_skip_c, grad_bias, grad_bias_c,
+    h_start, grad_h, grad_A, grad_A_c, grad_skip, grad_skip_c, grad_bias, grad_bias_c,
     t0, L, d_state, u_base, delta_base, z_base, dout_base, du_base, ddelta_base, dz_base, b_base, c_base,
     db_base, dc_base, stride_ul, stride_deltal, stride_zl, stride_dol, stride_bn, stride_bl, stride_cn,
     stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
@@ -317,6 +317,7 @@ def _bwd_chunk(
     # Reverse over the chunk; grad_h carries a_{t+1} q_{t+1}.
     dx = tl.zeros([BLOCK_T, BLOCK_D], dtype=ACC)  # dL/dx_t = sum_n q B
     dlog = tl.zeros([BLOCK_T, BLOCK_D], dtype=ACC)  # sum_n A2 g (A2 = A log2 e in fp32)
+    chunk_A = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)  # sum_t g dt over the chunk
     for i in tl.static_range(BLOCK_T - 1, -1, -1):
         sel = (offs_t == i)[:, None]
         dt_i = tl.reduce(tl.where(sel, dt, -0.0), 0, _add)
@@ -330,11 +331,12 @@ def _bwd_chunk(
         g = q * a * h_prev
         dx = tl.where(sel, tl.reduce(q * B_i[:, None], 0, _add)[None, :], dx)
         dlog = tl.where(sel, tl.reduce(g * A2, 0, _add)[None, :], dlog)
-        grad_A += g * dt_i[None, :]
+        chunk_A += g * dt_i[None, :]
         grad_h = a * q
         step_ok = n_mask & (t0 + i + 0 * offs_n < L)
         tl.store(db_base + (t0 + i) * d_state + offs_n, tl.reduce(q * x_i[None, :], 1, _add), mask=step_ok)
 
+    grad_A, grad_A_c = _kahan_add(grad_A, grad_A_c, chunk_A)
     ddt = dx * u + (dlog if FP64 else dlog * 0.6931471805599453)  # A = A2 ln 2
     du = dx * dt
     if HAS_D:
@@ -348,7 +350,7 @@ def _bwd_chunk(
         grad_bias, grad_bias_c = _kahan_add(grad_bias, grad_bias_c, tl.sum(ddt, axis=0))
     tl.store(du_base + t[:, None], du.to(du_base.dtype.element_ty), mask=td_mask)
     tl.store(ddelta_base + t[:, None], ddt.to(ddelta_base.dtype.element_ty), mask=td_mask)
-    return grad_h, grad_A, grad_skip, grad_skip_c, grad_bias, grad_bias_c
+    return grad_h, grad_A, grad_A_c, grad_skip, grad_skip_c, grad_bias, grad_bias_c
 
 
 # ----------------------------------------------------------------------------------------------
@@ -498,8 +500,9 @@ def selective_scan_bwd_kernel(
                          mask=nd_mask, other=0.0).to(ACC)
     else:
         grad_h = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
-    # Running sums over time (dD and d delta_bias with their Kahan compensations).
+    # Running sums over time, with their Kahan compensations.
     grad_A = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)  # sum_t g dt
+    grad_A_c = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
     grad_skip = tl.zeros([BLOCK_D], dtype=ACC)
     grad_skip_c = tl.zeros([BLOCK_D], dtype=ACC)
     grad_bias = tl.zeros([BLOCK_D], dtype=ACC)
@@ -532,16 +535,16 @@ def selective_scan_bwd_kernel(
             t0 = seg_start + k * BLOCK_T
             h_start = tl.load(scratch_base + k * d_state, mask=nd_mask, other=0.0)
             if t0 + BLOCK_T > L:  # the sequence's partial last chunk
-                grad_h, grad_A, grad_skip, grad_skip_c, grad_bias, grad_bias_c = _bwd_chunk(
-                    h_start, grad_h, grad_A, grad_skip, grad_skip_c, grad_bias, grad_bias_c,
+                grad_h, grad_A, grad_A_c, grad_skip, grad_skip_c, grad_bias, grad_bias_c = _bwd_chunk(
+                    h_start, grad_h, grad_A, grad_A_c, grad_skip, grad_skip_c, grad_bias, grad_bias_c,
                     t0, L, d_state, u_base, delta_base, z_base, dout_base, DU + row, DDELTA + row, dz_base,
                     b_base, c_base, DB_PART + part, DC_PART + part, stride_ul, stride_deltal, stride_zl, stride_dol,
                     stride_bn, stride_bl, stride_cn, stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
                     ACC, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, FP64, True, BLOCK_T, BLOCK_N, BLOCK_D,
                 )
             else:
-                grad_h, grad_A, grad_skip, grad_skip_c, grad_bias, grad_bias_c = _bwd_chunk(
-                    h_start, grad_h, grad_A, grad_skip, grad_skip_c, grad_bias, grad_bias_c,
+                grad_h, grad_A, grad_A_c, grad_skip, grad_skip_c, grad_bias, grad_bias_c = _bwd_chunk(
+                    h_start, grad_h, grad_A, grad_A_c, grad_skip, grad_skip_c, grad_bias, grad_bias_c,
                     t0, L, d_state, u_base, delta_base, z_base, dout_base, DU + row, DDELTA + row, dz_base,
                     b_base, c_base, DB_PART + part, DC_PART + part, stride_ul, stride_deltal, stride_zl, stride_dol,
                     stride_bn, stride_bl, stride_cn, stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
