@@ -106,8 +106,10 @@ INTERPRET_BLOCK_D = 8
 _FWD_CUDA = [(8, 32, 1), (8, 16, 1), (4, 32, 1)]
 # Backward: (BLOCK_T, num_warps), channel block BWD_BLOCK_D = 32 (fixed by the host: it sizes the dB /
 # dC partials). One warp per program: the sums over channels (dB, dC) then stay within the warp
-# (shuffles, no shared memory or barriers). A thread holds the chunk's BLOCK_T states of its channel,
-# so chunks are short: about 255 registers and 53 instructions per element at BLOCK_T = 2.
+# (shuffles, no shared memory or barriers). A thread holds the chunk's BLOCK_T states of its channel
+# besides the running gradients, so chunks are short. Compiled for sm_90 (Triton 3.6), BLOCK_T = 2
+# takes 255 registers with a few spills and about 53 instructions per element (40% of them the
+# shuffle sums over channels); BLOCK_T = 4 halves the scratch traffic but spills more.
 _BWD_CUDA = [(4, 1), (2, 1)]
 BWD_BLOCK_D = INTERPRET_BLOCK_D if _INTERPRET else 32
 
@@ -686,7 +688,10 @@ def _backward(dy, dlast, u, delta, A, B, C, D, z, delta_bias, ckpt, softplus: bo
     Bg, Cg = _grouped(B, dtype, 4), _grouped(C, dtype, 4)
     groups = Bg.shape[1]
     P = dim // groups
-    block_d = min(BWD_BLOCK_D, triton.next_power_of_2(P))
+    block_n = triton.next_power_of_2(d_state)
+    # A thread keeps at most 16 states of its channel: past N = 16 the channel block shrinks and the
+    # default layout spreads each channel's states over 2, 4, ... lanes (the registers stay bounded).
+    block_d = min(BWD_BLOCK_D, triton.next_power_of_2(P), max(1, BWD_BLOCK_D * 16 // block_n))
     n_blocks = triton.cdiv(P, block_d)
     n_ckpt = ckpt.shape[2]
     slots = CHECKPOINT_STEPS // _MIN_BWD_BLOCK_T
@@ -714,7 +719,7 @@ def _backward(dy, dlast, u, delta, A, B, C, D, z, delta_bias, ckpt, softplus: bo
             dim, P, d_state, seqlen, n_ckpt, n_blocks, slots, _bucket(seqlen),
             HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None,
             SOFTPLUS=softplus, HAS_DLAST=dlast is not None, FP64=dtype == torch.float64,
-            CKPT_STEPS=CHECKPOINT_STEPS, BLOCK_N=triton.next_power_of_2(d_state), BLOCK_D=block_d,
+            CKPT_STEPS=CHECKPOINT_STEPS, BLOCK_N=block_n, BLOCK_D=block_d,
         )  # fmt: skip
     else:
         for t in (da_part, dd_part, dbias_part, db_part, dc_part):

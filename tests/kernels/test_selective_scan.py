@@ -17,7 +17,7 @@ reference at 1e-12.
 
 On CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1) with
 chunks of 4 steps and checkpoints every 8, so the tiny cases below span several chunks and
-checkpoint segments and cover every *kind* of case once: lengths 1, 7, 64, 65, 300; N = 1, 4, 16;
+checkpoint segments and cover every *kind* of case once: lengths 1, 7, 64, 65, 300; N = 1, 4, 16, 32;
 grouped B/C (including one channel per group); with and without D, z, delta_bias, softplus and an
 initial state; very negative A with large dt (every decay underflows) and dt near 0; prefill +
 step-by-step decode; two calls with a carried state (gradients through it too); NaN past the end
@@ -195,6 +195,7 @@ CASES = [
     (2, 3, 65, 4, None, ("z",), False, True, torch.float16),  # 16-bit, a lone step past 8 segments
     (1, 2, 300, 4, None, ("D", "delta_bias"), True, True, torch.float32),  # long, not a multiple
     (1, 8, 33, 1, 4, ALL, False, False, torch.float32),  # groups of 2 channels, no softplus
+    (1, 6, 9, 32, None, ALL, True, True, torch.float32),  # N = 32: the backward's channel block halves
 ]
 
 
