@@ -741,9 +741,8 @@ class _SelectiveScanFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, initial_state, softplus):
-        needs_grad = any(ctx.needs_input_grad[:9])
         with torch.cuda.device(u.device) if u.is_cuda else contextlib.nullcontext():
-            y, last, ckpt = _forward(u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, needs_grad)
+            y, last, ckpt = _forward(u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, True)
         ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, ckpt)
         ctx.softplus = softplus
         ctx.initial_state_dtype = initial_state.dtype if initial_state is not None else None
@@ -813,10 +812,13 @@ def selective_scan(
         ``TRITON_INTERPRET=1``.
     """
     _check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias, initial_state)
-    _check_devices("selective_scan", u, delta, A, B, C, D, z, delta_bias, initial_state)
-    y, last = _SelectiveScanFunction.apply(
-        u, delta, A, B, C, D, z, delta_bias, initial_state, bool(delta_softplus)
-    )
+    tensors = (u, delta, A, B, C, D, z, delta_bias, initial_state)
+    _check_devices("selective_scan", *tensors)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        y, last = _SelectiveScanFunction.apply(*tensors, bool(delta_softplus))
+    else:  # inference (prefill): no graph, no checkpoints
+        with torch.cuda.device(u.device) if u.is_cuda else contextlib.nullcontext():
+            y, last, _ = _forward(*tensors, bool(delta_softplus), False)
     return (y, last) if return_last_state else y
 
 

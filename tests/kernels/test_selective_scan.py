@@ -395,6 +395,27 @@ def test_expanded_output_gradient_and_unused_outputs():
                 torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_checkpoints_only_when_a_gradient_is_needed(monkeypatch):
+    # Inference (no grad mode, or no input requiring grad) saves no checkpoints and builds no graph.
+    calls = []
+    forward = ss._forward
+
+    def spy(*args):
+        calls.append(args[-1])  # store_ckpt
+        return forward(*args)
+
+    monkeypatch.setattr(ss, "_forward", spy)
+    inputs = make_inputs(1, 3, 9, 2, torch.float32, extras=ALL)
+    leaves = {k: v.clone().requires_grad_() for k, v in inputs.items()}
+    with torch.no_grad():
+        y_inference = kernels.selective_scan(**leaves, delta_softplus=True, backend="triton")
+    y_plain = kernels.selective_scan(**inputs, delta_softplus=True, backend="triton")
+    y_train = kernels.selective_scan(**leaves, delta_softplus=True, backend="triton")
+    assert calls == [False, False, True]
+    assert y_inference.grad_fn is None and y_plain.grad_fn is None and y_train.grad_fn is not None
+    assert torch.equal(y_inference, y_train) and torch.equal(y_plain, y_train)
+
+
 def test_output_dtypes_and_mixed_input_dtypes():
     # The mixer's mix: fp32 A, D, delta_bias with 16-bit u, delta, z, B, C; y in u's dtype, the
     # state in fp32, each gradient in its input's dtype. Without return_last_state: y alone.
