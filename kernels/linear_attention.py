@@ -185,6 +185,20 @@ def _scaled(x, scale, scale_lo, FP64: tl.constexpr):
 
 
 @triton.jit
+def _chunk_program(num_heads, T, E_DIM, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
+    """(E tile, chunk, batch, head, batch * H + head, row in the per-chunk buffers) of this program
+    of a chunk kernel; grid (cdiv(E, BLOCK_E) * n_chunks, H, B). The E tiles of a chunk are adjacent
+    programs (they read the same X, Y tiles, from L2); the long axis is the first (no 65535 limit)."""
+    n_e = tl.cdiv(E_DIM, BLOCK_E)
+    pid_e = tl.program_id(0) % n_e
+    chunk = tl.program_id(0) // n_e
+    head = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    bh = batch * num_heads + head
+    return pid_e, chunk, batch, head, bh, bh * tl.cdiv(T, BLOCK_T) + chunk
+
+
+@triton.jit
 def _chunk_products(
     x_base, y_base, h_base, vec_base, stride_xt, stride_xd, stride_yt, stride_yd, stride_hd, stride_he,
     offs_t, offs_e, T, D_DIM, E_DIM, HAS_VEC: tl.constexpr, ACC: tl.constexpr,
@@ -243,7 +257,7 @@ def linear_attention_state_kernel(
     HAS_Z: tl.constexpr, REVERSE: tl.constexpr, FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
-    """Running (D, E) state over the chunks of one head; grid (cdiv(D, BLOCK_D), cdiv(E, BLOCK_E), B*H).
+    """Running (D, E) state over the chunks of one head; grid (cdiv(D, BLOCK_D) * max(1, cdiv(E, BLOCK_E)), H, B).
 
     Forward (REVERSE=False; X = k, Y = v, D = K, E = V, scale = 1): STATES[c] = S_c = S_IN +
     sum_{c' < c} X_{c'}^T Y_{c'}, S_OUT = S_N; with HAS_Z, ZSTATES[c] = z_c = Z_IN + the sum of X's
@@ -254,12 +268,12 @@ def linear_attention_state_kernel(
     Z_OUT (B*H, D) in the accumulator dtype, all contiguous. S_IN / Z_IN: any strides, any float dtype.
     """
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
-    pid_d = tl.program_id(0)
-    pid_e = tl.program_id(1)
-    bh = tl.program_id(2)
-    batch = (bh // num_heads).to(tl.int64)
-    head = (bh % num_heads).to(tl.int64)
-    bh64 = bh.to(tl.int64)
+    n_e = tl.maximum(tl.cdiv(E_DIM, BLOCK_E), 1)
+    pid_d = tl.program_id(0) // n_e
+    pid_e = tl.program_id(0) % n_e
+    head = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    bh64 = batch * num_heads + head
     n_chunks = tl.cdiv(T, BLOCK_T)
 
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -335,19 +349,13 @@ def linear_attention_fwd_kernel(
     DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """O_c = scale (Q_c S_c + (Q_c K_c^T * M) V_c) [/ den] for one (V tile, chunk, batch * head);
-    grid (cdiv(V, BLOCK_E), n_chunks, B*H); D = K, E = V.
+    grid (cdiv(V, BLOCK_E) * n_chunks, H, B); D = K, E = V.
 
     With NORMALIZE, den = scale (rowsum(Q_c K_c^T * M) + Q_c z_c) + eps is also written to DEN
     (B*H, T) by the first V tile's programs.
     """
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
-    pid_e = tl.program_id(0)
-    chunk = tl.program_id(1)
-    bh = tl.program_id(2)
-    batch = (bh // num_heads).to(tl.int64)
-    head = (bh % num_heads).to(tl.int64)
-    bh64 = bh.to(tl.int64)
-    row = bh64 * tl.cdiv(T, BLOCK_T) + chunk
+    pid_e, chunk, batch, head, bh64, row = _chunk_program(num_heads, T, E_DIM, BLOCK_T, BLOCK_E)
     offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     out_mask = (offs_t < T)[:, None] & (offs_e < E_DIM)[None, :]
@@ -436,19 +444,13 @@ def linear_attention_bwd_dq_kernel(
     DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """dQ_c = scale (G_c S_c^T + ((G_c V_c^T + r 1^T) * M) K_c + r z_c^T) for one (K tile, chunk,
-    batch * head); grid (cdiv(K, BLOCK_E), n_chunks, B*H); D = V, E = K.
+    batch * head); grid (cdiv(K, BLOCK_E) * n_chunks, H, B); D = V, E = K.
 
     The r terms (NORMALIZE) are the denominator's: d den_t / d q_t = scale z_t, z_t = z_c + the keys
     s <= t of the chunk.
     """
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
-    pid_e = tl.program_id(0)
-    chunk = tl.program_id(1)
-    bh = tl.program_id(2)
-    batch = (bh // num_heads).to(tl.int64)
-    head = (bh % num_heads).to(tl.int64)
-    bh64 = bh.to(tl.int64)
-    row = bh64 * tl.cdiv(T, BLOCK_T) + chunk
+    pid_e, chunk, batch, head, bh64, row = _chunk_program(num_heads, T, E_DIM, BLOCK_T, BLOCK_E)
     offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -493,18 +495,12 @@ def linear_attention_bwd_dk_kernel(
     DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """dK_c = V_c dS_c^T + scale ((V_c G_c^T + 1 r^T) * M^T) Q_c + dz_c for one (K tile, chunk,
-    batch * head); grid (cdiv(K, BLOCK_E), n_chunks, B*H); D = V, E = K.
+    batch * head); grid (cdiv(K, BLOCK_E) * n_chunks, H, B); D = V, E = K.
 
     Key s is seen by the queries t >= s of its chunk (M^T) and by every later chunk (dS_c, dz_c).
     """
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
-    pid_e = tl.program_id(0)
-    chunk = tl.program_id(1)
-    bh = tl.program_id(2)
-    batch = (bh // num_heads).to(tl.int64)
-    head = (bh % num_heads).to(tl.int64)
-    bh64 = bh.to(tl.int64)
-    row = bh64 * tl.cdiv(T, BLOCK_T) + chunk
+    pid_e, chunk, batch, head, bh64, row = _chunk_program(num_heads, T, E_DIM, BLOCK_T, BLOCK_E)
     offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -548,15 +544,10 @@ def linear_attention_bwd_dv_kernel(
     DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """dV_c = K_c dS_c + scale ((K_c Q_c^T) * M^T) G_c for one (V tile, chunk, batch * head);
-    grid (cdiv(V, BLOCK_E), n_chunks, B*H); D = K, E = V. NORMALIZE only keys the autotuner
+    grid (cdiv(V, BLOCK_E) * n_chunks, H, B); D = K, E = V. NORMALIZE only keys the autotuner
     (G already carries the division by den)."""
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
-    pid_e = tl.program_id(0)
-    chunk = tl.program_id(1)
-    bh = tl.program_id(2)
-    batch = (bh // num_heads).to(tl.int64)
-    head = (bh % num_heads).to(tl.int64)
-    row = bh.to(tl.int64) * tl.cdiv(T, BLOCK_T) + chunk
+    pid_e, chunk, batch, head, _, row = _chunk_program(num_heads, T, E_DIM, BLOCK_T, BLOCK_E)
     offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     out_mask = (offs_t < T)[:, None] & (offs_e < E_DIM)[None, :]
@@ -682,7 +673,8 @@ def _scan(x, y, w, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool, sc
 
     def grid(meta):
         # At least one E tile, so that z is still summed when E == 0.
-        return (triton.cdiv(d_dim, meta["BLOCK_D"]), max(1, triton.cdiv(e_dim, meta["BLOCK_E"])), bh)
+        e_tiles = max(1, triton.cdiv(e_dim, meta["BLOCK_E"]))
+        return (triton.cdiv(d_dim, meta["BLOCK_D"]) * e_tiles, num_heads, batch)
 
     linear_attention_state_kernel[grid](
         x, y, w if w is not None else s_out, s_in if s_in is not None else s_out,
@@ -712,7 +704,7 @@ def _forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float):
     fp64 = kv.dtype == torch.float64
 
     def grid(meta):
-        return (triton.cdiv(v_dim, meta["BLOCK_E"]), triton.cdiv(seqlen, chunk), batch * num_heads)
+        return (triton.cdiv(v_dim, meta["BLOCK_E"]) * triton.cdiv(seqlen, chunk), num_heads, batch)
 
     linear_attention_fwd_kernel[grid](
         q, k, v, states, zstates if normalize else kv, o, den if normalize else kv,
@@ -752,23 +744,22 @@ def _backward(do, dkv, dz, q, k, v, o, states, zstates, den, scale: float, norma
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     n_chunks = triton.cdiv(seqlen, chunk)
-    bh = batch * num_heads
     scale_args = _scale_args(scale, fp64)
     meta = dict(NORMALIZE=normalize, FP64=fp64, DOT_PRECISION=_dot_precision(q.dtype), BLOCK_T=chunk)
     dummy = dkv0
     # A launch per gradient that has elements (with K == 0 or V == 0 the other two still may).
     if dv.numel() > 0:
-        linear_attention_bwd_dv_kernel[lambda m: (triton.cdiv(v_dim, m["BLOCK_E"]), n_chunks, bh)](
+        linear_attention_bwd_dv_kernel[lambda m: (triton.cdiv(v_dim, m["BLOCK_E"]) * n_chunks, num_heads, batch)](
             k, q, g, dstates, dv, *k.stride(), *q.stride(), *g.stride(), *dv.stride(),
             num_heads, seqlen, k_dim, v_dim, *scale_args, _pad(k_dim), _pad(v_dim), **meta,
         )  # fmt: skip
     if dk.numel() > 0:
-        linear_attention_bwd_dk_kernel[lambda m: (triton.cdiv(k_dim, m["BLOCK_E"]), n_chunks, bh)](
+        linear_attention_bwd_dk_kernel[lambda m: (triton.cdiv(k_dim, m["BLOCK_E"]) * n_chunks, num_heads, batch)](
             v, g, q, dstates, dzstates if normalize else dummy, r if normalize else dummy, dk,
             *v.stride(), *g.stride(), *q.stride(), *dk.stride(),
             num_heads, seqlen, v_dim, k_dim, *scale_args, _pad(v_dim), _pad(k_dim), **meta,
         )  # fmt: skip
-        linear_attention_bwd_dq_kernel[lambda m: (triton.cdiv(k_dim, m["BLOCK_E"]), n_chunks, bh)](
+        linear_attention_bwd_dq_kernel[lambda m: (triton.cdiv(k_dim, m["BLOCK_E"]) * n_chunks, num_heads, batch)](
             g, v, k, states, zstates if normalize else dummy, r if normalize else dummy, dq,
             *g.stride(), *v.stride(), *k.stride(), *dq.stride(),
             num_heads, seqlen, v_dim, k_dim, *scale_args, _pad(v_dim), _pad(k_dim), **meta,
