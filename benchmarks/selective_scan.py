@@ -179,6 +179,7 @@ def fmt_rate(value: float | None, unit: float = 1e12) -> str:
 
 
 def scan_table_header() -> list[str]:
+    """Column names of the scan table (one :func:`scan_table_row` per row)."""
     return [
         "shape", "dir", "ours ms", "ref ms", "mamba_ssm ms", "x mamba_ssm", "x ref", "x mamba_ref",
         "TB/s", "of copy", "T exp/s", "of exp2", "err ours", "err naive",
@@ -382,6 +383,8 @@ class Check:
         return x[:1, : self.channels]
 
     def slice_inputs(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The slice's inputs as new leaves: u, delta, z (1, channels, L); A, D of those channels;
+        B, C of the first sequence."""
         per_channel = {"A": lambda t: t[: self.channels], "D": lambda t: t[: self.channels]}
         per_batch = {"B": lambda t: t[:1], "C": lambda t: t[:1]}
         return {
@@ -390,6 +393,7 @@ class Check:
         }
 
     def _run(self, inputs: dict[str, torch.Tensor], dy: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The reference's y ("fwd") and du, ddelta, dz ("bwd", for the output gradient dy)."""
         y = reference.selective_scan(**inputs, delta_softplus=True)
         grads = torch.autograd.grad(y, [inputs[k] for k in self.GRADS], dy)
         return {"fwd": [y.detach()], "bwd": list(grads)}
@@ -602,6 +606,7 @@ def run_conv_step(
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring); exits with a usage error on bad shapes or sizes."""
     parser = argparse.ArgumentParser(
         description="Time mixerlab's Triton selective scan against the PyTorch reference and mamba_ssm's figures.",
     )
@@ -642,6 +647,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ceilings, scan, decode and conv parts; print the tables and write the JSON record."""
     args = parse_args(argv)
     require_cuda("benchmarks/selective_scan.py")
     dtype = DTYPES[args.dtype]
