@@ -227,7 +227,7 @@ def _fwd_chunk(
     """Advance the state h (N, D) over the chunk of steps [t0, t0 + BLOCK_T); with OUTPUT also
     compute and store the chunk's y. Returns the state after the chunk."""
     offs_t = tl.arange(0, BLOCK_T)
-    t = t0 + offs_t
+    t = t0 + offs_t.to(tl.int64)  # int64: t * stride may pass 2^31 for inputs strided along time
     td_mask, tn_mask = _chunk_masks(t, L, d_mask, n_mask, MASKED, BLOCK_T)
     u = tl.load(u_base + t[:, None] * stride_ul, mask=td_mask, other=0.0).to(ACC)  # (T, D)
     dt, _ = _chunk_dt(delta_base + t[:, None] * stride_deltal, bias, td_mask, ACC, HAS_BIAS, SOFTPLUS)
@@ -277,7 +277,7 @@ def _bwd_chunk(
         dB_t = sum_d q x,   dC_t = sum_d dy h,   dz = dout (C . h + D u) silu'(z),   dy = dout silu(z)
     """
     offs_t = tl.arange(0, BLOCK_T)
-    t = t0 + offs_t
+    t = t0 + offs_t.to(tl.int64)  # int64: t * stride may pass 2^31 for inputs strided along time
     td_mask, tn_mask = _chunk_masks(t, L, d_mask, n_mask, MASKED, BLOCK_T)
     u = tl.load(u_base + t[:, None] * stride_ul, mask=td_mask, other=0.0).to(ACC)  # (T, D)
     dt, v = _chunk_dt(delta_base + t[:, None] * stride_deltal, bias, td_mask, ACC, HAS_BIAS, SOFTPLUS)
