@@ -27,12 +27,14 @@ from kernels import reference
 # what the name ends up meaning.
 if importlib.util.find_spec("triton") is not None:
     from kernels.flash_attention import flash_attention as _triton_flash_attention
+    from kernels.flash_decode import flash_decode as _triton_flash_decode
     from kernels.linear_attention import linear_attention as _triton_linear_attention
     from kernels.linear_attention import linear_attention_step as _triton_linear_attention_step
     from kernels.selective_scan import selective_scan as _triton_selective_scan
     from kernels.selective_scan import selective_state_update as _triton_selective_state_update
 else:  # pragma: no cover
     _triton_flash_attention = _triton_linear_attention = _triton_linear_attention_step = None
+    _triton_flash_decode = None
     _triton_selective_scan = _triton_selective_state_update = None
 
 __all__ = [
@@ -51,6 +53,8 @@ BACKENDS = (None, "reference", "triton")
 _TRITON_OPS: dict[str, Callable] = {}
 if _triton_flash_attention is not None:
     _TRITON_OPS["flash_attention"] = _triton_flash_attention  # kernels/flash_attention.py (FlashAttention-2)
+if _triton_flash_decode is not None:
+    _TRITON_OPS["flash_decode"] = _triton_flash_decode  # kernels/flash_decode.py (FlashDecoding, split-K)
 if _triton_linear_attention is not None:  # kernels/linear_attention.py (chunked form, recurrent step)
     _TRITON_OPS["linear_attention"] = _triton_linear_attention
     _TRITON_OPS["linear_attention_step"] = _triton_linear_attention_step
@@ -104,8 +108,10 @@ def flash_decode(
 
     q (B, Hq, D), caches (num_blocks, block_size, Hkv, D), block_table (B, max_blocks) int32,
     seqlens (B,) int32 -> (B, Hq, D) in q's dtype.
-    ``backend``: None (Triton for CUDA tensors once landed, else the reference), "reference",
-    "triton" (NotImplementedError until the kernel lands); anything else is a ValueError.
+    ``backend``: None (the split-K FlashDecoding kernel, :mod:`kernels.flash_decode`, for CUDA
+    tensors; the reference for CPU tensors), "reference", "triton" (CUDA tensors, or CPU tensors
+    under ``TRITON_INTERPRET=1``; not differentiable, it is the decode path); anything else is a
+    ValueError.
     """
     impl = _dispatch("flash_decode", backend, q)
     return impl(q, k_cache, v_cache, block_table, seqlens, window=window, scale=scale, num_splits=num_splits)

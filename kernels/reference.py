@@ -224,6 +224,64 @@ def flash_attention(
     return out, rearrange(lse, "b h (g t) -> b (h g) t", g=group)
 
 
+def _check_decode_args(q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits):
+    """Validate flash_decode's arguments (shared by the reference and the Triton backend).
+
+    Reads ``seqlens`` and the used ``block_table`` entries on the host (a device sync) to check
+    their ranges. Returns ``(batch, num_heads, num_kv_heads, head_dim, num_blocks, block_size,
+    max_blocks, scale)`` with the default scale ``head_dim ** -0.5`` filled in.
+    """
+    _check_tensor("q", q, 3)
+    _check_tensor("k_cache", k_cache, 4)
+    _check_tensor("v_cache", v_cache, 4)
+    _check_tensor("block_table", block_table, 2, floating=False)
+    _check_tensor("seqlens", seqlens, 1, floating=False)
+    _check_same_dtype(q=q, k_cache=k_cache, v_cache=v_cache)
+    for name, t in (("block_table", block_table), ("seqlens", seqlens)):
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer tensor (int32), got dtype {t.dtype}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    batch, num_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, cache_head_dim = k_cache.shape
+    max_blocks = block_table.shape[1]
+    if cache_head_dim != head_dim:
+        raise ValueError(f"q head_dim ({head_dim}) must equal the cache head_dim ({cache_head_dim})")
+    if block_table.shape[0] != batch or seqlens.shape[0] != batch:
+        raise ValueError(
+            f"block_table (B, max_blocks) = {tuple(block_table.shape)} and seqlens (B,) = "
+            f"{tuple(seqlens.shape)} must have B = {batch} rows like q"
+        )
+    _check_heads(num_heads, num_kv_heads)
+    _check_window(window)
+    _check_scale(scale)
+    if num_splits is not None:
+        if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+            raise TypeError(f"num_splits must be a positive int or None, got {num_splits!r}")
+        if num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    capacity = max_blocks * block_size
+    if batch > 0 and (int(seqlens.min()) < 0 or int(seqlens.max()) > capacity):
+        raise ValueError(
+            f"seqlens must lie in [0, max_blocks * block_size] = [0, {capacity}], got {seqlens.tolist()}"
+        )
+    # Pages a sequence actually uses must exist; unused table entries may hold anything.
+    page_starts = (
+        torch.arange(max_blocks, device=q.device) * block_size
+    )  # (max_blocks,) first token of each page
+    used = page_starts[None, :] < seqlens.long()[:, None]  # (B, max_blocks)
+    used_pages = block_table[used]
+    if used_pages.numel() > 0 and (int(used_pages.min()) < 0 or int(used_pages.max()) >= num_blocks):
+        raise ValueError(
+            f"block_table entries used by seqlens must lie in [0, num_blocks) = [0, {num_blocks})"
+        )
+    if scale is None:
+        scale = head_dim**-0.5
+    return batch, num_heads, num_kv_heads, head_dim, num_blocks, block_size, max_blocks, scale
+
+
 def flash_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -269,55 +327,11 @@ def flash_decode(
             [0, max_blocks * block_size], a used page index outside [0, num_blocks), window <= 0,
             num_splits < 1.
     """
-    _check_tensor("q", q, 3)
-    _check_tensor("k_cache", k_cache, 4)
-    _check_tensor("v_cache", v_cache, 4)
-    _check_tensor("block_table", block_table, 2, floating=False)
-    _check_tensor("seqlens", seqlens, 1, floating=False)
-    _check_same_dtype(q=q, k_cache=k_cache, v_cache=v_cache)
-    for name, t in (("block_table", block_table), ("seqlens", seqlens)):
-        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-            raise TypeError(f"{name} must be an integer tensor (int32), got dtype {t.dtype}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(
-            f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    batch, num_heads, head_dim = q.shape
-    num_blocks, block_size, num_kv_heads, cache_head_dim = k_cache.shape
-    max_blocks = block_table.shape[1]
-    if cache_head_dim != head_dim:
-        raise ValueError(f"q head_dim ({head_dim}) must equal the cache head_dim ({cache_head_dim})")
-    if block_table.shape[0] != batch or seqlens.shape[0] != batch:
-        raise ValueError(
-            f"block_table (B, max_blocks) = {tuple(block_table.shape)} and seqlens (B,) = "
-            f"{tuple(seqlens.shape)} must have B = {batch} rows like q"
-        )
-    _check_heads(num_heads, num_kv_heads)
-    _check_window(window)
-    _check_scale(scale)
-    if num_splits is not None:
-        if isinstance(num_splits, bool) or not isinstance(num_splits, int):
-            raise TypeError(f"num_splits must be a positive int or None, got {num_splits!r}")
-        if num_splits < 1:
-            raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    batch, num_heads, num_kv_heads, head_dim, num_blocks, block_size, max_blocks, scale = _check_decode_args(
+        q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits
+    )
     capacity = max_blocks * block_size
-    if batch > 0 and (int(seqlens.min()) < 0 or int(seqlens.max()) > capacity):
-        raise ValueError(
-            f"seqlens must lie in [0, max_blocks * block_size] = [0, {capacity}], got {seqlens.tolist()}"
-        )
     seqlens = seqlens.long()
-    # Pages a sequence actually uses must exist; unused table entries are ignored (clamped below).
-    page_starts = (
-        torch.arange(max_blocks, device=q.device) * block_size
-    )  # (max_blocks,) first token of each page
-    used = page_starts[None, :] < seqlens[:, None]  # (B, max_blocks)
-    used_pages = block_table[used]
-    if used_pages.numel() > 0 and (int(used_pages.min()) < 0 or int(used_pages.max()) >= num_blocks):
-        raise ValueError(
-            f"block_table entries used by seqlens must lie in [0, num_blocks) = [0, {num_blocks})"
-        )
-    if scale is None:
-        scale = head_dim**-0.5
 
     dtype = _compute_dtype(q.dtype)
     group = num_heads // num_kv_heads

@@ -1,0 +1,452 @@
+"""FlashDecoding in Triton: one decode step of attention over a paged KV cache, split along the keys.
+
+``flash_decode(q, k_cache, v_cache, block_table, seqlens, *, window=None, scale=None, num_splits=None)``
+has exactly the semantics, shapes, dtypes and errors of :func:`kernels.reference.flash_decode`
+(vLLM-style pages gathered through a block table, per-sequence lengths, a window counting the current
+token, GQA, sequences of length 0 -> 0); :func:`kernels.flash_decode` dispatches here for CUDA
+tensors and for ``backend="triton"`` (CPU tensors run under ``TRITON_INTERPRET=1``).
+
+Why a split: at decode each sequence has one query per head, so FlashAttention's parallelism over
+query blocks is gone and a (batch, KV head) grid leaves most SMs idle at small batch -- while the
+step is bound by reading the KV cache. FlashDecoding (Dao, Haziza, Massa, Sizov 2023,
+"Flash-Decoding for long-context inference") also splits the keys into ``num_splits`` chunks:
+
+- ``flash_decode_split_kernel``, grid ``(B, Hkv, num_splits)``: a program owns one KV head of one
+  sequence and one chunk of its visible keys. It loads the queries of *all* the KV head's GQA group
+  as one ``(BLOCK_G, D)`` tile (the group padded to >= 16 rows, the smallest ``tl.dot`` tile), so
+  each K/V tile is read from HBM once per group, not once per query head. It streams its chunk
+  ``BLOCK_N`` keys at a time, gathering every key's page through the block table, with the online
+  softmax of FlashAttention-2 (Dao 2023, Algorithm 1, lines 6-10): running row max ``m``, row sum
+  ``l`` and the unnormalised fp32 accumulator ``acc``. It writes ``(acc, m, l)`` to a small fp32
+  workspace -- ``(B, Hq, num_splits, D)`` plus two ``(B, Hq, num_splits)`` -- or, with one split,
+  the normalised output directly (one launch).
+- ``flash_decode_combine_kernel``, grid ``(Hq, B)``: merges the splits of one query head with the
+  same rescaling, ``M = max_s m_s``, ``o = sum_s e^{m_s - M} acc_s / sum_s e^{m_s - M} l_s``
+  (FlashAttention-2's rescaling algebra applied across chunks instead of across tiles), reading the
+  splits ``BLOCK_S`` at a time with a running max so any ``num_splits`` fits in registers.
+
+A sequence's visible keys are ``[lo, seqlens[b])`` with ``lo = max(0, seqlens[b] - window)``; they
+are cut into ``num_splits`` chunks of ``ceil(n / num_splits)`` keys rounded up to ``BLOCK_N``, so the
+chunks of each sequence are balanced whatever its length. Splits past the end (short sequences,
+more splits than tiles, empty sequences) run no tile and write ``m = -inf, l = 0, acc = 0``, which
+the combine weighs by ``e^{-inf} = 0``; a head whose splits are all empty returns 0. Keys beyond
+``seqlens[b]`` (the tail of the last page), pages outside the window and table entries past the
+used pages are never loaded: loads are masked per key, so NaN in unused memory cannot leak.
+
+The number of splits when ``num_splits=None`` comes from :func:`num_splits_heuristic`: from the
+shapes only (batch, KV heads and the table's capacity, capped by the window), never from the
+values of ``seqlens``, so it stays constant across the steps of a decode loop.
+
+Scores are kept in base 2 (``scale * log2 e`` folded into one multiply, ``exp2``), like
+:mod:`kernels.flash_attention`; float64 inputs (supported for exact tests) use ``exp`` and an fp64
+scale split into two fp32 halves, since Triton passes Python floats as fp32.
+
+Limits of this backend beyond the reference's: head_dim in [1, 256]; all tensors on one device
+(CUDA, or CPU under the interpreter); batch <= 65535 and KV heads <= 65535 (CUDA grid axes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.reference import _check_decode_args
+
+__all__ = ["flash_decode", "num_splits_heuristic"]
+
+# Read once at import, like Triton itself (``triton.jit`` picks the interpreter at decoration time).
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+_MAX_HEAD_DIM = 256
+_MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2
+_LOG2E = math.log2(math.e)
+
+# ----------------------------------------------------------------------------------------------
+# Split heuristic
+# ----------------------------------------------------------------------------------------------
+
+# SM count assumed where there is none to query (the interpreter): an H100 / H200 SXM.
+NOMINAL_SMS = 132
+# Split programs resident per SM when the GPU counts as full. A program is 4 warps holding a
+# (BLOCK_N, D) K and V tile per pipeline stage (<= 64 KB of shared memory in 16 bits): an H200 SM
+# (64 warps, 228 KB) keeps about four, and a memory-bound kernel needs that many loads in flight
+# per SM to approach HBM bandwidth. An assumption, not a measurement.
+PROGRAMS_PER_SM = 4
+# A split shorter than this many keys spends more on its Q load, its partial write and the combine
+# than it gains from parallelism.
+MIN_SPLIT_TOKENS = 128
+MAX_SPLITS = 128
+# Smallest acceptable fraction of the last wave's program slots in use.
+WAVE_EFFICIENCY = 0.9
+
+
+def num_splits_heuristic(batch: int, num_kv_heads: int, seqlen: int, num_sms: int = NOMINAL_SMS) -> int:
+    """Number of key splits of :func:`flash_decode` for a step, from shapes only.
+
+    The split kernel launches ``batch * num_kv_heads * s`` programs; a GPU is full when each of its
+    ``num_sms`` SMs holds ``PROGRAMS_PER_SM`` of them (one *wave*). With ``waves(s) = programs /
+    (num_sms * PROGRAMS_PER_SM)`` the fraction of program slots doing work is ``waves / ceil(waves)``
+    (below one wave: the fraction of the GPU used; above: the last wave's tail). The heuristic
+    returns the smallest ``s`` in ``[1, s_max]`` whose efficiency reaches ``WAVE_EFFICIENCY``, else
+    the most efficient ``s`` (the smallest among ties), where ``s_max = clamp(seqlen //
+    MIN_SPLIT_TOKENS, 1, MAX_SPLITS)`` keeps every split at least ``MIN_SPLIT_TOKENS`` keys long.
+    Large batches thus get one split (no workspace, no combine), batch 1 at long context many:
+    B = 1, 8 KV heads, 132 SMs -> 16 splits at 2k keys, 60 from 8k on (480 programs of 528 slots).
+
+    The same idea as FlashAttention's ``num_splits_heuristic`` (flash-attn ``flash_api.cpp``,
+    wave efficiency over a range of split counts); the constants here are our own.
+
+    Args:
+        batch: sequences in the step (>= 0).
+        num_kv_heads: KV heads (one program per KV head and split: the GQA group shares it).
+        seqlen: keys a sequence may see: the block table's capacity, capped by the window.
+        num_sms: streaming multiprocessors of the GPU.
+
+    Returns:
+        int >= 1.
+    """
+    programs = max(batch * num_kv_heads, 1)
+    slots = max(num_sms, 1) * PROGRAMS_PER_SM
+    s_max = min(max(seqlen // MIN_SPLIT_TOKENS, 1), MAX_SPLITS)
+    best, best_efficiency = 1, 0.0
+    for splits in range(1, s_max + 1):
+        waves = programs * splits / slots
+        efficiency = waves / math.ceil(waves)
+        if efficiency >= WAVE_EFFICIENCY:
+            return splits
+        if efficiency > best_efficiency:
+            best, best_efficiency = splits, efficiency
+    return best
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return NOMINAL_SMS
+
+
+# ----------------------------------------------------------------------------------------------
+# Autotune configs
+# ----------------------------------------------------------------------------------------------
+
+# Under the interpreter: one config with 16-key tiles, so test lengths (17, 65, 127) span several
+# tiles and splits. On CUDA: a short list of (BLOCK_N, num_warps, num_stages), keyed on head dim,
+# padded group and the keys per split.
+INTERPRET_BLOCK_N = 16
+if _INTERPRET:
+    _CONFIGS = [triton.Config({"BLOCK_N": INTERPRET_BLOCK_N}, num_warps=4, num_stages=1)]
+else:
+    _CONFIGS = [
+        triton.Config({"BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+        for block_n, warps, stages in ((32, 4, 3), (64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2))
+    ]
+
+
+def _prune_configs(configs, named_args, **kwargs):
+    """Drop configs whose K tile exceeds 32 KB in 16 bits (head dim 256 keeps BLOCK_N <= 64, so
+    K and V over the pipeline stages fit in shared memory); fp32 / fp64 inputs get one 32-key
+    config, since their IEEE dots run on FMA units and unroll completely (CUDA only)."""
+    if _INTERPRET:
+        return configs
+    args = {**named_args, **kwargs}
+    if args["Q"].dtype in (torch.float32, torch.float64):
+        return [triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=2)]
+    return [c for c in configs if c.kwargs["BLOCK_N"] * args["BLOCK_D"] <= 16384]
+
+
+_AUTOTUNE_KEY = ["BLOCK_D", "BLOCK_G", "SPLIT_BUCKET"]
+# Lengths, the group size, the page size and the split count vary at run time; specialising on
+# them would compile a kernel per value class for no speed gain (they only feed bounds and masks).
+_RUNTIME_INTS = ["group", "block_size", "window", "num_splits", "SPLIT_BUCKET"]
+
+
+def _split_bucket(seqlen: int, num_splits: int) -> int:
+    """Autotune key: keys per split rounded up to a power of two, clamped to [64, 8192]."""
+    return min(max(triton.next_power_of_2(max(triton.cdiv(seqlen, num_splits), 1)), 64), 8192)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+# fmt: off
+
+
+@triton.jit
+def _exp(x, FP64: tl.constexpr):
+    if FP64:
+        return tl.exp(x)
+    else:
+        return tl.exp2(x)
+
+
+@triton.autotune(configs=_CONFIGS, key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_configs})
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
+def flash_decode_split_kernel(
+    Q, K, V, BLOCK_TABLE, SEQLENS, OUT, O_PART, M_PART, L_PART,
+    stride_qb, stride_qh, stride_qd,
+    stride_kp, stride_ks, stride_kh, stride_kd,
+    stride_vp, stride_vs, stride_vh, stride_vd,
+    stride_tb, stride_tp, stride_sb,
+    stride_ob, stride_oh, stride_od,
+    group, block_size, window, num_splits, qk_scale, qk_scale_lo, SPLIT_BUCKET,
+    HAS_WINDOW: tl.constexpr, SPLIT: tl.constexpr, FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """One (sequence, KV head, key chunk); grid (B, Hkv, num_splits). Writes the chunk's
+    unnormalised output and (m, l) per query head of the group to the workspace, or with SPLIT
+    False (one chunk) the normalised output."""
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    batch = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1).to(tl.int64)
+    pid_s = tl.program_id(2)
+
+    seqlen = tl.load(SEQLENS + batch * stride_sb).to(tl.int32)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(seqlen - window, 0)
+    # This sequence's visible keys [lo, seqlen) in num_splits chunks of whole tiles.
+    chunk = tl.cdiv(tl.cdiv(seqlen - lo, num_splits), BLOCK_N) * BLOCK_N
+    start = lo + pid_s * chunk
+    end = tl.minimum(start + chunk, seqlen)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < group
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * group + offs_g  # (BLOCK_G,) the query heads of this KV head's group
+    q = tl.load(
+        Q + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+        mask=g_mask[:, None] & d_mask[None, :], other=0.0,
+    )
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=ACC)
+    l_i = tl.zeros([BLOCK_G], dtype=ACC)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=ACC)
+    table = BLOCK_TABLE + batch * stride_tb
+    k_base = K + kv_head * stride_kh + offs_d[None, :] * stride_kd
+    v_base = V + kv_head * stride_vh + offs_d[None, :] * stride_vd
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        # Key t of the sequence lives in page block_table[b, t // block_size], slot t % block_size;
+        # masked keys load no table entry and no K / V (unused memory may hold NaN).
+        page = tl.load(table + (offs_n // block_size) * stride_tp, mask=n_mask, other=0).to(tl.int64)
+        slot = (offs_n % block_size).to(tl.int64)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + page[:, None] * stride_kp + slot[:, None] * stride_ks, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=ACC)  # (BLOCK_G, BLOCK_N)
+        if FP64:
+            s = s * qk_scale + s * qk_scale_lo
+        else:
+            s = s * qk_scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        # start_n < end, so every tile holds a visible key and m_new is finite for every row
+        # (padded rows see scores of 0): no -inf - -inf can occur.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = _exp(s - m_new[:, None], FP64)
+        alpha = _exp(m_i - m_new, FP64)  # rescales what was accumulated under the old max (0 at first)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + page[:, None] * stride_vp + slot[:, None] * stride_vs, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION, out_dtype=ACC)
+        m_i = m_new
+
+    if SPLIT:
+        num_heads = tl.num_programs(1) * group
+        part = (batch * num_heads + heads) * num_splits + pid_s  # (BLOCK_G,) workspace rows
+        tl.store(M_PART + part, m_i, mask=g_mask)
+        tl.store(L_PART + part, l_i, mask=g_mask)
+        tl.store(
+            O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
+            mask=g_mask[:, None] & d_mask[None, :],
+        )
+    else:
+        # l = 0 only when the sequence is empty (no tile ran): its output is 0, not 0 / 0.
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(
+            OUT + batch * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+            o.to(OUT.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :],
+        )
+
+
+@triton.jit
+def flash_decode_combine_kernel(
+    O_PART, M_PART, L_PART, OUT,
+    stride_ob, stride_oh, stride_od,
+    num_splits,
+    FP64: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    """Merge the splits of one (query head, sequence); grid (Hq, B). Reads BLOCK_S splits at a time
+    and keeps a running max, so the rescaling is the online softmax's, one level up."""
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    head = tl.program_id(0).to(tl.int64)
+    batch = tl.program_id(1).to(tl.int64)
+    row = (batch * tl.num_programs(0) + head) * num_splits
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+
+    m_run = tl.full([1], float("-inf"), dtype=ACC)
+    l_run = tl.zeros([1], dtype=ACC)
+    acc = tl.zeros([BLOCK_D], dtype=ACC)
+    for s0 in range(0, num_splits, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        s_mask = offs_s < num_splits
+        m = tl.load(M_PART + row + offs_s, mask=s_mask, other=float("-inf"))
+        l_s = tl.load(L_PART + row + offs_s, mask=s_mask, other=0.0)
+        o = tl.load(O_PART + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        # Empty splits hold m = -inf; while every split so far is empty, shift by a finite 0 so
+        # their weights are e^-inf = 0 instead of e^(-inf - -inf) = NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = _exp(m_run - m_shift, FP64)
+        w = _exp(m - m_shift, FP64)  # (BLOCK_S,) weight of each split
+        l_run = l_run * alpha + tl.sum(w * l_s, 0)
+        acc = acc * alpha + tl.sum(o * w[:, None], 0)
+        m_run = m_new
+    # l = 0 only when every split is empty (seqlens[b] == 0): the output is 0.
+    out = acc / tl.where(l_run > 0, l_run, 1.0)
+    tl.store(OUT + batch * stride_ob + head * stride_oh + offs_d * stride_od, out.to(OUT.dtype.element_ty),
+             mask=d_mask)  # fmt: skip
+
+
+# fmt: on
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+
+
+def _split_fp64(x: float) -> tuple[float, float]:
+    """x as hi + lo, both fp32-representable: Triton passes Python floats as fp32."""
+    hi = float(torch.tensor(x, dtype=torch.float32))
+    return hi, x - hi
+
+
+def flash_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seqlens: torch.Tensor,
+    *,
+    window: int | None = None,
+    scale: float | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """One decode step of attention over a paged KV cache, FlashDecoding in Triton (Dao, Haziza,
+    Massa, Sizov 2023; online softmax of FlashAttention-2, Dao 2023, Algorithm 1; paging after
+    vLLM's PagedAttention, Kwon et al. 2023). Not differentiable (the decode path).
+
+    Sequence b's token t lives at ``k_cache[block_table[b, t // block_size], t % block_size]``; the
+    query of sequence b attends to its first ``seqlens[b]`` tokens (the cache already holds the new
+    token), only the last ``window`` of them when a window is set. Query head h reads KV head
+    ``h // (Hq // Hkv)``. Table entries past a sequence's used pages, slots past its length and
+    pages outside its window are never read.
+
+    Args:
+        q: (B, Hq, D) queries, float16 / bfloat16 / float32 / float64, any strides.
+        k_cache: (num_blocks, block_size, Hkv, D) key pages, same dtype as q, any strides.
+        v_cache: (num_blocks, block_size, Hkv, D) value pages, same shape and dtype as k_cache.
+        block_table: (B, max_blocks) integer (int32) page indices.
+        seqlens: (B,) integer (int32) cached tokens per sequence, in [0, max_blocks * block_size].
+        window: sliding window w > 0 counting the current token, or None.
+        scale: score scale; defaults to ``D ** -0.5``.
+        num_splits: key chunks per sequence processed in parallel (>= 1); None picks
+            :func:`num_splits_heuristic` for this GPU. Splits beyond a sequence's keys are empty
+            and contribute nothing; results differ between split counts only by rounding.
+
+    Accumulation is fp32 for 16-bit and fp32 inputs (fp64 for fp64); fp32 products are IEEE, not TF32.
+
+    Returns:
+        (B, Hq, D) in q's dtype; sequences with seqlens == 0 return 0.
+
+    Raises:
+        The reference's errors, from the same checks (TypeError: non-tensor inputs, non-floating q /
+        caches or mismatched dtypes, non-integer block_table / seqlens, non-int window or
+        num_splits; ValueError: wrong ndim or mismatched shapes, Hq not a multiple of Hkv, seqlens
+        out of [0, max_blocks * block_size], a used page index outside [0, num_blocks), window <= 0,
+        num_splits < 1), and, for this backend only, ValueError for head_dim outside [1, 256],
+        inputs on different devices, batch or KV heads above 65535, or CPU inputs without
+        ``TRITON_INTERPRET=1``.
+    """
+    # The reference's validation: same checks, order and messages.
+    batch, num_heads, num_kv_heads, head_dim, _, block_size, max_blocks, scale = _check_decode_args(
+        q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits
+    )
+
+    # This backend's own limits.
+    if not 1 <= head_dim <= _MAX_HEAD_DIM:
+        raise ValueError(
+            f"the Triton flash_decode supports head_dim in [1, {_MAX_HEAD_DIM}], got {head_dim}; "
+            "use backend='reference'"
+        )
+    devices = {t.device for t in (q, k_cache, v_cache, block_table, seqlens)}
+    if len(devices) > 1:
+        raise ValueError(
+            f"q, k_cache, v_cache, block_table and seqlens must be on one device, got {sorted(map(str, devices))}"
+        )
+    if not q.is_cuda and not _INTERPRET:
+        raise ValueError(
+            f"the Triton flash_decode needs CUDA tensors (got {q.device}); on CPU set TRITON_INTERPRET=1 "
+            "before importing kernels, or use backend='reference'"
+        )
+    if batch > _MAX_GRID_YZ or num_kv_heads > _MAX_GRID_YZ:
+        raise ValueError(
+            f"the Triton flash_decode supports batch and num_kv_heads up to {_MAX_GRID_YZ}, got "
+            f"{batch} and {num_kv_heads}; split the batch"
+        )
+
+    out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+    seqlen = max_blocks * block_size  # keys a sequence may hold: a shape, not a device read
+    if window is not None:
+        seqlen = min(seqlen, window)
+    if num_splits is None:
+        num_splits = num_splits_heuristic(batch, num_kv_heads, seqlen, _num_sms(q.device))
+    # Splits past the longest possible sequence would all be empty; the grid axis caps it anyway.
+    num_splits = min(num_splits, max(seqlen, 1), _MAX_GRID_YZ)
+
+    fp64 = q.dtype == torch.float64
+    # scale * log2(e) turns exp into exp2 (scores in base 2); fp64 keeps the natural base, exact.
+    qk_scale, qk_scale_lo = _split_fp64(scale) if fp64 else (scale * _LOG2E, 0.0)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    group = num_heads // num_kv_heads
+    split = num_splits > 1
+    acc_dtype = torch.float64 if fp64 else torch.float32
+    if split:
+        o_part = torch.empty((batch, num_heads, num_splits, head_dim), dtype=acc_dtype, device=q.device)
+        m_part = torch.empty((batch, num_heads, num_splits), dtype=acc_dtype, device=q.device)
+        l_part = torch.empty((batch, num_heads, num_splits), dtype=acc_dtype, device=q.device)
+    else:  # one chunk writes the output itself; the workspace pointers are unused
+        o_part = m_part = l_part = out
+
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        flash_decode_split_kernel[(batch, num_kv_heads, num_splits)](
+            q, k_cache, v_cache, block_table, seqlens, out, o_part, m_part, l_part,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(),
+            *block_table.stride(), seqlens.stride(0), *out.stride(),
+            group, block_size, window or 0, num_splits, qk_scale, qk_scale_lo,
+            _split_bucket(seqlen, num_splits),
+            HAS_WINDOW=window is not None, SPLIT=split, FP64=fp64,
+            # fp32 inputs: IEEE fp32 products (TF32 would cost ~1e-3 relative error); 16-bit inputs
+            # multiply exactly in the tensor cores either way.
+            DOT_PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        )  # fmt: skip
+        if split:
+            flash_decode_combine_kernel[(num_heads, batch)](
+                o_part, m_part, l_part, out, *out.stride(), num_splits,
+                FP64=fp64, HEAD_DIM=head_dim, BLOCK_D=block_d,
+                BLOCK_S=min(triton.next_power_of_2(num_splits), 16),
+            )  # fmt: skip
+    return out

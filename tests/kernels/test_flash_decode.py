@@ -1,0 +1,378 @@
+"""The FlashDecoding Triton kernel (kernels/flash_decode.py) against the reference.
+
+Accuracy rule (flash-attention's test suite, as in test_flash_attention.py): with the float64
+reference on the same (dtype-rounded) inputs as ground truth,
+
+    err(kernel in dtype X)  <=  2 * err(naive decode attention computed in dtype X) + atol
+
+where "naive" gathers the keys and computes scores, softmax and output with every intermediate
+rounded to X, and ``atol = 2 * |(x + 0.3) - 0.3 - x|`` in X is X's rounding step at the values'
+magnitude (it only matters where the naive error is ~0, e.g. a sequence of one token). float64
+runs are compared with the reference directly at 1e-12.
+
+On CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1) with
+16-key tiles, so the CPU cases are tiny and cover every kind of case once: one batch mixing
+sequence lengths 1, 17, 0, 65, 127 (one key, a partial tile, an empty sequence, several tiles and
+pages); page sizes 16, 32 and 5 (not a power of two, smaller than a tile); GQA groups 1, 2, 3;
+head dims 64, 80, 96, 128; windows 1, 20, 64 and none; 1, 2, several and more splits than pages;
+non-contiguous q and caches; shuffled page tables; NaN in every byte no program may read; errors.
+The whole product in bf16, realistic shapes (B = 64 at 32k keys) and the default split heuristic
+at GPU sizes are marked ``gpu`` (``pytest -m gpu tests/kernels/test_flash_decode.py`` on a CUDA
+machine).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+
+import kernels
+from kernels import reference
+
+# ``kernels.flash_decode`` is the public function (it shadows the submodule's name on the
+# package), so the kernel module is taken from sys.modules.
+fd = sys.modules["kernels.flash_decode"]
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+F64 = torch.float64
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+SEQLENS = [1, 17, 0, 65, 127]
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def make_paged(
+    seqlens, num_heads, num_kv_heads, head_dim, page_size, dtype, *, spare_pages=3, layout="contiguous"
+):
+    """A paged decode problem on DEVICE: q (B, Hq, D), caches (num_blocks, page_size, Hkv, D),
+    block_table (B, max_blocks) int32 with each sequence's pages drawn in shuffled order from the
+    pool, -1 in unused entries, and NaN in every unused page and every slot past a sequence's end.
+
+    ``layout="strided"``: q and the caches are non-contiguous views (q transposed from (B, D, Hq)
+    storage, caches a slice of a wider head dim).
+    """
+    seqlens_t = torch.tensor(seqlens, dtype=torch.int32)
+    batch = len(seqlens)
+    pages_needed = [math.ceil(n / page_size) for n in seqlens]
+    max_blocks = max(max(pages_needed), 1) + 1  # one table entry more than any sequence needs
+    num_blocks = sum(pages_needed) + spare_pages
+    order = torch.randperm(num_blocks).tolist()
+    block_table = torch.full((batch, max_blocks), -1, dtype=torch.int32)
+    for b, n_pages in enumerate(pages_needed):
+        for p in range(n_pages):
+            block_table[b, p] = order.pop()
+
+    shape = (num_blocks, page_size, num_kv_heads, head_dim)
+    if layout == "strided":
+        k_cache = torch.randn(num_blocks, page_size, num_kv_heads, head_dim + 8)[..., 3 : 3 + head_dim]
+        v_cache = torch.randn(num_blocks, page_size, num_kv_heads, head_dim + 8)[..., 3 : 3 + head_dim]
+        q = torch.randn(batch, head_dim, num_heads).transpose(1, 2)
+    else:
+        k_cache, v_cache, q = torch.randn(shape), torch.randn(shape), torch.randn(batch, num_heads, head_dim)
+    used = torch.zeros(num_blocks, page_size, dtype=torch.bool)
+    for b, n in enumerate(seqlens):
+        t = torch.arange(n)
+        used[block_table[b, t // page_size].long(), t % page_size] = True
+    k_cache[~used], v_cache[~used] = math.nan, math.nan
+
+    def to_device(x):  # keeps the view's strides
+        return torch.empty_strided(x.shape, x.stride(), dtype=dtype, device=DEVICE).copy_(x)
+
+    q, k_cache, v_cache = to_device(q), to_device(k_cache), to_device(v_cache)
+    if layout == "strided":
+        assert not (q.is_contiguous() or k_cache.is_contiguous() or v_cache.is_contiguous())
+    return q, k_cache, v_cache, block_table.to(DEVICE), seqlens_t.to(DEVICE)
+
+
+def without_nan(x):
+    """The caches with the never-read NaN replaced by 0, for the references (whose gather reads
+    every slot and multiplies unused ones by a zero probability)."""
+    return torch.nan_to_num(x, nan=0.0)
+
+
+def naive_decode(q, k_cache, v_cache, block_table, seqlens, window, scale=None):
+    """Decode attention with every intermediate in q's dtype: per sequence, gather its keys, repeat
+    the KV heads over the group, scores, softmax, output. Empty sequences give 0."""
+    group = q.shape[1] // k_cache.shape[2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    page_size = k_cache.shape[1]
+    out = torch.zeros_like(q)
+    for b, n in enumerate(seqlens.tolist()):
+        lo = 0 if window is None else max(0, n - window)
+        if n == lo:
+            continue
+        t = torch.arange(lo, n, device=q.device)
+        pages = block_table[b].long()[t // page_size]
+        k = k_cache[pages, t % page_size].repeat_interleave(group, dim=1)  # (n, Hq, D)
+        v = v_cache[pages, t % page_size].repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,thd->ht", q[b], k) * scale  # (Hq, n) in q's dtype
+        out[b] = torch.einsum("ht,thd->hd", torch.softmax(scores, dim=-1), v)
+    return out
+
+
+def rounding_atol(x_ref, dtype):
+    """flash-attn's atol: twice dtype's rounding step at the magnitude of x_ref (and of 0.3)."""
+    x = x_ref.to(dtype)
+    return 2 * (x + 0.3 - 0.3 - x).abs().max().item()
+
+
+def assert_decode_accuracy(q, k_cache, v_cache, block_table, seqlens, *, window, num_splits, scale=None):
+    """Kernel vs float64 reference, bounded by the naive same-dtype error (see module docstring)."""
+    dtype = q.dtype
+    out = kernels.flash_decode(
+        q, k_cache, v_cache, block_table, seqlens, window=window, scale=scale, num_splits=num_splits,
+        backend="triton",
+    )  # fmt: skip
+    assert out.shape == q.shape and out.dtype == dtype
+    assert torch.isfinite(out).all(), "the kernel read NaN it must never read"
+    k_clean, v_clean = without_nan(k_cache), without_nan(v_cache)
+    ref = reference.flash_decode(
+        q.double(), k_clean.double(), v_clean.double(), block_table, seqlens, window=window, scale=scale
+    )
+    empty = seqlens == 0
+    assert torch.equal(out[empty], torch.zeros_like(out[empty]))
+    if dtype == F64:
+        torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+        return
+    naive = naive_decode(q, k_clean, v_clean, block_table, seqlens, window, scale)
+    err = (out.double() - ref).abs().max().item()
+    base_err = (naive.double() - ref).abs().max().item()
+    # On the GPU, tl.exp2 is ex2.approx.f32 (relative error ~2^-22) and the scale * log2(e) is
+    # fp32-rounded: a few fp32 ulps the naive path (exact expf) lacks; visible only in fp32.
+    atol = rounding_atol(ref, dtype) + 2.0**-20 * ref.abs().max().item()
+    assert err <= 2 * base_err + atol, (
+        f"kernel error {err:.3g} > 2 x naive {dtype} error {base_err:.3g} + atol {atol:.3g}"
+    )
+
+
+def decode(inputs, **kwargs):
+    return kernels.flash_decode(*inputs, backend="triton", **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Accuracy: every kind of case once, at tiny sizes
+# ----------------------------------------------------------------------------------------------
+
+# (Hq, Hkv, D, page_size, window, num_splits, dtype, layout). Interpreter tiles hold 16 keys; the
+# longest sequence (127 keys) spans 8 tiles and 8 / 4 / 26 pages of 16 / 32 / 5 slots.
+CASES = [
+    (2, 2, 64, 16, None, None, torch.float32, "contiguous"),  # MHA, default heuristic (1 split)
+    (4, 2, 80, 32, None, 2, torch.float16, "contiguous"),  # group 2, D 80
+    (3, 1, 96, 16, 20, 3, torch.float32, "strided"),  # group 3, window > tile, non-contiguous
+    (6, 2, 128, 16, 1, 1, torch.float16, "contiguous"),  # window 1: only the new token
+    (4, 2, 64, 32, 64, 9, torch.float32, "contiguous"),  # 9 splits > 4 pages of the longest sequence
+    (2, 1, 64, 5, None, 4, torch.float16, "strided"),  # pages of 5 slots (smaller than a tile)
+    (6, 2, 80, 16, 17, 5, F64, "contiguous"),  # float64 vs reference at 1e-12
+    (4, 2, 128, 32, None, 1, F64, "strided"),
+]
+
+
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim,page_size,window,num_splits,dtype,layout",
+    CASES,
+    ids=[f"h{c[0]}kv{c[1]}-d{c[2]}-p{c[3]}-w{c[4]}-s{c[5]}-{str(c[6])[6:]}-{c[7]}" for c in CASES],
+)
+def test_matches_reference(num_heads, num_kv_heads, head_dim, page_size, window, num_splits, dtype, layout):
+    inputs = make_paged(SEQLENS, num_heads, num_kv_heads, head_dim, page_size, dtype, layout=layout)
+    assert_decode_accuracy(*inputs, window=window, num_splits=num_splits)
+
+
+def test_split_counts_agree_and_custom_scale():
+    # 1, 2, 5 and 16 splits (16 > the 8 tiles of the longest sequence: empty splits) on identical
+    # inputs: each within the accuracy rule, and all within fp32 rounding of one another.
+    inputs = make_paged(SEQLENS, 6, 2, 64, 16, torch.float32)
+    outs = []
+    for num_splits in (1, 2, 5, 16):
+        assert_decode_accuracy(*inputs, window=40, num_splits=num_splits, scale=0.3)
+        outs.append(decode(inputs, window=40, num_splits=num_splits, scale=0.3))
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], rtol=1e-5, atol=1e-6)
+
+
+def test_page_order_and_layout_do_not_change_bits():
+    # The same keys in other pages (another shuffle, a different pool) or in non-contiguous storage:
+    # the kernel reads them in the same order, so the output is bitwise identical.
+    q, k_cache, v_cache, table, seqlens = make_paged(SEQLENS, 4, 2, 64, 16, torch.float16)
+    want = decode((q, k_cache, v_cache, table, seqlens), num_splits=3)
+    perm = torch.randperm(k_cache.shape[0], device=DEVICE)
+    inverse = torch.argsort(perm)  # page p moves to slot inverse[p]
+    moved_table = torch.where(table >= 0, inverse[table.clamp(min=0).long()].int(), table)
+    moved = (q, k_cache[perm], v_cache[perm], moved_table, seqlens)
+    assert torch.equal(decode(moved, num_splits=3), want)
+    q_t = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=q.dtype, device=DEVICE).transpose(1, 2)
+    q_t.copy_(q)
+    assert torch.equal(decode((q_t, k_cache, v_cache, table, seqlens), num_splits=3), want)
+
+
+def test_nothing_outside_the_window_is_read():
+    # Whole pages before a sequence's window hold NaN: with window 20 at length 127 (pages of 16),
+    # pages 0-5 are never loaded, and the result equals the clean run bit for bit.
+    q, k_cache, v_cache, table, seqlens = make_paged([127, 40], 4, 2, 64, 16, torch.float32)
+    want = decode((q, k_cache, v_cache, table, seqlens), window=20, num_splits=2)
+    k_bad, v_bad = k_cache.clone(), v_cache.clone()
+    for page in table[0, :6].long().tolist() + [table[1, 0].item()]:  # [0, 96) and [0, 16)
+        k_bad[page], v_bad[page] = math.nan, math.nan
+    got = decode((q, k_bad, v_bad, table, seqlens), window=20, num_splits=2)
+    assert torch.equal(got, want)
+
+
+def test_empty_batch_and_all_empty_sequences():
+    q, k_cache, v_cache, table, seqlens = make_paged([0, 0], 4, 2, 64, 16, torch.float32)
+    for num_splits in (1, 3):
+        out = decode((q, k_cache, v_cache, table, seqlens), num_splits=num_splits)
+        assert torch.equal(out, torch.zeros_like(out))
+    out = decode((q[:0], k_cache, v_cache, table[:0], seqlens[:0]))
+    assert out.shape == (0, 4, 64)
+
+
+def test_num_splits_heuristic():
+    heuristic = fd.num_splits_heuristic
+    # Batch 1, 8 KV heads on 132 SMs: split until ~4 programs per SM, at >= 128 keys per split.
+    assert heuristic(1, 8, 2048, 132) == 16
+    assert heuristic(1, 8, 8192, 132) == 60  # 480 programs: the first count filling >= 90% of 528 slots
+    assert heuristic(1, 8, 131072, 132) == 60
+    assert heuristic(64, 8, 32768, 132) == 1  # 512 programs already fill 528 slots
+    assert heuristic(1, 8, 100, 132) == 1  # too short to split
+    for batch in (1, 3, 17, 64, 1000):
+        for seqlen in (1, 129, 4096, 1 << 17):
+            splits = heuristic(batch, 8, seqlen, 132)
+            assert 1 <= splits <= max(1, min(fd.MAX_SPLITS, seqlen // fd.MIN_SPLIT_TOKENS))
+
+
+# ----------------------------------------------------------------------------------------------
+# Dispatch and errors
+# ----------------------------------------------------------------------------------------------
+
+
+def test_registered_for_triton_backend():
+    assert kernels._TRITON_OPS["flash_decode"] is fd.flash_decode
+    inputs = make_paged([3, 9], 2, 1, 16, 4, torch.float32)
+    expected = "triton" if DEVICE == "cuda" else "reference"
+    q, k, v, table, seqlens = inputs
+    k, v = without_nan(k), without_nan(v)
+    assert torch.equal(
+        kernels.flash_decode(q, k, v, table, seqlens),
+        kernels.flash_decode(q, k, v, table, seqlens, backend=expected),
+    )
+
+
+def _call(backend, *args, **kwargs):
+    try:
+        kernels.flash_decode(*args, backend=backend, **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        return type(exc), str(exc)
+    return None
+
+
+def _t(*shape, dtype=torch.float32):
+    return torch.randn(shape, dtype=dtype, device=DEVICE)
+
+
+def _i(*values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+_Q, _CACHE, _TABLE, _LENS = _t(2, 2, 8), _t(3, 4, 1, 8), torch.zeros(2, 2, dtype=torch.int32), _i(3, 8)
+
+
+@pytest.mark.parametrize(
+    "args,kwargs",
+    [
+        ((_Q, _CACHE, _CACHE, _TABLE, _i(3, 9)), {}),  # seqlens beyond the table's capacity
+        ((_Q, _CACHE, _CACHE, _TABLE, _i(-1, 3)), {}),
+        ((_Q, _CACHE, _CACHE, _TABLE.float(), _LENS), {}),
+        ((_Q, _CACHE, _CACHE, _TABLE, _LENS.double()), {}),
+        ((_Q, _CACHE, _CACHE, _TABLE.bool(), _LENS), {}),
+        ((_Q, _CACHE, _CACHE, torch.tensor([[0, 0], [1, 3]], dtype=torch.int32), _LENS), {}),  # page 3
+        ((_Q, _CACHE, _CACHE, _TABLE[:1], _LENS), {}),
+        ((_t(2, 3, 8), _t(3, 4, 2, 8), _t(3, 4, 2, 8), _TABLE, _LENS), {}),  # 3 heads over 2 KV heads
+        ((_Q, _CACHE, _CACHE, _TABLE, _LENS), {"window": 0}),
+        ((_Q, _CACHE, _CACHE, _TABLE, _LENS), {"window": 2.0}),
+        ((_Q, _CACHE, _CACHE, _TABLE, _LENS), {"scale": "0.1"}),
+        ((_Q, _CACHE, _CACHE, _TABLE, _LENS), {"num_splits": 0}),
+        ((_Q, _CACHE, _CACHE, _TABLE, _LENS), {"num_splits": 2.0}),
+        ((_Q, _CACHE, _CACHE, _TABLE, _LENS), {"num_splits": True}),
+        ((_Q, _CACHE, _t(3, 4, 1, 4), _TABLE, _LENS), {}),  # k / v shapes differ
+        ((_Q, _t(3, 4, 1, 4), _t(3, 4, 1, 4), _TABLE, _LENS), {}),  # head dims differ
+        ((_Q, _CACHE.double(), _CACHE.double(), _TABLE, _LENS), {}),
+        ((_Q, _t(4, 1, 8), _t(4, 1, 8), _TABLE, _LENS), {}),
+        (([1.0], _CACHE, _CACHE, _TABLE, _LENS), {}),
+    ],
+)
+def test_errors_identical_to_reference(args, kwargs):
+    triton_error, reference_error = _call("triton", *args, **kwargs), _call("reference", *args, **kwargs)
+    assert reference_error is not None
+    assert triton_error == reference_error
+
+
+def test_backend_specific_errors():
+    big = _t(1, 2, 264)
+    with pytest.raises(ValueError, match=r"head_dim in \[1, 256\].*backend='reference'"):
+        kernels.flash_decode(big, _t(1, 4, 1, 264), _t(1, 4, 1, 264), _i(0)[None], _i(2), backend="triton")
+    if DEVICE == "cpu":
+        meta = torch.empty(3, 4, 1, 8, device="meta")
+        with pytest.raises(ValueError, match="one device"):
+            kernels.flash_decode(_Q, meta, meta, _TABLE, _LENS, backend="triton")
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: the full sweep, bf16, realistic shapes (pytest -m gpu)
+# ----------------------------------------------------------------------------------------------
+
+GPU_SEQLENS = [1, 15, 16, 17, 0, 64, 65, 127, 1000, 2049]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(2, 2), (4, 2), (6, 2), (8, 2)])
+def test_gpu_sweep(dtype, head_dim, num_heads, num_kv_heads):
+    for page_size in (16, 64, 256, 5):
+        inputs = make_paged(GPU_SEQLENS, num_heads, num_kv_heads, head_dim, page_size, dtype)
+        for window in (None, 1, 16, 100, 4096):
+            for num_splits in (None, 1, 3, 64):
+                try:
+                    assert_decode_accuracy(*inputs, window=window, num_splits=num_splits)
+                except AssertionError as exc:
+                    raise AssertionError(
+                        f"page={page_size} window={window} splits={num_splits}: {exc}"
+                    ) from exc
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_gpu_strided(dtype):
+    inputs = make_paged(GPU_SEQLENS, 8, 2, 128, 64, dtype, layout="strided")
+    for window in (None, 100):
+        assert_decode_accuracy(*inputs, window=window, num_splits=None)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    "batch,seqlen,num_heads,num_kv_heads,page_size,window",
+    [
+        (64, 32768, 8, 2, 64, None),  # B = 64 at 32k: one split per (sequence, KV head)
+        (1, 32768, 32, 8, 16, None),  # batch 1: the heuristic splits the keys
+        (8, 8192, 32, 8, 256, 4096),
+        (3, 131072, 8, 1, 64, None),
+    ],
+)
+def test_gpu_realistic_shapes(batch, seqlen, num_heads, num_kv_heads, page_size, window):
+    # Lengths around seqlen, one sequence a little shorter than a page multiple.
+    lengths = [seqlen - (b * 37) % 300 for b in range(batch)]
+    inputs = make_paged(lengths, num_heads, num_kv_heads, 128, page_size, torch.bfloat16, spare_pages=1)
+    assert_decode_accuracy(*inputs, window=window, num_splits=None)
