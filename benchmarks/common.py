@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from eval.records import git_sha
+from eval.records import git_dirty, git_sha
 from models.checkpoint import atomic_write_bytes
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -74,7 +74,8 @@ def today() -> str:
 
 
 def versions() -> dict[str, Any]:
-    """What produced a result: torch, Triton, CUDA, cuDNN, GPU name and capability, date, git commit.
+    """What produced a result: torch, Triton, CUDA, cuDNN, GPU name and capability, date, git commit (and
+    whether the tree had uncommitted changes).
 
     Entries that cannot be determined (no GPU, no Triton, not a git checkout) are ``None``.
     """
@@ -97,6 +98,7 @@ def versions() -> dict[str, Any]:
         "date": now.date().isoformat(),
         "time": now.isoformat(timespec="seconds"),
         "git_sha": git_sha(),
+        "git_dirty": git_dirty(),
     }
 
 

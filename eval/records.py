@@ -36,6 +36,23 @@ def git_sha() -> str | None:
     return out.stdout.strip() or None
 
 
+def git_dirty() -> bool | None:
+    """Whether tracked files of the checkout differ from its commit (the result then came from code
+    that :func:`git_sha` alone does not identify), or ``None`` outside git."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip())
+
+
 def device_name(device: torch.device | str) -> str:
     """Human-readable device for records: the GPU's name on CUDA, ``cpu`` otherwise."""
     device = torch.device(device)

@@ -61,6 +61,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "y
 _MAX_HEAD_DIM = 256
 _LOG2E = math.log2(math.e)
 _LN2 = math.log(2.0)
+_FP32_MAX = torch.finfo(torch.float32).max
 
 # ----------------------------------------------------------------------------------------------
 # Autotune configs
@@ -258,7 +259,9 @@ def _scale_scores(s, qk_scale, qk_scale_lo, FP64: tl.constexpr):
     """Scaled scores: base-2 (``scale * log2 e`` folded in) for fp32 math; natural for fp64, where
     the scale arrives as two fp32 halves (Triton passes Python floats as fp32)."""
     if FP64:
-        return s * qk_scale + s * qk_scale_lo
+        # One multiply by the rejoined fp64 scale: s * hi + s * lo would turn an infinite score
+        # into inf * 0 = NaN whenever lo is 0.
+        return s * (tl.cast(qk_scale, tl.float64) + tl.cast(qk_scale_lo, tl.float64))
     else:
         return s * qk_scale
 
@@ -823,7 +826,8 @@ class _FlashAttentionFunction(torch.autograd.Function):
         # The kernels keep the lse in the scores' base (2, or e for fp64); callers get the natural log.
         # The unused output's gradient arrives as None instead of zeros.
         ctx.set_materialize_grads(False)
-        return o, lse if q.dtype == torch.float64 else lse * _LN2
+        # A copy either way, so that the caller may modify it in place without touching the saved lse.
+        return o, lse.clone() if q.dtype == torch.float64 else lse * _LN2
 
     @staticmethod
     @once_differentiable
@@ -867,11 +871,13 @@ def flash_attention(
         for 16-bit inputs and the input dtype otherwise.
 
     Raises:
-        The reference's errors, from the same checks (TypeError: non-tensor or non-floating inputs,
-        mismatched dtypes, non-int window, bad scale; ValueError: wrong ndim, mismatched batch /
-        head_dim / k-v shapes, Hq not a multiple of Hkv, Tk == 0, window <= 0, window with
-        causal=False), and, for this backend only, ValueError for head_dim outside [1, 256], inputs
-        on different devices, or CPU inputs without ``TRITON_INTERPRET=1``.
+        The reference's errors, from the same checks (TypeError: non-tensor inputs, dtypes other
+        than fp16/bf16/fp32/fp64, mismatched dtypes, non-bool causal, non-int window, non-float
+        scale; ValueError: wrong ndim, mismatched batch / head_dim / k-v shapes, no heads or
+        head_dim 0, Hq not a multiple of Hkv, Tk == 0, window <= 0, window with causal=False,
+        non-finite scale), and, for this backend only, ValueError for head_dim above 256, a scale
+        beyond float32's range, inputs on different devices or on a device other than CUDA / CPU,
+        or CPU inputs without ``TRITON_INTERPRET=1``.
     """
     # The reference's validation: same checks, order and messages.
     batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale = _check_attention_args(
@@ -883,6 +889,14 @@ def flash_attention(
         raise ValueError(
             f"the Triton flash_attention supports head_dim in [1, {_MAX_HEAD_DIM}], got {head_dim}; "
             "use backend='reference'"
+        )
+    if abs(scale) * _LOG2E > _FP32_MAX:
+        raise ValueError(
+            f"scale {scale:g} overflows float32, the Triton kernels' scalar type; use backend='reference'"
+        )
+    if q.device.type not in ("cuda", "cpu"):
+        raise ValueError(
+            f"the Triton flash_attention runs on CUDA (or CPU under the interpreter), got {q.device}"
         )
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device} and {v.device}")

@@ -15,6 +15,8 @@ selective scan uses mamba_ssm's ``(batch, dim, seqlen)``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange
@@ -49,6 +51,10 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# The floating dtypes every op computes in (float8 and complex would need other accumulation rules).
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def _check_tensor(name: str, x, ndim: int | tuple[int, ...], *, floating: bool = True) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -56,8 +62,11 @@ def _check_tensor(name: str, x, ndim: int | tuple[int, ...], *, floating: bool =
     if x.ndim not in ndims:
         expected = " or ".join(str(n) for n in ndims)
         raise ValueError(f"{name} must have {expected} dimensions, got shape {tuple(x.shape)}")
-    if floating and not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if floating and x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must be a float16, bfloat16, float32 or float64 tensor, got dtype {x.dtype}; "
+            "cast it with .to(...)"
+        )
 
 
 def _check_same_dtype(**tensors: torch.Tensor) -> None:
@@ -71,7 +80,7 @@ def _check_window(window, causal: bool = True) -> None:
     if window is None:
         return
     if isinstance(window, bool) or not isinstance(window, int):
-        raise TypeError(f"window must be a positive int or None, got {window!r}")
+        raise TypeError(f"window must be a positive int or None, got {window!r}; pass int(window)")
     if window <= 0:
         raise ValueError(f"window must be > 0 (it counts the current token), got {window}")
     if not causal:
@@ -79,8 +88,12 @@ def _check_window(window, causal: bool = True) -> None:
 
 
 def _check_scale(scale) -> None:
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"scale must be a number or None, got {scale!r}")
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a Python float or None, got {scale!r}; pass float(scale)")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
 
 
 def _check_heads(num_heads: int, num_kv_heads: int) -> None:
@@ -137,8 +150,15 @@ def _check_attention_args(q, k, v, causal: bool, window, scale):
         raise ValueError(
             f"q (B, Tq, Hq, D) = {tuple(q.shape)} and k (B, Tk, Hkv, D) = {tuple(k.shape)} must agree on B and D"
         )
+    if head_dim == 0 or num_heads == 0 or num_kv_heads == 0:
+        raise ValueError(
+            f"q (B, Tq, Hq, D) = {tuple(q.shape)} and k (B, Tk, Hkv, D) = {tuple(k.shape)} need at least one "
+            "head and head_dim >= 1"
+        )
     if seqlen_k == 0:
         raise ValueError("k and v must hold at least one key (Tk >= 1)")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
     _check_heads(num_heads, num_kv_heads)
     _check_window(window, causal)
     _check_scale(scale)
@@ -182,9 +202,11 @@ def flash_attention(
         for 16-bit inputs and the input dtype otherwise.
 
     Raises:
-        TypeError: non-tensor or non-floating inputs, mismatched dtypes, non-int window, bad scale.
-        ValueError: wrong ndim, mismatched batch / head_dim / k-v shapes, Hq not a multiple of Hkv,
-            Tk == 0, window <= 0, window with causal=False.
+        TypeError: non-tensor inputs, dtypes other than fp16/bf16/fp32/fp64, mismatched dtypes,
+            non-bool causal, non-int window, non-float scale.
+        ValueError: wrong ndim, mismatched batch / head_dim / k-v shapes, no heads or head_dim 0,
+            Hq not a multiple of Hkv, Tk == 0, window <= 0, window with causal=False, non-finite
+            scale.
     """
     batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale = _check_attention_args(
         q, k, v, causal, window, scale

@@ -586,6 +586,13 @@ def _t(*shape, dtype=torch.float32):
             {},
         ),
         (([1.0], _t(1, 4, 2, 8), _t(1, 4, 2, 8)), {}),
+        ((_t(1, 4, 2, 8).to(torch.float8_e4m3fn),) * 3, {}),
+        ((_t(1, 4, 2, 0), _t(1, 4, 2, 0), _t(1, 4, 2, 0)), {}),
+        ((_t(1, 4, 2, 8), _t(1, 4, 0, 8), _t(1, 4, 0, 8)), {}),
+        ((_t(1, 4, 2, 8), _t(1, 4, 2, 8), _t(1, 4, 2, 8)), {"causal": "no"}),
+        ((_t(1, 4, 2, 8), _t(1, 4, 2, 8), _t(1, 4, 2, 8)), {"causal": None}),
+        ((_t(1, 4, 2, 8), _t(1, 4, 2, 8), _t(1, 4, 2, 8)), {"scale": float("inf")}),
+        ((_t(1, 4, 2, 8), _t(1, 4, 2, 8), _t(1, 4, 2, 8)), {"scale": float("nan")}),
     ],
 )
 def test_errors_identical_to_reference(args, kwargs):
@@ -597,10 +604,42 @@ def test_errors_identical_to_reference(args, kwargs):
 def test_backend_specific_errors():
     with pytest.raises(ValueError, match=r"head_dim in \[1, 256\].*backend='reference'"):
         kernels.flash_attention(_t(1, 4, 2, 264), _t(1, 4, 2, 264), _t(1, 4, 2, 264), backend="triton")
+    with pytest.raises(ValueError, match="overflows float32.*backend='reference'"):
+        kernels.flash_attention(_t(1, 4, 2, 8), _t(1, 4, 2, 8), _t(1, 4, 2, 8), scale=1e39, backend="triton")
+    meta = torch.empty(1, 4, 2, 8, device="meta")
+    with pytest.raises(ValueError, match="runs on CUDA"):
+        kernels.flash_attention(meta, meta, meta, backend="triton")
     if DEVICE == "cpu":
-        meta = torch.empty(1, 4, 2, 8, device="meta")
         with pytest.raises(ValueError, match="one device"):
             kernels.flash_attention(_t(1, 4, 2, 8), meta, meta, backend="triton")
+
+
+def test_error_messages_say_how_to_fix():
+    q = _t(1, 4, 2, 8)
+    with pytest.raises(TypeError, match=r"pass int\(window\)"):
+        kernels.flash_attention(q, q, q, window=torch.tensor(2).numpy()[()], backend="triton")
+    with pytest.raises(TypeError, match=r"pass float\(scale\)"):
+        kernels.flash_attention(q, q, q, scale=torch.tensor(0.5).numpy()[()], backend="triton")
+    with pytest.raises(TypeError, match=r"float16, bfloat16, float32 or float64.*\.to\("):
+        kernels.flash_attention(*(q.to(torch.float8_e5m2),) * 3, backend="triton")
+
+
+def test_float64_infinite_score_and_returned_lse():
+    # An infinite score gets weight 0 (-inf) or takes the row (+inf: the reference's NaN rows aside,
+    # the -inf case must match); the fp64 scale is applied in one multiply, never as inf * 0.
+    q = torch.ones(1, 4, 1, 16, dtype=F64, device=DEVICE)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    k[0, 0, 0, 0] = -math.inf
+    want = kernels.flash_attention(q, k, v, backend="reference")
+    got = kernels.flash_attention(q, k, v, backend="triton")
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    # The returned lse is the caller's: modifying it in place leaves the backward intact.
+    qq = q.clone().requires_grad_()
+    o, lse = kernels.flash_attention(qq, k.nan_to_num(neginf=0.0), v, return_lse=True, backend="triton")
+    lse.clamp_(min=-1e4)
+    o.sum().backward()
+    assert torch.isfinite(qq.grad).all()
 
 
 # ----------------------------------------------------------------------------------------------
