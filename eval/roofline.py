@@ -1,0 +1,283 @@
+"""The HBM-traffic model of attention: ``python eval/roofline.py [records=[a.json,...]] [overrides]``.
+
+Attention over N tokens with head dim d in a b-byte dtype moves, per head (FlashAttention, Dao et al.
+2022, Sec. 3.2 and Theorem 2; the standard-attention IO count of its Algorithm 0):
+
+- the ``N x d`` terms -- Q, K, V read and O written, ``N * d * b`` bytes each (2.1 MB at N = 8192,
+  d = 128, fp16) -- which every implementation moves once;
+- the ``N x N`` terms -- the score matrix S and probabilities P, ``N^2 * b`` bytes each (134 MB) --
+  which naive attention moves four times (S written by ``QK^T``, read by the softmax, P written,
+  read by ``PV``) and FlashAttention never (tiles stay on chip).
+
+So one 8k-token prefill of a 32-layer, 32-head model moves ``4 * N^2 * b * 32 * 32`` = 549.8 GB of
+scores naively: 164 ms at an H100's 3.35 TB/s, 129 ms at the H200's measured 4.27 TB/s, against
+``4 * N^2 * d`` FLOPs per head (``QK^T`` and ``PV``, 2 FLOPs per multiply-add) that a
+989 TFLOP/s tensor core finishes in 36 ms -- naive attention is memory-bound, FlashAttention
+compute-bound. At decode the step is a read of the weights and the KV cache; a 32-layer model
+that launches ~7 elementwise kernels per layer at ~5 us each spends 1.12 ms in launch overhead
+alone, a quarter of a 4.5 ms step: what a CUDA graph (and kernel fusion) removes.
+
+With ``records=[...]`` (JSON lists written by ``eval/decode.py``), every prefill / decode
+throughput record is printed beside the floor for its shape: decode moves the weights plus every
+sequence's cache once per step, prefill at least moves those bytes and does its FLOPs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from eval.cli import user_errors
+
+GB = 1e9
+MB = 1e6
+
+# Record metrics eval/decode.py writes (value in tokens/s) that this script sets beside a floor.
+PREFILL_METRIC = "prefill_tokens_per_s"
+DECODE_METRIC = "decode_tokens_per_s"
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """One attention prefill: ``seqlen`` tokens, ``num_heads`` heads of ``head_dim`` in each of
+    ``num_layers`` layers, elements of ``dtype_bytes`` bytes (2 for fp16 / bf16)."""
+
+    seqlen: int = 8192
+    head_dim: int = 128
+    num_heads: int = 32
+    num_layers: int = 32
+    dtype_bytes: int = 2
+
+
+def nd_bytes(shape: AttentionShape) -> int:
+    """Bytes of one ``(N, d)`` operand of one head (Q, K, V or O): ``N * d * b``."""
+    return shape.seqlen * shape.head_dim * shape.dtype_bytes
+
+
+def n2_bytes(shape: AttentionShape) -> int:
+    """Bytes of one ``(N, N)`` matrix of one head (scores S or probabilities P): ``N^2 * b``."""
+    return shape.seqlen**2 * shape.dtype_bytes
+
+
+# Times naive attention moves an N x N matrix through HBM: write S, read S, write P, read P.
+NAIVE_N2_PASSES = 4
+# N x d operands every attention reads or writes once: Q, K, V in, O out.
+ND_PASSES = 4
+
+
+def naive_bytes_per_head(shape: AttentionShape) -> dict[str, int]:
+    """HBM bytes of naive attention for one head: ``{"nd": 4 N d b, "n2": 4 N^2 b}`` (FlashAttention,
+    Dao et al. 2022, Algorithm 0 and Theorem 2: Theta(N d + N^2) accesses)."""
+    return {"nd": ND_PASSES * nd_bytes(shape), "n2": NAIVE_N2_PASSES * n2_bytes(shape)}
+
+
+def flash_bytes_per_head(shape: AttentionShape) -> int:
+    """HBM bytes of FlashAttention for one head when K and V fit one pass: ``4 N d b`` (the N x N
+    matrices never leave the chip; Dao et al. 2022, Sec. 3.2)."""
+    return ND_PASSES * nd_bytes(shape)
+
+
+def flops_per_head(shape: AttentionShape) -> int:
+    """Forward FLOPs of one non-causal head: ``4 N^2 d`` (``QK^T`` and ``PV``, 2 per multiply-add)."""
+    return 4 * shape.seqlen**2 * shape.head_dim
+
+
+def prefill_traffic(shape: AttentionShape) -> dict[str, float]:
+    """Bytes of one prefill over every head and layer: naive score traffic (``n2``), naive total
+    (``naive``, with the N x d terms) and FlashAttention's (``flash``); FLOPs (``flops``)."""
+    heads = shape.num_heads * shape.num_layers
+    naive = naive_bytes_per_head(shape)
+    return {
+        "n2": heads * naive["n2"],
+        "naive": heads * (naive["n2"] + naive["nd"]),
+        "flash": heads * flash_bytes_per_head(shape),
+        "flops": heads * flops_per_head(shape),
+    }
+
+
+def seconds_at(nbytes: float, bandwidth_tb_s: float) -> float:
+    """Time in seconds to move ``nbytes`` at ``bandwidth_tb_s`` TB/s (10^12 bytes/s)."""
+    return nbytes / (bandwidth_tb_s * 1e12)
+
+
+def launch_overhead_s(num_layers: int, launches_per_layer: int, launch_us: float) -> float:
+    """Seconds of kernel-launch overhead of one decode step: layers x launches x per-launch cost."""
+    return num_layers * launches_per_layer * launch_us * 1e-6
+
+
+def decode_floor_s(weight_bytes: float, cache_bytes: float, bandwidth_tb_s: float) -> float:
+    """Floor of one decode step: every weight and every byte of every sequence's cache read once."""
+    return seconds_at(weight_bytes + cache_bytes, bandwidth_tb_s)
+
+
+def prefill_floor_s(nbytes: float, flops: float, bandwidth_tb_s: float, peak_tflops: float) -> float:
+    """Floor of a prefill: the larger of its memory time and its compute time (the roofline)."""
+    return max(seconds_at(nbytes, bandwidth_tb_s), flops / (peak_tflops * 1e12))
+
+
+def issue_figures(cfg: DictConfig | dict) -> dict[str, float]:
+    """The traffic model's figures for ``cfg`` (the keys of ``conf/eval/roofline.yaml``): per-head
+    operand sizes, prefill traffic and times at each bandwidth, FLOPs, and the decode-step launch
+    overhead. Sizes in bytes, times in seconds."""
+    shape = AttentionShape(
+        cfg["seqlen"], cfg["head_dim"], cfg["num_heads"], cfg["num_layers"], cfg["dtype_bytes"]
+    )
+    traffic = prefill_traffic(shape)
+    figures = {
+        "nd_bytes": nd_bytes(shape),
+        "n2_bytes": n2_bytes(shape),
+        "naive_n2_passes": NAIVE_N2_PASSES,
+        "prefill_n2_bytes": traffic["n2"],
+        "prefill_naive_bytes": traffic["naive"],
+        "prefill_flash_bytes": traffic["flash"],
+        "flops_per_head": flops_per_head(shape),
+        "prefill_flops": traffic["flops"],
+        "prefill_compute_s": traffic["flops"] / (cfg["peak_tflops"] * 1e12),
+    }
+    for name, bandwidth in cfg["bandwidths_tb_s"].items():
+        figures[f"prefill_naive_s@{name}"] = seconds_at(traffic["n2"], bandwidth)
+        figures[f"prefill_flash_s@{name}"] = seconds_at(traffic["flash"], bandwidth)
+    decode = cfg["decode"]
+    figures["decode_launch_s"] = launch_overhead_s(
+        cfg["num_layers"], decode["launches_per_layer"], decode["launch_us"]
+    )
+    figures["decode_step_s"] = decode["step_ms"] * 1e-3
+    return figures
+
+
+def format_figures(cfg: DictConfig | dict, figures: dict[str, float]) -> str:
+    """The figures as the printed report (one line each, formula then value)."""
+    n, d, b = cfg["seqlen"], cfg["head_dim"], cfg["dtype_bytes"]
+    heads, layers = cfg["num_heads"], cfg["num_layers"]
+    lines = [
+        f"Attention HBM traffic, N={n}, d={d}, {b}-byte elements, {heads} heads x {layers} layers",
+        f"  N x d term (Q, K, V or O of one head)   N*d*b            = {figures['nd_bytes'] / MB:8.2f} MB",
+        f"  N x N term (S or P of one head)         N^2*b            = {figures['n2_bytes'] / MB:8.2f} MB",
+        f"  naive attention moves S/P               write S, read S, write P, read P = "
+        f"{figures['naive_n2_passes']}x",
+        f"  naive score traffic, one prefill        4*N^2*b*H*L      = {figures['prefill_n2_bytes'] / GB:8.1f} GB",
+        f"  naive total with the N x d terms        +4*N*d*b*H*L     = {figures['prefill_naive_bytes'] / GB:8.1f} GB",
+        f"  FlashAttention traffic                  4*N*d*b*H*L      = {figures['prefill_flash_bytes'] / GB:8.2f} GB",
+    ]
+    for name, bandwidth in cfg["bandwidths_tb_s"].items():
+        lines.append(
+            f"  at {name} ({bandwidth} TB/s): naive scores {figures[f'prefill_naive_s@{name}'] * 1e3:7.1f} ms, "
+            f"FlashAttention {figures[f'prefill_flash_s@{name}'] * 1e3:6.2f} ms"
+        )
+    lines += [
+        f"  FLOPs per head                          4*N^2*d          = {figures['flops_per_head'] / 1e9:8.2f} GFLOP",
+        f"  FLOPs per prefill                       4*N^2*d*H*L      = {figures['prefill_flops'] / 1e12:8.2f} TFLOP"
+        f" ({figures['prefill_compute_s'] * 1e3:.1f} ms at {cfg['peak_tflops']} TFLOP/s)",
+        f"  decode launch overhead                  {layers} layers x {cfg['decode']['launches_per_layer']} "
+        f"launches x {cfg['decode']['launch_us']} us = {figures['decode_launch_s'] * 1e3:.2f} ms of a "
+        f"{figures['decode_step_s'] * 1e3:.1f} ms step ({figures['decode_launch_s'] / figures['decode_step_s']:.0%})",
+    ]
+    return "\n".join(lines)
+
+
+def measured_vs_floor(records: list[dict[str, Any]], bandwidth_tb_s: float, peak_tflops: float) -> list[dict]:
+    """Rows of measured prefill / decode throughput beside the traffic model's floor.
+
+    A record (eval/decode.py) is used when its ``metric`` is ``prefill_tokens_per_s`` or
+    ``decode_tokens_per_s`` (``value`` in tokens/s) and it carries ``batch``, ``seqlen``,
+    ``weight_bytes`` and ``state_bytes`` (cache bytes per sequence at ``seqlen``); a prefill record
+    may add ``flops``. Decode: a step produces ``batch`` tokens and reads the weights and
+    ``batch * state_bytes`` of cache. Prefill: ``batch * seqlen`` tokens that read the weights,
+    write the caches and do ``flops``.
+
+    Returns:
+        dicts with mixer, kind, batch, seqlen, measured_tokens_per_s, floor_tokens_per_s and
+        fraction (measured / floor, <= 1 unless the model's byte count is too high).
+    """
+    rows = []
+    for rec in records:
+        if rec.get("metric") not in (PREFILL_METRIC, DECODE_METRIC):
+            continue
+        missing = [k for k in ("batch", "seqlen", "weight_bytes", "state_bytes") if rec.get(k) is None]
+        if missing:
+            raise ValueError(
+                f"record {rec.get('run')!r} ({rec['metric']}) lacks {missing}; was it written by eval/decode.py?"
+            )
+        batch, seqlen = rec["batch"], rec["seqlen"]
+        nbytes = rec["weight_bytes"] + batch * rec["state_bytes"]
+        if rec["metric"] == DECODE_METRIC:
+            kind, tokens = "decode", batch
+            floor = decode_floor_s(rec["weight_bytes"], batch * rec["state_bytes"], bandwidth_tb_s)
+        else:
+            kind, tokens = "prefill", batch * seqlen
+            floor = prefill_floor_s(nbytes, rec.get("flops") or 0.0, bandwidth_tb_s, peak_tflops)
+        floor_tps = tokens / floor
+        rows.append(
+            {
+                "mixer": rec.get("mixer"),
+                "kind": kind + (f" ({rec['mode']})" if rec.get("mode") else ""),
+                "batch": batch,
+                "seqlen": seqlen,
+                "measured_tokens_per_s": rec["value"],
+                "floor_tokens_per_s": floor_tps,
+                "fraction": rec["value"] / floor_tps,
+            }
+        )
+    return rows
+
+
+def load_records(paths: list[str]) -> list[dict[str, Any]]:
+    """Concatenate the JSON record lists at ``paths``.
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+        ValueError: a file is not a JSON list.
+    """
+    records = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, list):
+            raise ValueError(f"{path} must hold a JSON list of result records")
+        records.extend(data)
+    return records
+
+
+def format_measured(rows: list[dict]) -> str:
+    """The measured-vs-floor rows as a table."""
+    lines = [
+        f"{'mixer':<16}{'kind':<20}{'batch':>6}{'seqlen':>8}{'measured tok/s':>16}{'floor tok/s':>14}{'of floor':>10}"
+    ]
+    for r in rows:
+        lines.append(
+            f"{str(r['mixer']):<16}{r['kind']:<20}{r['batch']:>6}{r['seqlen']:>8}"
+            f"{r['measured_tokens_per_s']:>16.1f}{r['floor_tokens_per_s']:>14.1f}{r['fraction']:>10.1%}"
+        )
+    return "\n".join(lines)
+
+
+def roofline(cfg: DictConfig) -> dict[str, Any]:
+    """Print the traffic model's figures and, with ``cfg.records``, measured rows beside the floor.
+
+    Returns:
+        ``{"figures": ..., "measured": [...]}``.
+    """
+    figures = issue_figures(cfg)
+    print(format_figures(cfg, figures))
+    rows = []
+    if cfg.records:
+        rows = measured_vs_floor(load_records(list(cfg.records)), cfg.bandwidth_tb_s, cfg.peak_tflops)
+        print(f"\nMeasured beside the floor ({cfg.bandwidth_tb_s} TB/s, {cfg.peak_tflops} TFLOP/s)")
+        print(format_measured(rows) if rows else "(no prefill / decode throughput records)")
+    return {"figures": figures, "measured": rows}
+
+
+@hydra.main(version_base="1.3", config_path="../conf/eval", config_name="roofline")
+def main(cfg: DictConfig) -> None:
+    """Command-line entry point (Hydra)."""
+    OmegaConf.set_readonly(cfg, True)
+    with user_errors():
+        roofline(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""eval/roofline.py: the issue's attention-traffic figures, reproduced from the formulas."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from eval import roofline as rl
+from eval.records import REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf" / "eval"), version_base="1.3"):
+        return compose(config_name="roofline")
+
+
+def test_issue_figures(cfg):
+    f = rl.issue_figures(cfg)
+    # N x d terms ~2 MB, N^2 terms ~134 MB (N = 8192, d = 128, fp16).
+    assert f["nd_bytes"] == 8192 * 128 * 2 and round(f["nd_bytes"] / 1e6, 1) == 2.1
+    assert f["n2_bytes"] == 8192**2 * 2 and round(f["n2_bytes"] / 1e6) == 134
+    # Naive attention moves the score matrix four times; 32 heads x 32 layers -> ~549 GB.
+    assert f["naive_n2_passes"] == 4
+    assert f["prefill_n2_bytes"] == 4 * 8192**2 * 2 * 32 * 32
+    assert 549e9 <= f["prefill_n2_bytes"] < 550e9
+    # ~164 ms at 3.35 TB/s, ~129 ms at 4.27 TB/s.
+    assert round(f["prefill_naive_s@h100"] * 1e3) == 164
+    assert round(f["prefill_naive_s@h200_measured"] * 1e3) == 129
+    # FLOPs 4 N^2 d per head.
+    assert f["flops_per_head"] == 4 * 8192**2 * 128
+    assert f["prefill_flops"] == 32 * 32 * 4 * 8192**2 * 128
+    # 32-layer decode: 7 launches x 5 us per layer = 1.12 ms against a 4.5 ms step.
+    assert f["decode_launch_s"] == pytest.approx(1.12e-3)
+    assert f["decode_step_s"] == pytest.approx(4.5e-3)
+    # FlashAttention keeps only the N x d terms: 4 N d b per head.
+    assert f["prefill_flash_bytes"] == 32 * 32 * 4 * 8192 * 128 * 2
+
+
+def test_printed_report_and_measured_rows(cfg, tmp_path, capsys):
+    records = [
+        # A decode step of batch 4 reading 1 GB of weights and 4 x 0.25 GB of cache: 2 GB at
+        # 4.27 TB/s -> 0.468 ms floor, 8540 tokens/s; measured 4270 tokens/s = 50%.
+        {"run": "r", "mixer": "attention", "metric": "decode_tokens_per_s", "value": 4270.0, "batch": 4,
+         "seqlen": 1024, "weight_bytes": 1e9, "state_bytes": 0.25e9, "mode": "eager"},
+        # A prefill bound by its FLOPs: 989e12 FLOPs take 1 s at 989 TFLOP/s.
+        {"run": "r", "mixer": "mamba", "metric": "prefill_tokens_per_s", "value": 1000.0, "batch": 2,
+         "seqlen": 1000, "weight_bytes": 1e6, "state_bytes": 1e3, "flops": 989e12},
+        {"run": "r", "mixer": "mamba", "metric": "state_bytes", "value": 1.0},  # not a throughput
+    ]  # fmt: skip
+    path = tmp_path / "decode.json"
+    path.write_text(json.dumps(records))
+    run_cfg = cfg.copy()
+    run_cfg.records = [str(path)]
+    out = rl.roofline(run_cfg)
+    printed = capsys.readouterr().out
+    for text in ("2.10 MB", "134.22 MB", "4x", "549.8 GB", "164.1 ms", "128.7 ms", "1.12 ms", "4.5 ms"):
+        assert text in printed
+    decode, prefill = out["measured"]
+    assert decode["kind"] == "decode (eager)"
+    assert decode["floor_tokens_per_s"] == pytest.approx(4 / (2e9 / 4.27e12))
+    assert decode["fraction"] == pytest.approx(4270 / decode["floor_tokens_per_s"])
+    assert prefill["floor_tokens_per_s"] == pytest.approx(2000.0)
+    assert prefill["fraction"] == pytest.approx(0.5)
+
+
+def test_records_missing_fields_raise(cfg, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps([{"run": "r", "metric": "decode_tokens_per_s", "value": 1.0, "batch": 1}]))
+    with pytest.raises(ValueError, match=r"lacks \['seqlen', 'weight_bytes', 'state_bytes'\]"):
+        rl.measured_vs_floor(rl.load_records([str(path)]), 4.27, 989)
+    path.write_text(json.dumps({"not": "a list"}))
+    with pytest.raises(ValueError, match="JSON list"):
+        rl.load_records([str(path)])
