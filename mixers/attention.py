@@ -1,4 +1,4 @@
-"""Causal multi-head / grouped-query softmax attention with a KV cache.
+"""Causal multi-head / grouped-query softmax attention with a paged KV cache.
 
 Attention (Vaswani et al. 2017, eq. 1): o = softmax(q k^T / sqrt(head_dim) + causal mask) v, per head.
 Grouped-query attention (Ainslie et al. 2023): num_kv_heads <= num_heads key/value heads, query head h
@@ -27,17 +27,46 @@ POS_EMBS = ("rope", "learned", "none")
 
 @dataclasses.dataclass(kw_only=True)
 class KVCache(MixerCache):
-    """Contiguous key/value cache of one attention layer.
+    """Paged key/value cache of one attention layer (vLLM's PagedAttention layout, Kwon et al. 2023).
+
+    A pool of fixed-size pages shared by the batch, and a block table per sequence mapping its
+    logical pages to pool pages: token t of sequence b lives at
+    ``k[block_table[b, t // page_size], t % page_size]``, which is the layout
+    :func:`kernels.flash_decode` reads directly. Only the KV heads are stored (GQA). The pool holds
+    the batch's whole pages for max_seqlen, ``batch * ceil(max_seqlen / page_size)`` pages
+    (DESIGN.md, contract 2); sequence b initially owns pages ``[b * max_blocks, (b + 1) * max_blocks)``,
+    and any permutation of the pool written into ``block_table`` before the first token works the
+    same.
 
     Fields:
-        k, v: (B, max_seqlen, num_kv_heads, head_dim) in the cache dtype; token t of sequence b lives
-            at [b, t]. Keys are cached after RoPE, so a cached key never needs its position again.
-        max_seqlen: number of token slots per sequence.
+        block_table: (B, max_blocks) int32 pool page of each logical page, max_blocks =
+            ceil(max_seqlen / page_size).
+        k, v: (B * max_blocks, page_size, num_kv_heads, head_dim) in the cache dtype. Keys are
+            cached after RoPE, so a cached key never needs its position again.
+        max_seqlen: tokens each sequence may hold.
         seqlen: tokens written so far (the same for every sequence).
     """
 
+    block_table: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        """Number of sequences the cache holds (rows of the block table)."""
+        return self.block_table.shape[0]
+
+    @property
+    def page_size(self) -> int:
+        """Tokens per page."""
+        return self.k.shape[1]
+
+    def slots(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pool addresses of positions [start, end) of every sequence: (pages (B, end - start) int64,
+        slots (B, end - start) int64), so that ``k[pages, slots]`` is (B, end - start, Hkv, D)."""
+        pos = torch.arange(start, end, device=self.block_table.device)  # (T,)
+        pages = self.block_table[:, pos // self.page_size].long()  # (B, T)
+        return pages, (pos % self.page_size).expand_as(pages)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -84,6 +113,10 @@ class Attention(nn.Module):
         max_position: size of the learned position table (used with pos_emb="learned"); a token at a
             position >= max_position is an error.
         bias: whether the q/k/v and output projections have biases.
+        page_size: tokens per page of the paged KV cache (int > 0); a sequence's cache grows in
+            whole pages, so ``state_size`` rounds up to it. Any size works (the decode kernel
+            gathers per key); small pages waste less at a sequence's end, large ones need fewer
+            block-table entries.
 
     Raises:
         TypeError / ValueError: non-positive or non-int sizes, num_heads not dividing d_model (without
@@ -91,7 +124,6 @@ class Attention(nn.Module):
     """
 
     name = "attention"
-    cache_class = KVCache
 
     def __init__(
         self,
@@ -103,6 +135,7 @@ class Attention(nn.Module):
         rope_base: float = 10000.0,
         max_position: int = 2048,
         bias: bool = False,
+        page_size: int = 64,
     ):
         super().__init__()
         check_positive_int(d_model, "d_model", self.name)
@@ -139,6 +172,7 @@ class Attention(nn.Module):
         self.pos_emb = pos_emb
         self.rope_base = float(rope_base)
         self.max_position = check_positive_int(max_position, "max_position", self.name)
+        self.page_size = check_positive_int(page_size, "page_size", self.name)
         self.window: int | None = None  # no window: SlidingWindowAttention sets one
 
         # One fused projection for q, k, v: a single matmul instead of three.
@@ -222,30 +256,31 @@ class Attention(nn.Module):
     def _attend_with_cache(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache
     ) -> torch.Tensor:
-        """Write the new k, v (B, T, Hkv, D) at [seqlen : seqlen + T] and attend q (B, T, Hq, D) to
-        everything cached so far; returns (B, T, Hq, D)."""
+        """Write the new k, v (B, T, Hkv, D) into positions [seqlen, seqlen + T) of the pages and
+        attend q (B, T, Hq, D) to everything cached so far; returns (B, T, Hq, D)."""
         B, T = q.shape[:2]
         start, end = cache.seqlen, cache.seqlen + T
-        cache.k[:, start:end] = k
-        cache.v[:, start:end] = v
+        pages, slots = cache.slots(start, end)  # (B, T) each
+        cache.k[pages, slots] = k
+        cache.v[pages, slots] = v
         if T == 1:
-            # Decode: view the contiguous cache as a paged one, one page of max_seqlen slots per sequence
-            # (num_blocks = B, block_size = max_seqlen), so the split-K decode kernel reads it directly.
-            block_table = torch.arange(B, device=q.device, dtype=torch.int32)[:, None]  # (B, 1)
+            # Decode: the split-K kernel gathers the pages through the block table itself.
             seqlens = torch.full((B,), end, device=q.device, dtype=torch.int32)  # (B,)
-            o = kernels.flash_decode(q[:, 0], cache.k, cache.v, block_table, seqlens, window=self.window)
+            o = kernels.flash_decode(
+                q[:, 0], cache.k, cache.v, cache.block_table, seqlens, window=self.window
+            )
             return o[:, None]  # (B, 1, Hq, D)
-        # (Chunked) prefill: T queries against the first `end` keys; the kernel's bottom-right causal
-        # alignment lets query i (position start + i) see keys j <= start + i.
-        return kernels.flash_attention(q, cache.k[:, :end], cache.v[:, :end], causal=True, window=self.window)
+        if start > 0:
+            # Chunked prefill: gather the cached prefix into contiguous (B, end, Hkv, D) keys and values.
+            pages, slots = cache.slots(0, end)
+            k, v = cache.k[pages, slots], cache.v[pages, slots]
+        # T queries against the first `end` keys; the kernel's bottom-right causal alignment lets
+        # query i (position start + i) see keys j <= start + i.
+        return kernels.flash_attention(q, k, v, causal=True, window=self.window)
 
     def _cache_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
         """KV caches default to the parameter dtype (K/V are produced in it)."""
         return dtype or self.qkv_proj.weight.dtype
-
-    def _cache_slots(self, max_seqlen: int) -> int:
-        """Token slots per sequence of a cache for max_seqlen tokens (all of them, without a window)."""
-        return max_seqlen
 
     def allocate_cache(
         self,
@@ -254,7 +289,9 @@ class Attention(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> KVCache:
-        """Allocate an empty KV cache: k, v zeros of (batch_size, max_seqlen, num_kv_heads, head_dim).
+        """Allocate an empty paged KV cache (:class:`KVCache`): a pool of batch_size *
+        ceil(max_seqlen / page_size) zero pages of (page_size, num_kv_heads, head_dim) for k and v,
+        and a block table giving sequence b the pages [b * max_blocks, (b + 1) * max_blocks).
 
         Args:
             batch_size: sequences decoded together.
@@ -265,24 +302,26 @@ class Attention(nn.Module):
         Raises:
             TypeError / ValueError: batch_size or max_seqlen not an int > 0.
         """
-        check_positive_int(max_seqlen, "max_seqlen", self.name)  # before it sizes the slots
-        shape = (batch_size, self._cache_slots(max_seqlen), self.num_kv_heads, self.head_dim)
-        return self.cache_class.allocate(
-            self.name,
-            batch_size,
-            max_seqlen,
-            {"k": shape, "v": shape},
-            device=device or self.qkv_proj.weight.device,
-            dtype=self._cache_dtype(dtype),
+        check_positive_int(batch_size, "batch_size", self.name)
+        check_positive_int(max_seqlen, "max_seqlen", self.name)
+        device = device or self.qkv_proj.weight.device
+        max_blocks = -(-max_seqlen // self.page_size)  # ceil
+        pool = (batch_size * max_blocks, self.page_size, self.num_kv_heads, self.head_dim)
+        dtype = self._cache_dtype(dtype)
+        table = torch.arange(batch_size * max_blocks, device=device, dtype=torch.int32)
+        return KVCache(
+            max_seqlen=max_seqlen,
+            block_table=table.view(batch_size, max_blocks),
+            k=torch.zeros(pool, device=device, dtype=dtype),
+            v=torch.zeros(pool, device=device, dtype=dtype),
         )
 
     def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
-        """Bytes per sequence of a cache with max_seqlen = seqlen: 2 * slots * num_kv_heads * head_dim *
-        itemsize (keys and values of every KV head), with slots = seqlen here."""
-        return (
-            2
-            * self._cache_slots(seqlen)
-            * self.num_kv_heads
-            * self.head_dim
-            * self._cache_dtype(dtype).itemsize
+        """Bytes per sequence of a cache with max_seqlen = seqlen: its ceil(seqlen / page_size)
+        whole pages of keys and values of every KV head, 2 * page_size * num_kv_heads * head_dim *
+        itemsize bytes each, plus one int32 block-table entry per page."""
+        pages = -(-seqlen // self.page_size)
+        page_bytes = (
+            2 * self.page_size * self.num_kv_heads * self.head_dim * self._cache_dtype(dtype).itemsize
         )
+        return pages * (page_bytes + torch.int32.itemsize)

@@ -14,12 +14,12 @@ import dataclasses
 import torch
 
 import kernels
-from mixers.attention import Attention, KVCache
-from mixers.common import check_positive_int
+from mixers.attention import Attention
+from mixers.common import MixerCache, check_positive_int
 
 
 @dataclasses.dataclass(kw_only=True)
-class RingKVCache(KVCache):
+class RingKVCache(MixerCache):
     """Ring-buffer key/value cache of one sliding-window attention layer.
 
     Fields:
@@ -28,6 +28,9 @@ class RingKVCache(KVCache):
         max_seqlen: tokens each sequence may hold in total.
         seqlen: tokens consumed so far; the ring holds the last min(seqlen, slots) of them.
     """
+
+    k: torch.Tensor
+    v: torch.Tensor
 
     @property
     def slots(self) -> int:
@@ -42,7 +45,7 @@ class SlidingWindowAttention(Attention):
         d_model, num_heads: as for `Attention`.
         window: tokens each query sees, itself included (int > 0).
         **kwargs: the other `Attention` settings (num_kv_heads, head_dim, pos_emb, rope_base,
-            max_position, bias).
+            max_position, bias; page_size is accepted and unused: the ring is not paged).
 
     Raises:
         TypeError: window is not an int.
@@ -50,7 +53,6 @@ class SlidingWindowAttention(Attention):
     """
 
     name = "sliding_window"
-    cache_class = RingKVCache
 
     def __init__(self, d_model: int, num_heads: int, window: int, **kwargs):
         super().__init__(d_model, num_heads, **kwargs)
@@ -92,7 +94,38 @@ class SlidingWindowAttention(Attention):
         cache.v[:, new_slots] = v[:, T - n_keep :]
         return o
 
-    def _cache_slots(self, max_seqlen: int) -> int:
-        """Ring slots per sequence: min(max_seqlen, window), so the cache (and `allocate_cache`'s k, v of
-        (batch_size, slots, num_kv_heads, head_dim)) and `state_size` stop growing at the window."""
-        return min(max_seqlen, self.window)
+    def allocate_cache(
+        self,
+        batch_size: int,
+        max_seqlen: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> RingKVCache:
+        """Allocate an empty ring cache (:class:`RingKVCache`): k, v zeros of (batch_size,
+        min(max_seqlen, window), num_kv_heads, head_dim), so memory stops growing at the window.
+
+        Args:
+            batch_size: sequences decoded together.
+            max_seqlen: tokens each sequence may hold (prompt + generated).
+            device: defaults to the parameters' device.
+            dtype: defaults to the parameters' dtype.
+
+        Raises:
+            TypeError / ValueError: batch_size or max_seqlen not an int > 0.
+        """
+        check_positive_int(max_seqlen, "max_seqlen", self.name)  # before it sizes the slots
+        shape = (batch_size, min(max_seqlen, self.window), self.num_kv_heads, self.head_dim)
+        return RingKVCache.allocate(
+            self.name,
+            batch_size,
+            max_seqlen,
+            {"k": shape, "v": shape},
+            device=device or self.qkv_proj.weight.device,
+            dtype=self._cache_dtype(dtype),
+        )
+
+    def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
+        """Bytes per sequence of a ring cache with max_seqlen = seqlen: 2 * min(seqlen, window) *
+        num_kv_heads * head_dim * itemsize (keys and values of every KV head)."""
+        slots = min(seqlen, self.window)
+        return 2 * slots * self.num_kv_heads * self.head_dim * self._cache_dtype(dtype).itemsize

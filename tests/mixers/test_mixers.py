@@ -5,6 +5,7 @@ Every mixer variant is checked in float64 at tiny sizes for: full forward == pre
 clear errors; causality; finite, non-zero gradients for every parameter.
 """
 
+import functools
 import math
 from collections import Counter
 
@@ -39,6 +40,7 @@ CONFIGS = [
     ("attention", dict(num_heads=6, num_kv_heads=2)),  # GQA, group of 3
     ("attention", dict(num_heads=4, pos_emb="learned", max_position=32)),
     ("attention", dict(num_heads=3, num_kv_heads=1, pos_emb="none", bias=True)),  # MQA
+    ("attention", dict(num_heads=6, num_kv_heads=2, page_size=4)),  # prefill and decode cross pages
     ("sliding_window", dict(num_heads=6, num_kv_heads=2, window=WINDOW)),
     ("sliding_window", dict(num_heads=4, window=5, pos_emb="learned", max_position=32)),
     ("sliding_window", dict(num_heads=4, window=64)),  # window > max_seqlen: the ring never wraps
@@ -145,6 +147,55 @@ def test_sliding_window_wider_than_sequence_equals_attention():
     assert (narrow(x) - attention(x)).abs().max() > 1e-3  # the window does cut attention off
 
 
+@pytest.mark.parametrize("page_size", [1, 3, 64])
+def test_paged_cache_any_page_assignment(page_size):
+    # Pages handed out in shuffled order (sequences interleaved in the pool): prefill, chunked
+    # prefill and decode give the full forward's outputs, and every key sits where the table says.
+    mixer = make_mixer("attention", dict(num_heads=6, num_kv_heads=2, page_size=page_size))
+    x = inputs()
+    with torch.no_grad():
+        expected = mixer(x)
+        cache = mixer.allocate_cache(BATCH, SEQLEN)
+        assert cache.k.shape[0] == BATCH * math.ceil(SEQLEN / page_size)
+        perm = torch.randperm(cache.k.shape[0], generator=torch.Generator().manual_seed(3))
+        cache.block_table.copy_(perm.view_as(cache.block_table))
+        outputs = [mixer(x[:, :5], cache=cache), mixer(x[:, 5:8], cache=cache)]
+        outputs += [mixer(x[:, t : t + 1], cache=cache) for t in range(8, SEQLEN)]
+        _, k, v = mixer._project(x, 0)
+    assert_close(torch.cat(outputs, dim=1), expected)
+    pages, slots = cache.slots(0, SEQLEN)
+    assert_close(cache.k[pages, slots], k)
+    assert_close(cache.v[pages, slots], v)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors reach the Triton kernel only interpreted")
+@pytest.mark.parametrize(
+    ("name", "settings"),
+    [
+        ("attention", dict(num_heads=6, num_kv_heads=2, page_size=4)),
+        ("sliding_window", dict(num_heads=4, window=5)),
+    ],
+    ids=["paged", "ring"],
+)
+def test_decode_through_the_triton_kernel(monkeypatch, name, settings):
+    # The mixers' caches as the split-K kernel sees them on a GPU: pages of 4 tokens through a
+    # shuffled table, and the ring viewed as one page of `window` slots per sequence.
+    mixer = make_mixer(name, settings)
+    x = inputs()
+    with torch.no_grad():
+        expected = mixer(x)
+        monkeypatch.setattr(
+            kernels, "flash_decode", functools.partial(kernels.flash_decode, backend="triton")
+        )
+        cache = mixer.allocate_cache(BATCH, SEQLEN)
+        if name == "attention":
+            perm = torch.randperm(cache.k.shape[0], generator=torch.Generator().manual_seed(3))
+            cache.block_table.copy_(perm.view_as(cache.block_table))
+        outputs = [mixer(x[:, :6], cache=cache)]
+        outputs += [mixer(x[:, t : t + 1], cache=cache) for t in range(6, SEQLEN)]
+    assert_close(torch.cat(outputs, dim=1), expected)
+
+
 # ---------------------------------------------------------------------------------------------
 # (b) cache bytes
 # ---------------------------------------------------------------------------------------------
@@ -159,8 +210,9 @@ def test_cache_bytes_match_state_size(name, settings):
             assert mixer.allocate_cache(batch, seqlen).nbytes() == batch * mixer.state_size(seqlen)
     sizes = [mixer.state_size(s) for s in lengths]
     if name == "attention":
-        per_token = 2 * mixer.num_kv_heads * mixer.head_dim * 8  # K and V of the KV heads only, float64
-        assert sizes == [s * per_token for s in lengths]
+        # Whole pages of K and V of the KV heads only (float64), plus an int32 table entry each.
+        page_bytes = 2 * mixer.page_size * mixer.num_kv_heads * mixer.head_dim * 8 + 4
+        assert sizes == [math.ceil(s / mixer.page_size) * page_bytes for s in lengths]
     elif name == "sliding_window":
         per_token = 2 * mixer.num_kv_heads * mixer.head_dim * 8
         assert sizes == [min(s, mixer.window) * per_token for s in lengths]
@@ -191,14 +243,15 @@ def test_state_size_formulas():
     ],
 )
 def test_cache_dtype_defaults(module_dtype, kv_dtype, state_dtype):
-    attention = Attention(D_MODEL, 6, num_kv_heads=2).to(module_dtype)
+    attention = Attention(D_MODEL, 6, num_kv_heads=2, page_size=4).to(module_dtype)
     cache = attention.allocate_cache(2, 9)
     assert isinstance(cache, KVCache)
     assert cache.k.dtype == cache.v.dtype == kv_dtype
-    assert cache.k.shape == (2, 9, 2, 4)  # only the KV heads are stored
+    assert cache.k.shape == (2 * 3, 4, 2, 4)  # 3 pages of 4 tokens per sequence, only the KV heads
+    assert cache.block_table.dtype == torch.int32 and cache.block_table.tolist() == [[0, 1, 2], [3, 4, 5]]
     assert cache.nbytes() == 2 * attention.state_size(9)
     assert attention.allocate_cache(2, 9, dtype=torch.float16).k.dtype == torch.float16
-    assert attention.state_size(9, torch.float16) == 2 * 9 * 2 * 4 * 2
+    assert attention.state_size(9, torch.float16) == 3 * (2 * 4 * 2 * 4 * 2 + 4)
 
     ring = SlidingWindowAttention(D_MODEL, 4, window=3).to(module_dtype).allocate_cache(2, 9)
     assert isinstance(ring, RingKVCache) and ring.k.shape == (2, 3, 4, 6) and ring.k.dtype == kv_dtype
