@@ -116,7 +116,16 @@ def naive_decode(q, k_cache, v_cache, block_table, seqlens, window, scale=None):
         pages = block_table[b].long()[t // page_size]
         k = k_cache[pages, t % page_size].repeat_interleave(group, dim=1)  # (n, Hq, D)
         v = v_cache[pages, t % page_size].repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,thd->ht", q[b], k) * scale  # (Hq, n) in q's dtype
+        if q.dtype == torch.float32 and q.is_cuda:
+            # On the GPU Triton's IEEE fp32 dot is an in-order FMA chain along D, whose rounding error
+            # grows with D several times faster than cuBLAS's blocked sums (test_flash_attention.py's
+            # naive_attention measured it): the baseline sums the scores in the same order.
+            scores = torch.zeros(q.shape[1], n, dtype=q.dtype, device=q.device)
+            for d in range(q.shape[-1]):
+                scores = scores + q[b, :, d, None] * k[:, :, d].T
+            scores = scores * scale
+        else:
+            scores = torch.einsum("hd,thd->ht", q[b], k) * scale  # (Hq, n) in q's dtype
         out[b] = torch.einsum("ht,thd->hd", torch.softmax(scores, dim=-1), v)
     return out
 
