@@ -198,8 +198,9 @@ def test_matches_reference(num_heads, num_kv_heads, head_dim, page_size, window,
 
 
 def test_split_counts_agree_and_custom_scale():
-    # 1, 2, 5 and 16 splits (16 > the 8 tiles of the longest sequence: empty splits) on identical
-    # inputs: each within the accuracy rule, and all within fp32 rounding of one another.
+    # 1, 2, 5 and 16 splits on identical inputs (16 splits of the 40-key window take 3 keys each:
+    # the last two are empty, and so are most splits of the 1- and 17-key sequences): each within
+    # the accuracy rule, and all within fp32 rounding of one another.
     inputs = make_paged(SEQLENS, 6, 2, 64, 16, torch.float32)
     outs = []
     for num_splits in (1, 2, 5, 16):
