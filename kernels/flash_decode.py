@@ -29,11 +29,12 @@ A sequence's visible keys are ``[lo, seqlens[b])`` with ``lo = max(0, seqlens[b]
 are cut into ``num_splits`` chunks of ``ceil(n / num_splits)`` keys, so the chunks of each sequence
 are balanced whatever its length. Chunks are not rounded to whole tiles: rounding would leave
 splits idle (8192 keys in 60 splits of 137 keys, rounded to three 64-key tiles, keep only 43
-busy), while a chunk's partial last tile only costs masked lanes, not HBM traffic. Splits past the end (short sequences, more
-splits than keys, empty sequences) run no tile and write ``m = -inf, l = 0, acc = 0``, which
-the combine weighs by ``e^{-inf} = 0``; a head whose splits are all empty returns 0. Keys beyond
-``seqlens[b]`` (the tail of the last page), pages outside the window and table entries past the
-used pages are never loaded: loads are masked per key, so NaN in unused memory cannot leak.
+busy), while a chunk's partial last tile only costs masked lanes, not HBM traffic. Splits past
+the end (short sequences, more splits than keys, empty sequences) run no tile and write
+``m = -inf, l = 0, acc = 0``, which the combine weighs by ``e^{-inf} = 0``; a head whose splits are
+all empty returns 0. Keys beyond ``seqlens[b]`` (the tail of the last page), pages outside the
+window and table entries past the used pages are never loaded: loads are masked per key, so NaN
+in unused memory cannot leak.
 
 The number of splits when ``num_splits=None`` comes from :func:`num_splits_heuristic`: from the
 shapes only (batch, KV heads and the table's capacity, capped by the window), never from the
