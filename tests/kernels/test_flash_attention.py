@@ -515,6 +515,7 @@ def test_tile_bounds_skip_invisible_and_mask_only_boundary_tiles(block_m, block_
             )
             no_window = visible_mask(tq, tk, causal, None, "cpu")
             no_window = no_window if outer_is_q else no_window.T
+            in_window = vis | ~no_window  # pairs the window edge alone would keep
             for block, (lo, w, a, b, hi) in enumerate(out.tolist()):
                 where = (tq, tk, causal, window, outer_is_q, block)
                 assert 0 <= lo <= w <= a <= b <= hi <= vis.shape[1] and lo % inner_block == 0, where
@@ -522,15 +523,13 @@ def test_tile_bounds_skip_invisible_and_mask_only_boundary_tiles(block_m, block_
                 for tile in range(0, vis.shape[1], inner_block):
                     seen = rows[:, tile : tile + inner_block]
                     assert (lo <= tile < hi) == bool(seen.any()), where + (tile,)
+                    block_rows = slice(block * outer_block, (block + 1) * outer_block)
+                    tile_cols = slice(tile, tile + inner_block)
                     if outer_is_q and lo <= tile < w:
-                        causal_seen = no_window[block * outer_block : (block + 1) * outer_block]
-                        assert causal_seen[:, tile : tile + inner_block].all(), where + (tile,)
+                        assert no_window[block_rows, tile_cols].all(), where + (tile,)
                         assert tile + inner_block <= tk, where + (tile,)
                     if outer_is_q and tile >= a and window is not None:
-                        # Inside every row's window: the window mask alone would keep every pair.
-                        window_only = vis | ~no_window
-                        band = window_only[block * outer_block : (block + 1) * outer_block]
-                        assert band[:, tile : tile + inner_block].all(), where + (tile,)
+                        assert in_window[block_rows, tile_cols].all(), where + (tile,)
                     if a <= tile < b:
                         # Rows past the outer length are padding that is never stored; the inner
                         # tile itself must be complete (its tail is a boundary tile).
