@@ -9,8 +9,10 @@ each context length of ``context_lengths``, for ``batch_size`` sequences:
   contract 2, invariant (b)); a mismatch is an error;
 - ``prefill_tokens_per_s``: one prefill of ``context`` tokens per sequence (wall clock, after a
   warm-up at the same shape);
-- ``decode_tokens_per_s``: ``decode_steps`` single-token steps after that prefill, eager (each step
-  launches its kernels from Python; the CUDA-graph mode of the issue is not implemented yet);
+- ``decode_tokens_per_s``: ``decode_steps`` single-token steps after that prefill, ``mode="eager"``
+  (each step launches its kernels from Python) and, on CUDA, ``mode="cuda_graph"`` (the step of
+  :class:`models.model.DecodeStep` captured once and replayed; needs ``decode_steps >= 3``: one
+  eager warm-up step and one capture step are not timed);
 - ``decode_bandwidth``: bytes a step must read -- every weight and every sequence's cache, i.e.
   the roofline floor of ``eval/roofline.py`` -- over the measured step time, in bytes/s, beside the
   copy bandwidth measured in the same run (CUDA only);
@@ -36,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from eval.cli import user_errors
 from eval.records import git_sha, log_records_to_wandb, make_record, write_records
 from models import LanguageModel, ModelConfig
+from models.model import DecodeStep
 
 MODEL_KEYS = ("d_model", "n_layers", "mlp", "mlp_ratio", "norm_eps")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -108,7 +111,9 @@ def measure(model: LanguageModel, batch: int, context: int, decode_steps: int, d
 
     Returns:
         dict with state_bytes (measured per sequence), state_bytes_analytic, prefill_s, decode_step_s
-        (mean seconds per step), prefill_peak_bytes and decode_peak_bytes (None on CPU).
+        (mean seconds per eager step), graph_step_s (per replayed CUDA-graph step; None on CPU, with
+        fewer than 3 steps, or when the step could not be captured), prefill_peak_bytes and
+        decode_peak_bytes (None on CPU).
 
     Raises:
         ValueError: measured cache bytes differ from ``model.state_size``.
@@ -138,6 +143,21 @@ def measure(model: LanguageModel, batch: int, context: int, decode_steps: int, d
         decode_step_s = (time.perf_counter() - start) / max(steps, 1)
         decode_peak = _peak(device)
 
+    graph_step_s = None
+    if device.type == "cuda" and decode_steps >= 3:
+        cache = model.allocate_cache(batch, max_seqlen)
+        model(prompt, cache=cache)
+        step = DecodeStep(model, cache, graphed=True)
+        step(tokens[:, 0])  # eager warm-up
+        step(tokens[:, 1])  # capture, then the first replay
+        _sync(device)
+        start = time.perf_counter()
+        for t in range(2, decode_steps):
+            step(tokens[:, t])
+        _sync(device)
+        if step.graph is not None:
+            graph_step_s = (time.perf_counter() - start) / (decode_steps - 2)
+
     measured = cache.nbytes() // batch
     analytic = model.state_size(max_seqlen)
     if measured * batch != cache.nbytes() or measured != analytic:
@@ -150,6 +170,7 @@ def measure(model: LanguageModel, batch: int, context: int, decode_steps: int, d
         "state_bytes_analytic": analytic,
         "prefill_s": prefill_s,
         "decode_step_s": decode_step_s,
+        "graph_step_s": graph_step_s,
         "prefill_peak_bytes": prefill_peak,
         "decode_peak_bytes": decode_peak,
     }
@@ -181,7 +202,8 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     batch = cfg.batch_size
     records: list[dict[str, Any]] = []
     print(f"{run}: {model.num_params() / 1e6:.2f}M parameters, {dtype_name}, batch {batch}, {device}")
-    print(f"{'context':>8}{'state B/seq':>14}{'prefill tok/s':>15}{'decode tok/s':>14}{'step GB/s':>11}")
+    print(f"{'context':>8}{'state B/seq':>14}{'prefill tok/s':>15}{'decode tok/s':>14}{'step GB/s':>11}"
+          f"{'graph tok/s':>13}")  # fmt: skip
     for context in lengths:
         m = measure(model, batch, context, cfg.decode_steps, device)
         # A step reads every weight and every sequence's cache (roofline floor bytes).
@@ -211,8 +233,21 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             | state,
             make_record(metric="decode_bandwidth", value=bandwidth, mode="eager", **common) | state,
         ]
+        if m["graph_step_s"] is not None:
+            graph_tps = batch / m["graph_step_s"]
+            records += [
+                make_record(
+                    metric="decode_tokens_per_s", value=graph_tps, tokens_per_s=graph_tps, mode="cuda_graph",
+                    speedup_over_eager=m["decode_step_s"] / m["graph_step_s"], **common,
+                ) | state,
+                make_record(
+                    metric="decode_bandwidth", value=step_bytes / m["graph_step_s"], mode="cuda_graph", **common
+                ) | state,
+            ]  # fmt: skip
+        graph = "-" if m["graph_step_s"] is None else f"{batch / m['graph_step_s']:.1f}"
         print(
             f"{context:>8}{m['state_bytes']:>14}{prefill_tps:>15.1f}{decode_tps:>14.1f}{bandwidth / 1e9:>11.2f}"
+            f"{graph:>13}"
         )
     output = Path(cfg.output or f"decode-{model.config.name}-{cfg.model.name}.json")
     write_records(output, records)
@@ -244,7 +279,7 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
     ):
         by_mixer: dict[str, list[tuple[int, float]]] = {}
         for r in records:
-            if r["metric"] == metric:
+            if r["metric"] == metric and r.get("mode", "eager") == "eager":
                 by_mixer.setdefault(r["mixer"], []).append((r["seqlen"], r["value"]))
         for mixer, points in sorted(by_mixer.items()):
             xs, ys = zip(*sorted(points), strict=True)

@@ -246,12 +246,37 @@ def flash_attention(
     return out, rearrange(lse, "b h (g t) -> b (h g) t", g=group)
 
 
+def _check_decode_values(block_table, seqlens, num_blocks: int, block_size: int, max_blocks: int) -> None:
+    """flash_decode's checks of values (a device sync): seqlens within the table's capacity, and
+    the table entries a sequence uses within the pool.
+
+    Raises:
+        ValueError: seqlens out of [0, max_blocks * block_size], a used page outside [0, num_blocks).
+    """
+    capacity = max_blocks * block_size
+    if seqlens.numel() > 0 and (int(seqlens.min()) < 0 or int(seqlens.max()) > capacity):
+        raise ValueError(
+            f"seqlens must lie in [0, max_blocks * block_size] = [0, {capacity}], got {seqlens.tolist()}"
+        )
+    # Pages a sequence actually uses must exist; unused table entries may hold anything.
+    page_starts = (
+        torch.arange(max_blocks, device=block_table.device) * block_size
+    )  # (max_blocks,) first token of each page
+    used = page_starts[None, :] < seqlens.long()[:, None]  # (B, max_blocks)
+    used_pages = block_table[used]
+    if used_pages.numel() > 0 and (int(used_pages.min()) < 0 or int(used_pages.max()) >= num_blocks):
+        raise ValueError(
+            f"block_table entries used by seqlens must lie in [0, num_blocks) = [0, {num_blocks})"
+        )
+
+
 def _check_decode_args(q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits):
     """Validate flash_decode's arguments (shared by the reference and the Triton backend).
 
     Reads ``seqlens`` and the used ``block_table`` entries on the host (a device sync) to check
-    their ranges. Returns ``(batch, num_heads, num_kv_heads, head_dim, num_blocks, block_size,
-    max_blocks, scale)`` with the default scale ``head_dim ** -0.5`` filled in.
+    their ranges, except while a CUDA graph is being captured. Returns ``(batch, num_heads,
+    num_kv_heads, head_dim, num_blocks, block_size, max_blocks, scale)`` with the default scale
+    ``head_dim ** -0.5`` filled in.
     """
     _check_tensor("q", q, 3)
     _check_tensor("k_cache", k_cache, 4)
@@ -284,23 +309,12 @@ def _check_decode_args(q, k_cache, v_cache, block_table, seqlens, window, scale,
             raise TypeError(f"num_splits must be a positive int or None, got {num_splits!r}")
         if num_splits < 1:
             raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    capacity = max_blocks * block_size
-    if batch > 0 and (int(seqlens.min()) < 0 or int(seqlens.max()) > capacity):
-        raise ValueError(
-            f"seqlens must lie in [0, max_blocks * block_size] = [0, {capacity}], got {seqlens.tolist()}"
-        )
-    # Pages a sequence actually uses must exist; unused table entries may hold anything.
-    page_starts = (
-        torch.arange(max_blocks, device=q.device) * block_size
-    )  # (max_blocks,) first token of each page
-    used = page_starts[None, :] < seqlens.long()[:, None]  # (B, max_blocks)
-    used_pages = block_table[used]
-    if used_pages.numel() > 0 and (int(used_pages.min()) < 0 or int(used_pages.max()) >= num_blocks):
-        raise ValueError(
-            f"block_table entries used by seqlens must lie in [0, num_blocks) = [0, {num_blocks})"
-        )
     if scale is None:
         scale = head_dim**-0.5
+    # A decode step being captured in a CUDA graph cannot read values back to the host: the value
+    # checks run on eager calls (LanguageModel.generate runs a step eagerly before capturing it).
+    if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        _check_decode_values(block_table, seqlens, num_blocks, block_size, max_blocks)
     return batch, num_heads, num_kv_heads, head_dim, num_blocks, block_size, max_blocks, scale
 
 

@@ -41,6 +41,10 @@ class KVCache(MixerCache):
     Fields:
         block_table: (B, max_blocks) int32 pool page of each logical page, max_blocks =
             ceil(max_seqlen / page_size).
+        seqlens: (B,) int32 tokens written per sequence, on the cache's device. A decode step takes
+            its positions (RoPE, page slot, kernel lengths) from it rather than from ``seqlen``, so
+            the step has static shapes and no host values: captured once in a CUDA graph, it stays
+            valid as the sequences grow.
         k, v: (B * max_blocks, page_size, num_kv_heads, head_dim) in the cache dtype. Keys are
             cached after RoPE, so a cached key never needs its position again.
         max_seqlen: tokens each sequence may hold.
@@ -48,6 +52,7 @@ class KVCache(MixerCache):
     """
 
     block_table: torch.Tensor
+    seqlens: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
 
@@ -75,12 +80,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x2, x1], dim=-1)
 
 
-def apply_rope(x: torch.Tensor, offset: int, base: float) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, offset: int | torch.Tensor, base: float) -> torch.Tensor:
     """Apply rotary position embeddings (Su et al. 2021, eq. 34; rotate-half pairing of dims i, i + D/2).
 
     Args:
         x: (B, T, H, D) queries or keys, D even; token t sits at absolute position offset + t.
-        offset: absolute position of the first token (the cache's seqlen when decoding).
+        offset: absolute position of the first token: an int shared by the batch, or a (B,)
+            integer tensor of per-sequence positions (a decode step reads it from the cache).
         base: RoPE base theta; frequency i is base^(-2i/D).
 
     Returns:
@@ -92,10 +98,14 @@ def apply_rope(x: torch.Tensor, offset: int, base: float) -> torch.Tensor:
     # float32 is enough for any realistic position; float64 inputs get float64 angles (exact tests).
     angle_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     inv_freq = base ** (-torch.arange(0, D, 2, device=x.device, dtype=angle_dtype) / D)  # (D/2,)
-    positions = torch.arange(offset, offset + T, device=x.device, dtype=angle_dtype)  # (T,)
-    angles = torch.outer(positions, inv_freq).repeat(1, 2)  # (T, D), dims i and i + D/2 share a frequency
-    cos = angles.cos()[None, :, None, :].to(x.dtype)  # (1, T, 1, D)
-    sin = angles.sin()[None, :, None, :].to(x.dtype)
+    steps = torch.arange(T, device=x.device, dtype=angle_dtype)  # (T,)
+    if isinstance(offset, torch.Tensor):
+        positions = offset.to(angle_dtype)[:, None] + steps  # (B, T)
+    else:
+        positions = (offset + steps)[None]  # (1, T)
+    angles = (positions[..., None] * inv_freq).repeat(1, 1, 2)  # (B or 1, T, D), dims i and i + D/2 pair
+    cos = angles.cos()[:, :, None, :].to(x.dtype)  # (B or 1, T, 1, D)
+    sin = angles.sin()[:, :, None, :].to(x.dtype)
     return x * cos + rotate_half(x) * sin
 
 
@@ -195,8 +205,12 @@ class Attention(nn.Module):
         if self.wpe is not None:
             nn.init.normal_(self.wpe.weight, std=0.02)
 
-    def _project(self, x: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Position-encode and project x (B, T, d_model) whose first token is at position `offset`.
+    def _project(
+        self, x: torch.Tensor, offset: int, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Position-encode and project x (B, T, d_model) whose first token is at position `offset`
+        (an int, checked against the learned table), or per sequence at `positions` (B,) on the
+        device when given (the decode step: no host value enters the computation).
 
         Returns:
             q (B, T, num_heads, head_dim), k and v (B, T, num_kv_heads, head_dim), RoPE applied to q, k.
@@ -211,8 +225,9 @@ class Attention(nn.Module):
                     f"{self.name}: positions up to {offset + T - 1} exceed the learned position table "
                     f"(max_position={self.max_position}); build the mixer with a larger max_position"
                 )
-            positions = torch.arange(offset, offset + T, device=x.device)  # (T,)
-            x = x + self.wpe(positions)  # (B, T, d_model)
+            steps = torch.arange(T, device=x.device)  # (T,)
+            first = offset if positions is None else positions.long()[:, None]  # int or (B, 1)
+            x = x + self.wpe(first + steps)  # (B, T, d_model)
         qkv = self.qkv_proj(x)  # (B, T, (Hq + 2 Hkv) * D)
         q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = qkv.split([q_dim, kv_dim, kv_dim], dim=-1)
@@ -220,8 +235,9 @@ class Attention(nn.Module):
         k = rearrange(k, "b t (h d) -> b t h d", d=self.head_dim)  # (B, T, Hkv, D)
         v = rearrange(v, "b t (h d) -> b t h d", d=self.head_dim)  # (B, T, Hkv, D)
         if self.pos_emb == "rope":
-            q = apply_rope(q, offset, self.rope_base)
-            k = apply_rope(k, offset, self.rope_base)
+            first = offset if positions is None else positions
+            q = apply_rope(q, first, self.rope_base)
+            k = apply_rope(k, first, self.rope_base)
         return q, k, v
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
@@ -241,11 +257,13 @@ class Attention(nn.Module):
                 position beyond the learned table.
         """
         B, T = check_input(x, self.d_model, self.name)
-        offset = 0
+        offset, positions = 0, None
         if cache is not None:
             cache.check_step(B, T, self.name)
             offset = cache.seqlen
-        q, k, v = self._project(x, offset)
+            if T == 1:
+                positions = cache.seqlens  # (B,) on the device: a decode step has no host positions
+        q, k, v = self._project(x, offset, positions)
         if cache is None:
             o = kernels.flash_attention(q, k, v, causal=True, window=self.window)  # (B, T, Hq, D)
         else:
@@ -258,18 +276,25 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Write the new k, v (B, T, Hkv, D) into positions [seqlen, seqlen + T) of the pages and
         attend q (B, T, Hq, D) to everything cached so far; returns (B, T, Hq, D)."""
-        B, T = q.shape[:2]
+        T = q.shape[1]
         start, end = cache.seqlen, cache.seqlen + T
+        if T == 1:
+            # Decode: append at each sequence's own position (read on the device), then let the
+            # split-K kernel gather the pages through the block table.
+            pos = cache.seqlens.long()  # (B,)
+            page = cache.block_table.gather(1, (pos // cache.page_size)[:, None]).long()  # (B, 1)
+            slot = (pos % cache.page_size)[:, None]  # (B, 1)
+            cache.k[page, slot] = k
+            cache.v[page, slot] = v
+            cache.seqlens += 1
+            o = kernels.flash_decode(
+                q[:, 0], cache.k, cache.v, cache.block_table, cache.seqlens, window=self.window
+            )
+            return o[:, None]  # (B, 1, Hq, D)
         pages, slots = cache.slots(start, end)  # (B, T) each
         cache.k[pages, slots] = k
         cache.v[pages, slots] = v
-        if T == 1:
-            # Decode: the split-K kernel gathers the pages through the block table itself.
-            seqlens = torch.full((B,), end, device=q.device, dtype=torch.int32)  # (B,)
-            o = kernels.flash_decode(
-                q[:, 0], cache.k, cache.v, cache.block_table, seqlens, window=self.window
-            )
-            return o[:, None]  # (B, 1, Hq, D)
+        cache.seqlens += T
         if start > 0:
             # Chunked prefill: gather the cached prefix into contiguous (B, end, Hkv, D) keys and values.
             pages, slots = cache.slots(0, end)
@@ -312,6 +337,7 @@ class Attention(nn.Module):
         return KVCache(
             max_seqlen=max_seqlen,
             block_table=table.view(batch_size, max_blocks),
+            seqlens=torch.zeros(batch_size, device=device, dtype=torch.int32),
             k=torch.zeros(pool, device=device, dtype=dtype),
             v=torch.zeros(pool, device=device, dtype=dtype),
         )
@@ -319,9 +345,9 @@ class Attention(nn.Module):
     def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
         """Bytes per sequence of a cache with max_seqlen = seqlen: its ceil(seqlen / page_size)
         whole pages of keys and values of every KV head, 2 * page_size * num_kv_heads * head_dim *
-        itemsize bytes each, plus one int32 block-table entry per page."""
+        itemsize bytes each, plus one int32 block-table entry per page and the int32 length."""
         pages = -(-seqlen // self.page_size)
         page_bytes = (
             2 * self.page_size * self.num_kv_heads * self.head_dim * self._cache_dtype(dtype).itemsize
         )
-        return pages * (page_bytes + torch.int32.itemsize)
+        return pages * (page_bytes + torch.int32.itemsize) + torch.int32.itemsize

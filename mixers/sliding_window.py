@@ -27,8 +27,11 @@ class RingKVCache(MixerCache):
             position p lives in slot p % slots. Keys are stored after RoPE.
         max_seqlen: tokens each sequence may hold in total.
         seqlen: tokens consumed so far; the ring holds the last min(seqlen, slots) of them.
+        seqlens: (B,) int32 tokens consumed per sequence, on the device: a decode step takes its
+            positions and slot from it (static shapes, no host values; see ``KVCache.seqlens``).
     """
 
+    seqlens: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
 
@@ -71,10 +74,13 @@ class SlidingWindowAttention(Attention):
             # attention does not care about: positions were baked into the keys by RoPE before caching
             # (or into the input by a learned table), and the sum over keys is order-free. For the same
             # reason no window goes to the kernel: the ring holds exactly the tokens inside the window.
-            cache.k[:, start % slots] = k[:, 0]
-            cache.v[:, start % slots] = v[:, 0]
-            block_table = torch.arange(B, device=q.device, dtype=torch.int32)[:, None]  # (B, 1)
-            seqlens = torch.full((B,), min(start + 1, slots), device=q.device, dtype=torch.int32)  # (B,)
+            rows = torch.arange(B, device=q.device)  # (B,)
+            slot = cache.seqlens.long() % slots  # (B,) read on the device
+            cache.k[rows, slot] = k[:, 0]
+            cache.v[rows, slot] = v[:, 0]
+            cache.seqlens += 1
+            block_table = rows.to(torch.int32)[:, None]  # (B, 1)
+            seqlens = cache.seqlens.clamp(max=slots)  # (B,) valid slots
             return kernels.flash_decode(q[:, 0], cache.k, cache.v, block_table, seqlens)[:, None]
 
         # Chunked prefill: the ring's valid tokens in temporal order, then the new ones; with
@@ -92,6 +98,7 @@ class SlidingWindowAttention(Attention):
         new_slots = torch.arange(start + T - n_keep, start + T, device=q.device) % slots  # (n_keep,)
         cache.k[:, new_slots] = k[:, T - n_keep :]
         cache.v[:, new_slots] = v[:, T - n_keep :]
+        cache.seqlens += T
         return o
 
     def allocate_cache(
@@ -113,19 +120,21 @@ class SlidingWindowAttention(Attention):
         Raises:
             TypeError / ValueError: batch_size or max_seqlen not an int > 0.
         """
+        check_positive_int(batch_size, "batch_size", self.name)
         check_positive_int(max_seqlen, "max_seqlen", self.name)  # before it sizes the slots
+        device = device or self.qkv_proj.weight.device
         shape = (batch_size, min(max_seqlen, self.window), self.num_kv_heads, self.head_dim)
-        return RingKVCache.allocate(
-            self.name,
-            batch_size,
-            max_seqlen,
-            {"k": shape, "v": shape},
-            device=device or self.qkv_proj.weight.device,
-            dtype=self._cache_dtype(dtype),
+        dtype = self._cache_dtype(dtype)
+        return RingKVCache(
+            max_seqlen=max_seqlen,
+            seqlens=torch.zeros(batch_size, device=device, dtype=torch.int32),
+            k=torch.zeros(shape, device=device, dtype=dtype),
+            v=torch.zeros(shape, device=device, dtype=dtype),
         )
 
     def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
         """Bytes per sequence of a ring cache with max_seqlen = seqlen: 2 * min(seqlen, window) *
-        num_kv_heads * head_dim * itemsize (keys and values of every KV head)."""
+        num_kv_heads * head_dim * itemsize (keys and values of every KV head) + 4 (the int32 length)."""
         slots = min(seqlen, self.window)
-        return 2 * slots * self.num_kv_heads * self.head_dim * self._cache_dtype(dtype).itemsize
+        kv_bytes = 2 * slots * self.num_kv_heads * self.head_dim * self._cache_dtype(dtype).itemsize
+        return kv_bytes + torch.int32.itemsize

@@ -11,6 +11,7 @@ where a hybrid needs structure of its own (:class:`SharedBlock`).
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -209,7 +210,14 @@ class LanguageModel(nn.Module):
                 f"input_ids must be a (batch, seqlen) integer tensor, got shape {tuple(input_ids.shape)} "
                 f"and dtype {input_ids.dtype}"
             )
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
+        # A decode step being captured in a CUDA graph cannot read tokens back to the host; generate()
+        # feeds it tokens sampled from the model's own logits, which are in range.
+        capturing = input_ids.is_cuda and torch.cuda.is_current_stream_capturing()
+        if (
+            input_ids.numel()
+            and not capturing
+            and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size)
+        ):
             raise ValueError(
                 f"token ids must lie in [0, {self.config.vocab_size}), got range "
                 f"[{int(input_ids.min())}, {int(input_ids.max())}]; is the data's vocab_size larger than the model's?"
@@ -300,8 +308,17 @@ class LanguageModel(nn.Module):
         greedy: bool = False,
         stop_tokens: list[int] | None = None,
         generator: torch.Generator | None = None,
+        cuda_graph: bool = True,
     ) -> torch.Tensor:
         """Continue ``input_ids`` by prefilling the caches once, then decoding one token at a time.
+
+        On CUDA (with ``cuda_graph``) the decode step has static shapes -- one token per sequence,
+        caches updated in place, positions read from the caches on the device -- so after one eager
+        step it is captured in a CUDA graph and replayed: one launch per step instead of one per
+        kernel (Nvidia, "CUDA Graphs", CUDA C++ Programming Guide Sec. 3.2.8.7). The same kernels
+        run, so the tokens equal the eager loop's. If a mixer's step cannot be captured (it reads a
+        value back to the host), a warning says so and the loop stays eager. On CPU every step runs
+        eagerly.
 
         Args:
             input_ids: ``(B, T)`` int64 prompt, ``T >= 1``.
@@ -312,6 +329,7 @@ class LanguageModel(nn.Module):
             stop_tokens: a sequence that emits one of these stops; it is padded with its stop
                 token until every sequence has stopped or ``max_new_tokens`` is reached.
             generator: RNG for sampling (reproducible generation).
+            cuda_graph: replay the decode step from a CUDA graph on CUDA inputs.
 
         Returns:
             ``(B, T + n)`` int64, ``n <= max_new_tokens`` (fewer when every sequence stopped).
@@ -338,6 +356,7 @@ class LanguageModel(nn.Module):
         done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
         out = [input_ids]
         logits = self(input_ids, cache=cache)[:, -1]  # prefill: (B, vocab)
+        decode_step = DecodeStep(self, cache, graphed=cuda_graph and input_ids.is_cuda)
         for step in range(max_new_tokens):
             token = self._sample(logits.float(), temperature, top_k, greedy, generator)  # (B,)
             token = torch.where(done, out[-1][:, -1], token)  # a stopped sequence repeats its stop token
@@ -345,7 +364,7 @@ class LanguageModel(nn.Module):
             done |= torch.isin(token, stop)
             if step == max_new_tokens - 1 or bool(done.all()):
                 break
-            logits = self(token[:, None], cache=cache)[:, -1]  # decode step: (B, vocab)
+            logits = decode_step(token)  # (B, vocab)
         return torch.cat(out, dim=1)
 
     @staticmethod
@@ -364,3 +383,63 @@ class LanguageModel(nn.Module):
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class DecodeStep:
+    """One decode step of ``model`` over ``cache``: ``step(token (B,) int64) -> logits (B, vocab)``
+    in the model's dtype; used by :meth:`LanguageModel.generate` and ``eval/decode.py``.
+
+    With ``graphed``, the first call runs eagerly (Triton autotuning, lazy initialisation and the
+    allocator's warm-up must not happen during capture), the second captures the step in a CUDA
+    graph -- a static (B, 1) token buffer in, a static (B, vocab) logits buffer out, the caches
+    updated in place -- and every call replays it. The returned logits are that static buffer:
+    read them before the next call. The caches' host-side ``seqlen`` counters are kept as an eager
+    loop would leave them (capture records the step without running it). Source: CUDA Graphs (CUDA
+    C++ Programming Guide, Sec. 3.2.8.7) through ``torch.cuda.graph``.
+
+    Raises:
+        ValueError: a step beyond the caches' ``max_seqlen`` (from the mixers' checks).
+    """
+
+    def __init__(self, model: LanguageModel, cache: ModelCache, graphed: bool) -> None:
+        self.model, self.cache, self.graphed = model, cache, graphed
+        self.calls = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.token: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None
+
+    def _caches(self) -> list:
+        return self.cache.layers + self.cache.shared
+
+    def _capture(self, token: torch.Tensor) -> None:
+        self.token = token[:, None].clone()  # (B, 1) static input
+        seqlens = [c.seqlen for c in self._caches()]
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                self.logits = self.model(self.token, cache=self.cache)[:, -1]  # (B, vocab) static output
+            self.graph = graph
+        except RuntimeError as err:
+            warnings.warn(
+                f"generate: the decode step could not be captured in a CUDA graph ({str(err).splitlines()[0]}); "
+                "decoding eagerly",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self.graphed = False
+        finally:
+            for c, n in zip(self._caches(), seqlens, strict=True):
+                c.seqlen = n
+
+    def __call__(self, token: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.graphed and self.calls > 1 and self.graph is None:
+            self._capture(token)
+        if self.graph is None:
+            return self.model(token[:, None], cache=self.cache)[:, -1]
+        for c in self._caches():
+            c.check_step(token.shape[0], 1, "generate")
+            c.seqlen += 1
+        self.token.copy_(token[:, None])
+        self.graph.replay()
+        return self.logits

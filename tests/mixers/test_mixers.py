@@ -210,12 +210,13 @@ def test_cache_bytes_match_state_size(name, settings):
             assert mixer.allocate_cache(batch, seqlen).nbytes() == batch * mixer.state_size(seqlen)
     sizes = [mixer.state_size(s) for s in lengths]
     if name == "attention":
-        # Whole pages of K and V of the KV heads only (float64), plus an int32 table entry each.
+        # Whole pages of K and V of the KV heads only (float64), an int32 table entry each, and the
+        # int32 length.
         page_bytes = 2 * mixer.page_size * mixer.num_kv_heads * mixer.head_dim * 8 + 4
-        assert sizes == [math.ceil(s / mixer.page_size) * page_bytes for s in lengths]
+        assert sizes == [math.ceil(s / mixer.page_size) * page_bytes + 4 for s in lengths]
     elif name == "sliding_window":
         per_token = 2 * mixer.num_kv_heads * mixer.head_dim * 8
-        assert sizes == [min(s, mixer.window) * per_token for s in lengths]
+        assert sizes == [min(s, mixer.window) * per_token + 4 for s in lengths]
     else:
         assert len(set(sizes)) == 1  # recurrent state: constant in seqlen
 
@@ -230,8 +231,8 @@ def test_state_size_formulas():
     unnormalised = LinearAttention(D_MODEL, 2, feature_dim=4, normalize=False)
     assert unnormalised.state_size(50) == 2 * 4 * 12 * 4
     sliding = SlidingWindowAttention(D_MODEL, 6, window=5, num_kv_heads=2)
-    assert sliding.state_size(3) == 2 * 3 * 2 * 4 * 4
-    assert sliding.state_size(50) == sliding.state_size(5) == 2 * 5 * 2 * 4 * 4
+    assert sliding.state_size(3) == 2 * 3 * 2 * 4 * 4 + 4  # K and V slots + the int32 length
+    assert sliding.state_size(50) == sliding.state_size(5) == 2 * 5 * 2 * 4 * 4 + 4
 
 
 @pytest.mark.parametrize(
@@ -251,7 +252,7 @@ def test_cache_dtype_defaults(module_dtype, kv_dtype, state_dtype):
     assert cache.block_table.dtype == torch.int32 and cache.block_table.tolist() == [[0, 1, 2], [3, 4, 5]]
     assert cache.nbytes() == 2 * attention.state_size(9)
     assert attention.allocate_cache(2, 9, dtype=torch.float16).k.dtype == torch.float16
-    assert attention.state_size(9, torch.float16) == 3 * (2 * 4 * 2 * 4 * 2 + 4)
+    assert attention.state_size(9, torch.float16) == 3 * (2 * 4 * 2 * 4 * 2 + 4) + 4
 
     ring = SlidingWindowAttention(D_MODEL, 4, window=3).to(module_dtype).allocate_cache(2, 9)
     assert isinstance(ring, RingKVCache) and ring.k.shape == (2, 3, 4, 6) and ring.k.dtype == kv_dtype
