@@ -221,7 +221,15 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         state = {"state_bytes": m["state_bytes"]}
         records += [
             make_record(metric="state_bytes", value=m["state_bytes"], **common) | state,
-            make_record(metric="prefill_tokens_per_s", value=prefill_tps, tokens_per_s=prefill_tps, **common)
+            # flops: 2 per weight per token (the matmuls; attention's score FLOPs are left out, so the
+            # roofline's compute floor stays a lower bound).
+            make_record(
+                metric="prefill_tokens_per_s",
+                value=prefill_tps,
+                tokens_per_s=prefill_tps,
+                flops=2 * model.num_params() * batch * context,
+                **common,
+            )
             | state,
             make_record(
                 metric="decode_tokens_per_s",
