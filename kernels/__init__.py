@@ -101,7 +101,17 @@ def flash_attention(q, k, v, *, causal=True, window=None, scale=None, return_lse
 
 
 def flash_decode(
-    q, k_cache, v_cache, block_table, seqlens, *, window=None, scale=None, num_splits=None, backend=None
+    q,
+    k_cache,
+    v_cache,
+    block_table,
+    seqlens,
+    *,
+    window=None,
+    scale=None,
+    num_splits=None,
+    check_values=True,
+    backend=None,
 ):
     """Paged-KV-cache decode attention; see :func:`kernels.reference.flash_decode` for shapes,
     dtypes, paging semantics, errors and sources.
@@ -114,7 +124,17 @@ def flash_decode(
     ValueError.
     """
     impl = _dispatch("flash_decode", backend, q)
-    return impl(q, k_cache, v_cache, block_table, seqlens, window=window, scale=scale, num_splits=num_splits)
+    return impl(
+        q,
+        k_cache,
+        v_cache,
+        block_table,
+        seqlens,
+        window=window,
+        scale=scale,
+        num_splits=num_splits,
+        check_values=check_values,
+    )
 
 
 def selective_scan(

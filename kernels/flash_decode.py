@@ -344,6 +344,7 @@ def flash_decode(
     window: int | None = None,
     scale: float | None = None,
     num_splits: int | None = None,
+    check_values: bool = True,
 ) -> torch.Tensor:
     """One decode step of attention over a paged KV cache, FlashDecoding in Triton (Dao, Haziza,
     Massa, Sizov 2023; online softmax of FlashAttention-2, Dao 2023, Algorithm 1; paging after
@@ -366,6 +367,9 @@ def flash_decode(
         num_splits: key chunks per sequence processed in parallel (>= 1); None picks
             :func:`num_splits_heuristic` for this GPU. Splits beyond a sequence's keys are empty
             and contribute nothing; results differ between split counts only by rounding.
+        check_values: check the ranges of ``seqlens`` and the used ``block_table`` entries on the
+            host (a device sync costing far more than the kernel); False for callers that build
+            them, like the mixers' caches. Out-of-range values with False read arbitrary memory.
 
     Accumulation is fp32 for 16-bit and fp32 inputs (fp64 for fp64); fp32 products are IEEE, not TF32.
 
@@ -383,7 +387,7 @@ def flash_decode(
     """
     # The reference's validation: same checks, order and messages.
     batch, num_heads, num_kv_heads, head_dim, _, block_size, max_blocks, scale = _check_decode_args(
-        q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits
+        q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits, check_values
     )
 
     # This backend's own limits.

@@ -270,11 +270,11 @@ def _check_decode_values(block_table, seqlens, num_blocks: int, block_size: int,
         )
 
 
-def _check_decode_args(q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits):
+def _check_decode_args(q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits, check_values):
     """Validate flash_decode's arguments (shared by the reference and the Triton backend).
 
-    Reads ``seqlens`` and the used ``block_table`` entries on the host (a device sync) to check
-    their ranges, except while a CUDA graph is being captured. Returns ``(batch, num_heads,
+    With ``check_values`` reads ``seqlens`` and the used ``block_table`` entries on the host (a
+    device sync) to check their ranges, except while a CUDA graph is being captured. Returns ``(batch, num_heads,
     num_kv_heads, head_dim, num_blocks, block_size, max_blocks, scale)`` with the default scale
     ``head_dim ** -0.5`` filled in.
     """
@@ -313,7 +313,9 @@ def _check_decode_args(q, k_cache, v_cache, block_table, seqlens, window, scale,
         scale = head_dim**-0.5
     # A decode step being captured in a CUDA graph cannot read values back to the host: the value
     # checks run on eager calls (LanguageModel.generate runs a step eagerly before capturing it).
-    if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if not isinstance(check_values, bool):
+        raise TypeError(f"check_values must be a bool, got {check_values!r}")
+    if check_values and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         _check_decode_values(block_table, seqlens, num_blocks, block_size, max_blocks)
     return batch, num_heads, num_kv_heads, head_dim, num_blocks, block_size, max_blocks, scale
 
@@ -328,6 +330,7 @@ def flash_decode(
     window: int | None = None,
     scale: float | None = None,
     num_splits: int | None = None,
+    check_values: bool = True,
 ) -> torch.Tensor:
     """One decode step of attention over a paged KV cache.
 
@@ -352,6 +355,10 @@ def flash_decode(
         window: sliding window w > 0 counting the current token, or None.
         scale: score scale; defaults to ``D ** -0.5``.
         num_splits: ignored by the reference (None or a positive int).
+        check_values: read ``seqlens`` and the used ``block_table`` entries back to the host to
+            check their ranges (a device sync: on an H200 it dominates a decode step's time, some
+            hundreds of µs). Callers that build the table and lengths themselves, like the mixers'
+            caches, pass False; with False, out-of-range values are undefined behaviour.
 
     Returns:
         (B, Hq, D) in q's dtype; sequences with seqlens == 0 return 0.
@@ -360,11 +367,11 @@ def flash_decode(
         TypeError: non-tensor inputs, non-floating q / caches or mismatched dtypes, non-integer
             block_table / seqlens, non-int window or num_splits.
         ValueError: wrong ndim or mismatched shapes, Hq not a multiple of Hkv, seqlens out of
-            [0, max_blocks * block_size], a used page index outside [0, num_blocks), window <= 0,
-            num_splits < 1.
+            [0, max_blocks * block_size], a used page index outside [0, num_blocks) (those two only
+            with ``check_values``), window <= 0, num_splits < 1.
     """
     batch, num_heads, num_kv_heads, head_dim, num_blocks, block_size, max_blocks, scale = _check_decode_args(
-        q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits
+        q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits, check_values
     )
     capacity = max_blocks * block_size
     seqlens = seqlens.long()

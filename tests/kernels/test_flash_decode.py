@@ -313,6 +313,7 @@ _Q, _CACHE, _TABLE, _LENS = _t(2, 2, 8), _t(3, 4, 1, 8), torch.zeros(2, 2, dtype
         ((_Q, _CACHE, _CACHE, _TABLE, _LENS), {"num_splits": 0}),
         ((_Q, _CACHE, _CACHE, _TABLE, _LENS), {"num_splits": 2.0}),
         ((_Q, _CACHE, _CACHE, _TABLE, _LENS), {"num_splits": True}),
+        ((_Q, _CACHE, _CACHE, _TABLE, _LENS), {"check_values": 1}),
         ((_Q, _CACHE, _t(3, 4, 1, 4), _TABLE, _LENS), {}),  # k / v shapes differ
         ((_Q, _t(3, 4, 1, 4), _t(3, 4, 1, 4), _TABLE, _LENS), {}),  # head dims differ
         ((_Q, _CACHE.double(), _CACHE.double(), _TABLE, _LENS), {}),
@@ -324,6 +325,24 @@ def test_errors_identical_to_reference(args, kwargs):
     triton_error, reference_error = _call("triton", *args, **kwargs), _call("reference", *args, **kwargs)
     assert reference_error is not None
     assert triton_error == reference_error
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_check_values_false_skips_only_the_value_checks(backend):
+    """check_values=False (the mixers' caches: no device sync) gives the same result on valid
+    inputs, still checks shapes, and no longer reads seqlens back (out of range: no error)."""
+    q, k, v, table, seqlens = make_paged([3, 9], 2, 1, 16, 4, torch.float32)
+    k, v = without_nan(k), without_nan(v)
+    checked = kernels.flash_decode(q, k, v, table, seqlens, backend=backend)
+    assert torch.equal(
+        kernels.flash_decode(q, k, v, table, seqlens, check_values=False, backend=backend), checked
+    )
+    with pytest.raises(ValueError, match="B = 2 rows"):
+        kernels.flash_decode(_Q, _CACHE, _CACHE, _TABLE[:1], _LENS, check_values=False, backend=backend)
+    with pytest.raises(ValueError, match="seqlens must lie"):
+        kernels.flash_decode(_Q, _CACHE, _CACHE, _TABLE, _i(3, 9), backend=backend)
+    # Out-of-range values are undefined behaviour with False: only that nothing raises is checked.
+    assert _call(backend, _Q, _CACHE, _CACHE, _TABLE, _i(-1, 3), check_values=False) is None
 
 
 def test_backend_specific_errors():
