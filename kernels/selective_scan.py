@@ -113,6 +113,10 @@ _FWD_CUDA = [(8, 32, 1), (8, 16, 1), (4, 32, 1)]
 # shuffle sums over channels); BLOCK_T = 4 halves the scratch traffic but spills more.
 _BWD_CUDA = [(4, 1), (2, 1)]
 BWD_BLOCK_D = INTERPRET_BLOCK_D if _INTERPRET else 32
+# Decode step: state elements per program (enough bytes in flight per SM, few enough registers)
+# and its warps.
+DECODE_BLOCK_ELEMENTS = 2048
+DECODE_WARPS = 4
 
 
 def _fwd_configs():
@@ -878,9 +882,10 @@ def selective_state_update(
     if batch * dim == 0:
         return y
     block_n = triton.next_power_of_2(d_state)
-    # About 2k state elements per program: enough bytes in flight per SM, few enough registers.
     block_d = min(
-        triton.next_power_of_2(P), max(1, 2048 // block_n), INTERPRET_BLOCK_D if _INTERPRET else 2048
+        triton.next_power_of_2(P),
+        max(1, DECODE_BLOCK_ELEMENTS // block_n),
+        INTERPRET_BLOCK_D if _INTERPRET else DECODE_BLOCK_ELEMENTS,
     )
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         selective_state_update_kernel[(triton.cdiv(P, block_d), groups, batch)](
@@ -889,6 +894,6 @@ def selective_state_update(
             *_strides(D, 1), *_strides(dt_bias, 1), *_strides(z, 2),
             dim, P, d_state,
             HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus),
-            FP64=dtype == torch.float64, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4,
+            FP64=dtype == torch.float64, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=DECODE_WARPS,
         )  # fmt: skip
     return y
