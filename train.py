@@ -191,6 +191,7 @@ def _write_train_records(
             device=lit.device,
             sha=sha,
             split="val",
+            train_tokens=int(lit.tokens_seen),  # tokens the validated (best) checkpoint was trained on
         )
         for name, value in sorted(metrics.items())
     ]

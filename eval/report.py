@@ -1,0 +1,904 @@
+"""Quality-vs-memory report of any set of runs: ``python eval/report.py runs=[dir1,dir2] out=report``.
+
+Reads the result records (DESIGN.md, contract 5) under every directory of ``runs`` (entries may be
+glob patterns, ``**`` recursing, or record files themselves) and draws, with matplotlib:
+
+- recall accuracy versus decode state bytes per sequence, one labelled point per run and mixer
+  (at ``seqlen``, or each run's shortest evaluated length), log x;
+- recall accuracy versus sequence length (length generalisation), one line per run and mixer;
+- validation loss versus training tokens, one line per run;
+- decode tokens/s versus context length, one line per run, mixer and decode mode.
+
+Outputs go to ``out``: one PNG per plot, ``report.md`` (the tables, the plots as links) and
+``report.html`` (self-contained: plots embedded as base64 PNG, tables inline, no network), all
+written atomically. With ``wandb.enabled=true`` the tables, the plotted points (as W&B tables with
+``wandb.plot.scatter`` charts) and the PNGs are logged to a W&B run (offline unless
+``wandb.mode=online``); without wandb installed the files are still written.
+
+What is read:
+
+- record files: every ``*.json`` under a run directory (W&B and hidden directories excluded) that
+  holds a list of records -- ``results/train.json`` (train.py), ``checkpoints/<ckpt>.recall.json``
+  (eval/recall.py), ``decode-<mixer>-<model>.json`` (eval/decode.py). Other JSON (a dict, a list of
+  non-records) is listed as ignored. A file that is not valid JSON, or a list mixing records with
+  other things, or records without ``run``, ``mixer`` or a numeric ``value``, is an error naming the
+  file; ``skip_invalid=true`` skips it with a warning and a note in the report instead.
+- recall accuracy: eval/recall.py's records (``metric: accuracy``, ``task``, ``seqlen``,
+  ``state_bytes``, ``path``, ``checkpoint``, ``split: test``); for a run that has none, train.py's
+  validation records (``val/acc`` and ``val/acc_<slice>``, shown with a ``(val)`` label).
+- validation loss: Lightning's ``metrics.csv`` (train.py's ``<run>/csv/metrics.csv``: ``step``,
+  ``train/tokens`` and ``val/loss`` columns); else train.py's ``val/loss`` records carrying
+  ``train_tokens``; else the ``val/loss`` and ``train/tokens`` of a W&B run's
+  ``files/wandb-summary.json`` where present (offline runs of recent wandb keep their summary only
+  in the binary ``.wandb`` file, which is not read).
+- decode throughput: eval/decode.py's records (``metric: decode_tokens_per_s``, ``seqlen`` the
+  context length, ``mode``, ``batch``).
+
+A plot without data is skipped with a note in both pages. Nothing found at all -- no record file,
+no metrics.csv, no W&B summary -- is an error naming the directories searched and the files looked
+for.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import datetime as _dt
+import glob
+import html
+import io
+import json
+import math
+import os
+import re
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import yaml
+from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
+from omegaconf import DictConfig, OmegaConf
+
+from eval.cli import user_errors
+from models.checkpoint import atomic_write_bytes
+
+REQUIRED_KEYS = ("run", "mixer", "metric", "value")
+TRAIN_TOKENS, VAL_LOSS = "train/tokens", "val/loss"
+SLICE_SUFFIX = re.compile(r"_(T\d+_kv\d+)$")  # train.py's per-slice metric names: val/acc_T128_kv8
+LOOKED_FOR = (
+    "*.json record lists (results/train.json, checkpoints/*.recall.json, decode-*.json), "
+    "metrics.csv (Lightning CSVLogger) and wandb/*/files/wandb-summary.json"
+)
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    """One plot: the point keys on its axes, their labels and scales, and what produces its data."""
+
+    name: str
+    title: str
+    x: str
+    y: str
+    xlabel: str
+    ylabel: str
+    xscale: str  # "linear", "log" (base 10) or "log2"
+    yscale: str
+    lines: bool  # True: each series' points joined in x order; False: labelled markers
+    missing: str  # which records or files would fill it
+
+
+PLOTS = (
+    PlotSpec(
+        name="recall_vs_state_bytes",
+        title="Recall accuracy vs decode state",
+        x="state_bytes",
+        y="accuracy",
+        xlabel="decode state (bytes / sequence, log scale)",
+        ylabel="recall accuracy",
+        xscale="log",
+        yscale="linear",
+        lines=False,
+        missing="recall accuracy with state_bytes: eval/recall.py records (metric accuracy) or "
+        "train.py's val/acc records",
+    ),
+    PlotSpec(
+        name="accuracy_vs_length",
+        title="Length generalisation",
+        x="seqlen",
+        y="accuracy",
+        xlabel="sequence length (tokens)",
+        ylabel="recall accuracy",
+        xscale="log2",
+        yscale="linear",
+        lines=True,
+        missing="recall accuracy with seqlen: eval/recall.py records (metric accuracy) or "
+        "train.py's val/acc records",
+    ),
+    PlotSpec(
+        name="val_loss_vs_tokens",
+        title="Validation loss vs training tokens",
+        x="train_tokens",
+        y="val_loss",
+        xlabel="training tokens",
+        ylabel="validation loss (nats / token)",
+        xscale="linear",
+        yscale="linear",
+        lines=True,
+        missing="validation losses placed at training tokens: a metrics.csv with val/loss and "
+        "train/tokens, val/loss records with train_tokens, or a W&B summary",
+    ),
+    PlotSpec(
+        name="decode_tokens_per_s",
+        title="Decode throughput",
+        x="seqlen",
+        y="tokens_per_s",
+        xlabel="context length (tokens)",
+        ylabel="decode tokens/s (log scale)",
+        xscale="log2",
+        yscale="log",
+        lines=True,
+        missing="eval/decode.py records (metric decode_tokens_per_s)",
+    ),
+)
+
+
+@dataclass
+class Sources:
+    """Files found under the searched paths (record candidates are classified when read)."""
+
+    searched: list[Path]
+    json_files: list[Path] = field(default_factory=list)
+    metrics_csvs: list[Path] = field(default_factory=list)
+    wandb_summaries: list[Path] = field(default_factory=list)
+    record_files: list[Path] = field(default_factory=list)
+    ignored: list[Path] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Table:
+    """A table of the report: ``rows`` hold raw values (``None`` where a run has no such value)."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+@dataclass
+class Report:
+    """What :func:`build_report` made: its figures (``None`` for plots without data), points, tables,
+    notes and the paths written."""
+
+    out: Path
+    html: Path
+    markdown: Path
+    pngs: dict[str, Path]
+    figures: dict[str, Figure | None]
+    points: dict[str, list[dict[str, Any]]]
+    tables: list[Table]
+    notes: list[str]
+    sources: Sources
+    records: list[dict[str, Any]]
+
+
+def expand_runs(runs: str | list[str]) -> list[Path]:
+    """The paths ``runs`` names: directories and files as given, glob patterns expanded (``**`` recursive).
+
+    Args:
+        runs: one entry or a list; each a directory, a ``.json`` / ``metrics.csv`` file, or a pattern.
+
+    Raises:
+        ValueError: ``runs`` is empty.
+        FileNotFoundError: an entry that exists nowhere or a pattern that matches nothing (named).
+    """
+    entries = [runs] if isinstance(runs, str) else list(runs)
+    if not entries:
+        raise ValueError("runs is empty: pass runs=[<run directory or glob>,...]")
+    paths: list[Path] = []
+    for entry in entries:
+        entry = os.path.expanduser(str(entry))
+        if glob.has_magic(entry):
+            matches = sorted(glob.glob(entry, recursive=True))
+            if not matches:
+                raise FileNotFoundError(f"runs pattern {entry!r} matches no file or directory")
+            paths += [Path(m) for m in matches]
+        elif Path(entry).exists():
+            paths.append(Path(entry))
+        else:
+            raise FileNotFoundError(f"run directory or record file {entry!r} does not exist")
+    unique: dict[Path, Path] = {}
+    for path in paths:
+        unique.setdefault(path.resolve(), path)
+    return list(unique.values())
+
+
+def find_files(paths: list[Path]) -> Sources:
+    """Record candidates (``*.json`` outside ``wandb/`` and hidden directories), ``metrics.csv`` files
+    and W&B summaries under ``paths`` (directories searched recursively, files taken as given).
+
+    Raises:
+        ValueError: a file that is neither ``.json`` nor ``metrics.csv``.
+    """
+    sources = Sources(searched=list(paths))
+    seen: set[Path] = set()
+    for root in paths:
+        if root.is_file():
+            if root.suffix != ".json" and root.name != "metrics.csv":
+                raise ValueError(f"{root} is neither a run directory, a .json record file nor a metrics.csv")
+            candidates = [(root, ())]
+        else:
+            candidates = [(p, p.relative_to(root).parts) for p in sorted(root.rglob("*")) if p.is_file()]
+        for path, parts in candidates:
+            if path.resolve() in seen or any(part.startswith(".") for part in parts):
+                continue
+            seen.add(path.resolve())
+            in_wandb = "wandb" in parts[:-1]
+            if path.name == "wandb-summary.json" and in_wandb:
+                sources.wandb_summaries.append(path)
+            elif path.suffix == ".json" and not in_wandb:
+                sources.json_files.append(path)
+            elif path.name == "metrics.csv" and not in_wandb:
+                sources.metrics_csvs.append(path)
+    return sources
+
+
+def read_record_file(path: Path) -> list[dict[str, Any]] | None:
+    """The records of one JSON file, each with ``record_file`` set to ``path``; ``None`` when the file
+    holds valid JSON that is not a list of records (a dict, a list of other things).
+
+    Raises:
+        ValueError: unreadable or invalid JSON, a list mixing records (dicts with ``metric`` and
+            ``value``) with other items, a record without ``run`` or ``mixer``, or a non-numeric
+            ``value``; the message names the file and the item.
+    """
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read result records from {path}: {err}") from err
+    if not isinstance(data, list):
+        return None
+    is_record = [isinstance(item, dict) and "metric" in item and "value" in item for item in data]
+    if data and not any(is_record):
+        return None
+    records = []
+    for i, (item, ok) in enumerate(zip(data, is_record, strict=True)):
+        if not ok:
+            raise ValueError(f"{path}: item {i} is not a result record (a dict with metric and value)")
+        missing = [key for key in REQUIRED_KEYS if key not in item]
+        if missing:
+            raise ValueError(f"{path}: record {i} lacks {missing} (records need {list(REQUIRED_KEYS)})")
+        value = item["value"]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{path}: record {i} has a non-numeric value {value!r}")
+        records.append({**item, "record_file": str(path)})
+    return records
+
+
+def load_records(sources: Sources, skip_invalid: bool) -> list[dict[str, Any]]:
+    """Read every record candidate of ``sources``, filling its ``record_files``, ``ignored`` and
+    ``skipped`` lists; returns all records.
+
+    Raises:
+        ValueError: an invalid file (see :func:`read_record_file`), unless ``skip_invalid``, which
+            warns (``UserWarning``) and records the file in ``sources.skipped`` instead.
+    """
+    records: list[dict[str, Any]] = []
+    for path in sources.json_files:
+        try:
+            found = read_record_file(path)
+        except ValueError as err:
+            _skip_or_raise(sources, err, skip_invalid)
+            continue
+        if found is None:
+            sources.ignored.append(path)
+        else:
+            sources.record_files.append(path)
+            records += found
+    return records
+
+
+def _skip_or_raise(sources: Sources, err: ValueError, skip_invalid: bool) -> None:
+    if not skip_invalid:
+        raise ValueError(f"{err} (fix or delete the file, or pass skip_invalid=true to skip it)") from err
+    warnings.warn(f"skipping {err}", stacklevel=3)
+    sources.skipped.append(str(err))
+
+
+def read_val_loss_curve(path: Path) -> list[tuple[float, float]]:
+    """``(training tokens, validation loss in nats/token)`` of each validation in a Lightning
+    CSVLogger ``metrics.csv``.
+
+    A validation row's tokens are ``train/tokens`` interpolated at its ``step`` (``train/tokens`` at
+    step ``s`` counts ``s + 1`` steps, so step -1 is 0 tokens). Validation rows after the last logged
+    training step -- train.py's final re-validation of the best checkpoint -- are dropped.
+
+    Returns:
+        The points in file order; ``[]`` when the file has no ``val/loss`` or no ``train/tokens`` values.
+
+    Raises:
+        ValueError: the file cannot be read, or a ``step``, ``train/tokens`` or ``val/loss`` value
+            is not a number (file and line named).
+    """
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise ValueError(f"cannot read metrics from {path}: {err}") from err
+    train, val = [], []
+    for line, row in enumerate(rows, start=2):
+        try:
+            if row.get(TRAIN_TOKENS):
+                train.append((float(row["step"]), float(row[TRAIN_TOKENS])))
+            if row.get(VAL_LOSS):
+                val.append((float(row["step"]), float(row[VAL_LOSS])))
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"{path}, line {line}: step, {TRAIN_TOKENS} or {VAL_LOSS} is not a number"
+            ) from err
+    if not train or not val:
+        return []
+    train.sort()
+    steps = [-1.0] + [step for step, _ in train]
+    tokens = [0.0] + [count for _, count in train]
+    return [(float(np.interp(step, steps, tokens)), loss) for step, loss in val if step <= steps[-1]]
+
+
+def read_wandb_summary(path: Path) -> dict[str, Any]:
+    """The summary dict of a W&B run (``files/wandb-summary.json``).
+
+    Raises:
+        ValueError: unreadable or invalid JSON, or JSON that is not an object.
+    """
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read W&B summary {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"W&B summary {path} is not a JSON object")
+    return data
+
+
+def series_labels(keys: list[tuple[str, str, tuple[str, ...]]]) -> dict[tuple, str]:
+    """Legend labels ``"<mixer> [<run>]"`` for series keys ``(mixer, run, extras)``. Where one run and
+    mixer has several series, extras that differ between them are appended, in order, until the
+    labels of that run and mixer are unique (``"attention [run] cuda_graph"``)."""
+    groups: dict[tuple[str, str], list[tuple[str, ...]]] = defaultdict(list)
+    for mixer, run, extras in dict.fromkeys(keys):
+        groups[(mixer, run)].append(extras)
+    labels = {}
+    for (mixer, run), group in groups.items():
+        shown: list[int] = []
+        for i in range(len(group[0]) if len(group) > 1 else 0):
+            if len({extras[i] for extras in group}) > 1:
+                shown.append(i)
+            if len({tuple(extras[j] for j in shown) for extras in group}) == len(group):
+                break
+        for extras in group:
+            suffix = ", ".join(extras[i] for i in shown if extras[i])
+            labels[(mixer, run, extras)] = f"{mixer} [{run}]" + (f" {suffix}" if suffix else "")
+    return labels
+
+
+def accuracy_points(records: list[dict[str, Any]], task: str, path: str) -> list[dict[str, Any]]:
+    """Recall accuracy per series and length.
+
+    Args:
+        records: result records.
+        task: the task whose accuracy counts (``mqar``).
+        path: eval/recall.py path preferred where a checkpoint was evaluated through both.
+
+    Returns:
+        Points ``{series, run, mixer, split, seqlen (tokens), accuracy in [0, 1], state_bytes (bytes
+        per sequence, or None), params}``: eval/recall.py's ``accuracy`` records, and for runs without
+        any, train.py's ``val/acc`` / ``val/acc_<slice>`` records (series labelled ``(val)``).
+    """
+    mine = [r for r in records if r.get("task") == task and r.get("seqlen")]
+    test = [r for r in mine if r["metric"] == "accuracy"]
+    tested = {(r["run"], r["mixer"]) for r in test}
+    val = [
+        r
+        for r in mine
+        if (r["metric"] == "val/acc" or r["metric"].startswith("val/acc_"))
+        and (r["run"], r["mixer"]) not in tested
+    ]
+    chosen: dict[tuple, dict[str, Any]] = {}
+    for r, split in [(r, str(r.get("split") or "test")) for r in test] + [(r, "val") for r in val]:
+        checkpoint = Path(r["checkpoint"]).name if r.get("checkpoint") else ""
+        key = (r["mixer"], r["run"], (checkpoint, split, r["record_file"]))
+        slot = (key, r["seqlen"])
+        if slot not in chosen or (r.get("path") == path and chosen[slot].get("path") != path):
+            chosen[slot] = r
+    labels = series_labels(list(dict.fromkeys(key for key, _ in chosen)))
+    return [
+        {
+            "series": labels[key] + (" (val)" if key[2][1] == "val" else ""),
+            "run": r["run"],
+            "mixer": r["mixer"],
+            "split": key[2][1],
+            "seqlen": r["seqlen"],
+            "accuracy": r["value"],
+            "state_bytes": r.get("state_bytes"),
+            "params": r.get("params"),
+        }
+        for (key, _), r in chosen.items()
+    ]
+
+
+def recall_vs_state_points(
+    accuracy: list[dict[str, Any]], seqlen: int | None
+) -> tuple[list[dict], list[str]]:
+    """One point per series of :func:`accuracy_points`: the one at ``seqlen`` tokens, or at the
+    series' shortest length when ``seqlen`` is None; points without ``state_bytes`` are left out.
+
+    Returns:
+        ``(points with a "label" for annotation, notes on series left out)``.
+    """
+    by_series: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in accuracy:
+        if p["state_bytes"]:
+            by_series[p["series"]].append(p)
+    points, notes = [], []
+    for series, pts in sorted(by_series.items()):
+        at = [p for p in pts if p["seqlen"] == seqlen] if seqlen else [min(pts, key=lambda p: p["seqlen"])]
+        if not at:
+            notes.append(f"{series}: no recall accuracy at seqlen {seqlen} for the quality-vs-memory plot")
+            continue
+        points.append({**at[0], "label": f"{at[0]['mixer']} @ {at[0]['seqlen']}"})
+    return points, notes
+
+
+def decode_points(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Decode throughput points ``{series, run, mixer, mode, seqlen (context tokens), tokens_per_s}``
+    of eval/decode.py's ``decode_tokens_per_s`` records; one series per run, mixer, mode, batch,
+    dtype, device and record file."""
+    rows = [r for r in records if r["metric"] == "decode_tokens_per_s" and r.get("seqlen")]
+    keys = []
+    for r in rows:
+        extras = (
+            str(r.get("mode") or ""),
+            f"batch {r['batch']}" if r.get("batch") else "",
+            str(r.get("dtype") or ""),
+            str(r.get("device") or ""),
+            r["record_file"],
+        )
+        keys.append((r["mixer"], r["run"], extras))
+    labels = series_labels(list(dict.fromkeys(keys)))
+    return [
+        {
+            "series": labels[key],
+            "run": r["run"],
+            "mixer": r["mixer"],
+            "mode": r.get("mode"),
+            "seqlen": r["seqlen"],
+            "tokens_per_s": r["value"],
+        }
+        for key, r in zip(keys, rows, strict=True)
+    ]
+
+
+def val_loss_points(
+    records: list[dict[str, Any]], sources: Sources, skip_invalid: bool
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Validation loss (nats/token) versus training tokens per run: the metrics.csv curve, else
+    ``val/loss`` records with ``train_tokens``, else a W&B summary's ``val/loss`` at ``train/tokens``.
+
+    A metrics.csv's run is its directory's parent when the directory is train.py's ``csv/``, else
+    its directory; a W&B summary's run is the directory holding ``wandb/``. The mixer is the one of
+    that run's records, else ``model.name`` of the CSV logger's ``hparams.yaml``, else ``unknown``.
+
+    Returns:
+        ``(points {series, run, mixer, train_tokens, val_loss, source}, notes on files without a curve)``.
+
+    Raises:
+        ValueError: an unreadable metrics.csv or W&B summary, unless ``skip_invalid`` (then skipped
+            with a warning and listed in ``sources.skipped``).
+    """
+    mixers = {r["run"]: r["mixer"] for r in records}
+    curves: dict[str, tuple[str, list[tuple[float, float]], str]] = {}
+    notes = []
+    for path in sources.metrics_csvs:
+        run_dir = path.parent.parent if path.parent.name == "csv" else path.parent
+        try:
+            curve = read_val_loss_curve(path)
+        except ValueError as err:
+            _skip_or_raise(sources, err, skip_invalid)
+            continue
+        if not curve:
+            notes.append(f"{path}: no {VAL_LOSS} rows with {TRAIN_TOKENS} logged by then; not plotted")
+            continue
+        mixer = mixers.get(run_dir.name) or _hparams_mixer(path.parent / "hparams.yaml")
+        curves.setdefault(run_dir.name, (mixer, curve, str(path)))
+    for r in records:
+        if r["metric"] == VAL_LOSS and r.get("train_tokens") is not None and r["run"] not in curves:
+            curves[r["run"]] = (r["mixer"], [(float(r["train_tokens"]), r["value"])], r["record_file"])
+    for path in sources.wandb_summaries:
+        run_dir = path.parents[3] if len(path.parents) > 3 else path.parent
+        try:
+            summary = read_wandb_summary(path)
+        except ValueError as err:
+            _skip_or_raise(sources, err, skip_invalid)
+            continue
+        tokens, loss = summary.get(TRAIN_TOKENS), summary.get(VAL_LOSS)
+        if run_dir.name in curves or not isinstance(tokens, int | float) or not isinstance(loss, int | float):
+            continue
+        mixer = mixers.get(run_dir.name) or _hparams_mixer(run_dir / "csv" / "hparams.yaml")
+        curves[run_dir.name] = (mixer, [(float(tokens), float(loss))], str(path))
+    labels = series_labels([(mixer, run, ()) for run, (mixer, _, _) in curves.items()])
+    points = [
+        {
+            "series": labels[(mixer, run, ())],
+            "run": run,
+            "mixer": mixer,
+            "train_tokens": tokens,
+            "val_loss": loss,
+            "source": source,
+        }
+        for run, (mixer, curve, source) in curves.items()
+        for tokens, loss in curve
+    ]
+    return points, notes
+
+
+def _hparams_mixer(path: Path) -> str:
+    # Lightning's CSVLogger writes the LightningModule's hyperparameters there: model.name is the mixer.
+    try:
+        hparams = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return "unknown"
+    model = hparams.get("model") if isinstance(hparams, dict) else None
+    return str(model.get("name")) if isinstance(model, dict) and model.get("name") else "unknown"
+
+
+def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
+    """Draw ``points`` (dicts with ``series``, ``spec.x`` and ``spec.y``; ``label`` annotates markers)
+    as one line or marker set per series, legend in series order; ``None`` when there are no points.
+
+    The figure is a standalone :class:`matplotlib.figure.Figure` (no pyplot state to close).
+    """
+    if not points:
+        return None
+    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
+    ax = fig.subplots()
+    by_series: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in points:
+        by_series[p["series"]].append(p)
+    for series, pts in sorted(by_series.items()):
+        pts = sorted(pts, key=lambda p: p[spec.x])
+        xs, ys = [p[spec.x] for p in pts], [p[spec.y] for p in pts]
+        if spec.lines:
+            ax.plot(xs, ys, marker="o", label=series)
+            continue
+        ax.scatter(xs, ys, label=series)
+        for p in pts:
+            ax.annotate(
+                p.get("label", series),
+                (p[spec.x], p[spec.y]),
+                textcoords="offset points",
+                xytext=(5, 5),
+                fontsize=8,
+            )
+    for axis, set_scale, scale in (
+        (ax.xaxis, ax.set_xscale, spec.xscale),
+        (ax.yaxis, ax.set_yscale, spec.yscale),
+    ):
+        if scale == "log2":
+            set_scale("log", base=2)
+            axis.set_major_formatter(ScalarFormatter())  # 64, 128, ... rather than 2^6, 2^7
+        else:
+            set_scale(scale)
+    ax.set_xlabel(spec.xlabel)
+    ax.set_ylabel(spec.ylabel)
+    ax.set_title(spec.title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def compact_layout(layout: list[str] | None) -> str:
+    """A layout list as text, runs of one mixer collapsed: ``mamba x4, attention, mamba x3``."""
+    parts: list[list[Any]] = []
+    for name in layout or []:
+        if parts and parts[-1][0] == name:
+            parts[-1][1] += 1
+        else:
+            parts.append([name, 1])
+    return ", ".join(name if n == 1 else f"{name} x{n}" for name, n in parts)
+
+
+def _metric_column(r: dict[str, Any]) -> str:
+    metric = SLICE_SUFFIX.sub("", r["metric"]) if r.get("split") == "val" else r["metric"]
+    variant = r.get("path") or r.get("mode")
+    return f"{metric} [{variant}]" if variant else metric
+
+
+def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
+    """The report's tables: ``Runs`` (one row per run and mixer: layout, params, tasks, record files)
+    and one table per task and split with a row per run, mixer, seqlen and record file: params,
+    state bytes (per sequence) and one column per metric (``accuracy [decode]``, ``decode_tokens_per_s
+    [eager]``; train.py's per-slice ``val/acc_<slice>`` folded into ``val/acc`` at the slice's seqlen).
+    """
+    runs: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in records:
+        row = runs.setdefault(
+            (r["run"], r["mixer"]),
+            {"layout": compact_layout(r.get("layout")), "params": r.get("params"), "tasks": {}, "files": {}},
+        )
+        task = r.get("task") or "?"
+        row["tasks"][f"{task} ({r['split']})" if r.get("split") else task] = None
+        row["files"][r["record_file"]] = None
+    tables = [
+        Table(
+            "Runs",
+            ["run", "mixer", "layout", "params", "tasks", "record files"],
+            [
+                [run, mixer, v["layout"], v["params"], ", ".join(v["tasks"]), len(v["files"])]
+                for (run, mixer), v in sorted(runs.items())
+            ],
+        )
+    ]
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        task = r.get("task") or "?"
+        groups[f"{task} ({r['split']})" if r.get("split") else task].append(r)
+    for title, rows in sorted(groups.items()):
+        # eval/decode.py's state_bytes records fill the state bytes column, not a metric column of their own.
+        metrics = sorted({_metric_column(r) for r in rows if r["metric"] != "state_bytes"})
+        table_rows: dict[tuple, dict[str, Any]] = {}
+        for r in sorted(rows, key=lambda r: (r["run"], r["mixer"], r.get("seqlen") or 0, r["record_file"])):
+            key = (r["run"], r["mixer"], r.get("seqlen"), r["record_file"])
+            row = table_rows.setdefault(key, {"params": r.get("params"), "state_bytes": r.get("state_bytes")})
+            if r["metric"] != "state_bytes":
+                row[_metric_column(r)] = r["value"]
+        tables.append(
+            Table(
+                f"Results: {title}",
+                ["run", "mixer", "params", "seqlen", "state bytes", *metrics, "record file"],
+                [
+                    [
+                        run,
+                        mixer,
+                        row["params"],
+                        seqlen,
+                        row["state_bytes"],
+                        *(row.get(m) for m in metrics),
+                        file,
+                    ]
+                    for (run, mixer, seqlen, file), row in table_rows.items()
+                ],
+            )
+        )
+    return tables
+
+
+def format_value(value: Any) -> str:
+    """A table cell as text: ``""`` for None, integers with thousands separators, floats to 4
+    significant digits (whole numbers at or above 1000 without decimals)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if math.isfinite(value) and abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def render_markdown(
+    report_title: str, figures: dict[str, str | None], tables: list[Table], notes: list[str], sources: Sources
+) -> str:
+    """The report as markdown: plots as links to their PNG files (``figures``: plot name -> file name,
+    or None for a skipped plot), a note for each skipped plot, the tables, notes and sources."""
+    lines = [f"# {report_title}", ""]
+    for spec in PLOTS:
+        lines += [f"## {spec.title}", ""]
+        png = figures.get(spec.name)
+        lines += [f"![{spec.title}]({png})" if png else f"*No data: needs {spec.missing}.*", ""]
+    for table in tables:
+        lines += [f"## {table.title}", "", _md_row(table.columns), _md_row(["---"] * len(table.columns))]
+        lines += [_md_row([format_value(v) for v in row]) for row in table.rows]
+        lines.append("")
+    lines += ["## Notes", ""] + [f"- {n}" for n in notes or ["none"]] + [""]
+    lines += ["## Sources", ""] + [f"- {s}" for s in _source_lines(sources)] + [""]
+    return "\n".join(lines)
+
+
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def _source_lines(sources: Sources) -> list[str]:
+    return [
+        "searched: " + ", ".join(str(p) for p in sources.searched),
+        *(f"record file: {p}" for p in sources.record_files),
+        *(f"metrics.csv: {p}" for p in sources.metrics_csvs),
+        *(f"W&B summary: {p}" for p in sources.wandb_summaries),
+        *(f"ignored (not a record list): {p}" for p in sources.ignored),
+        *(f"skipped (invalid): {s}" for s in sources.skipped),
+    ]
+
+
+def render_html(
+    report_title: str, pngs: dict[str, bytes | None], tables: list[Table], notes: list[str], sources: Sources
+) -> str:
+    """The report as one self-contained HTML page: each plot an ``<img>`` holding its PNG bytes as a
+    base64 data URI (``pngs``: plot name -> bytes, or None for a skipped plot, which gets a note),
+    tables inline, no script, stylesheet or network reference."""
+    esc = html.escape
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{esc(report_title)}</title>",
+        "<style>body{font-family:sans-serif;margin:2em;max-width:80em}"
+        "table{border-collapse:collapse;margin-bottom:1.5em}"
+        "th,td{border:1px solid #bbb;padding:.2em .5em;text-align:right}"
+        "td:nth-child(-n+2),th{text-align:left}.note{color:#a33}img{max-width:100%}</style>",
+        "</head><body>",
+        f"<h1>{esc(report_title)}</h1>",
+    ]
+    for spec in PLOTS:
+        parts.append(f"<h2>{esc(spec.title)}</h2>")
+        png = pngs.get(spec.name)
+        if png is None:
+            parts.append(f'<p class="note">No data: needs {esc(spec.missing)}.</p>')
+        else:
+            data = base64.b64encode(png).decode("ascii")
+            parts.append(f'<figure><img alt="{esc(spec.title)}" src="data:image/png;base64,{data}"></figure>')
+    for table in tables:
+        parts += [f"<h2>{esc(table.title)}</h2>", "<table>"]
+        parts.append("<tr>" + "".join(f"<th>{esc(c)}</th>" for c in table.columns) + "</tr>")
+        for row in table.rows:
+            parts.append("<tr>" + "".join(f"<td>{esc(format_value(v))}</td>" for v in row) + "</tr>")
+        parts.append("</table>")
+    parts += ["<h2>Notes</h2>", "<ul>"] + [f"<li>{esc(n)}</li>" for n in notes or ["none"]] + ["</ul>"]
+    parts += ["<h2>Sources</h2>", "<ul>"] + [f"<li>{esc(s)}</li>" for s in _source_lines(sources)] + ["</ul>"]
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def log_report_to_wandb(report: Report, *, enabled: bool, project: str, mode: str, name: str) -> bool:
+    """Log the report to a new W&B run (offline unless ``mode="online"``, under ``report.out``): each
+    table as a ``wandb.Table``, each plot's points as a table with a ``wandb.plot.scatter`` chart
+    (``<plot>/points``, ``<plot>/scatter``) and each PNG as a ``wandb.Image``.
+
+    Returns:
+        True when logged; False when disabled or wandb is not installed (reported on stdout; the
+        files remain the report).
+    """
+    if not enabled:
+        return False
+    try:
+        import wandb
+    except ImportError:
+        print("wandb is not installed: the report was written as files only")
+        return False
+    run = wandb.init(
+        project=project,
+        name=name,
+        mode=mode,
+        dir=str(report.out),
+        job_type="report",
+        reinit="finish_previous",
+    )
+    try:
+        log: dict[str, Any] = {}
+        for table in report.tables:
+            key = "table/" + re.sub(r"[^a-z0-9]+", "_", table.title.lower()).strip("_")
+            log[key] = wandb.Table(columns=table.columns, data=[list(row) for row in table.rows])
+        for spec in PLOTS:
+            points = report.points[spec.name]
+            if not points:
+                continue
+            columns = ["series", "run", "mixer", spec.x, spec.y]
+            points_table = wandb.Table(columns=columns, data=[[p[c] for c in columns] for p in points])
+            log[f"{spec.name}/points"] = points_table
+            log[f"{spec.name}/scatter"] = wandb.plot.scatter(points_table, spec.x, spec.y, title=spec.title)
+            log[f"{spec.name}/png"] = wandb.Image(str(report.pngs[spec.name]))
+        run.log(log)
+    finally:
+        wandb.finish()
+    return True
+
+
+def build_report(cfg: DictConfig) -> Report:
+    """Build the report ``cfg`` (``conf/eval/report.yaml``) describes and write it under ``cfg.out``.
+
+    Returns:
+        The :class:`Report` (figures, points, tables, notes, paths written).
+
+    Raises:
+        FileNotFoundError: a ``runs`` entry that matches nothing, or no record file, metrics.csv or
+            W&B summary under any of them (the message lists the paths searched and the files looked for).
+        ValueError: empty ``runs``, a bad ``recall_path`` or ``seqlen``, or an invalid record file,
+            metrics.csv or W&B summary (named; unless ``skip_invalid=true``).
+    """
+    if cfg.recall_path not in ("decode", "parallel"):
+        raise ValueError(f"recall_path must be decode or parallel, got {cfg.recall_path!r}")
+    if cfg.seqlen is not None and (not isinstance(cfg.seqlen, int) or cfg.seqlen < 1):
+        raise ValueError(f"seqlen must be null or an integer >= 1, got {cfg.seqlen!r}")
+    runs = cfg.runs if isinstance(cfg.runs, str) else list(cfg.runs)
+    sources = find_files(expand_runs(runs))
+    records = load_records(sources, bool(cfg.skip_invalid))
+    accuracy = accuracy_points(records, cfg.task, cfg.recall_path)
+    recall, notes = recall_vs_state_points(accuracy, cfg.seqlen)
+    val_loss, csv_notes = val_loss_points(records, sources, bool(cfg.skip_invalid))
+    if not (records or val_loss):
+        raise FileNotFoundError(_nothing_found(sources, csv_notes))
+    points = {
+        "recall_vs_state_bytes": recall,
+        "accuracy_vs_length": accuracy,
+        "val_loss_vs_tokens": val_loss,
+        "decode_tokens_per_s": decode_points(records),
+    }
+    notes += csv_notes + [f"skipped invalid file: {s}" for s in sources.skipped]
+    out = Path(cfg.out)
+    figures, pngs, png_bytes = {}, {}, {}
+    for spec in PLOTS:
+        fig = figures[spec.name] = plot_points(points[spec.name], spec)
+        if fig is None:
+            notes.append(f"{spec.title}: not drawn, no data (needs {spec.missing})")
+            png_bytes[spec.name] = None
+            continue
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=110)
+        png_bytes[spec.name] = buffer.getvalue()
+        pngs[spec.name] = out / f"{spec.name}.png"
+        atomic_write_bytes(pngs[spec.name], lambda f, data=png_bytes[spec.name]: f.write(data))
+    tables = summary_tables(records)
+    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    title = f"mixerlab report ({len(records)} records, {stamp})"
+    markdown = render_markdown(title, {n: p.name for n, p in pngs.items()}, tables, notes, sources)
+    page = render_html(title, png_bytes, tables, notes, sources)
+    atomic_write_bytes(out / "report.md", lambda f: f.write(markdown.encode()))
+    atomic_write_bytes(out / "report.html", lambda f: f.write(page.encode()))
+    report = Report(
+        out=out,
+        html=out / "report.html",
+        markdown=out / "report.md",
+        pngs=pngs,
+        figures=figures,
+        points=points,
+        tables=tables,
+        notes=notes,
+        sources=sources,
+        records=records,
+    )
+    print(
+        f"{len(records)} records from {len(sources.record_files)} files, {len(sources.metrics_csvs)} metrics.csv; "
+        f"wrote {report.html}, {report.markdown} and {len(pngs)} plots"
+    )
+    for note in notes:
+        print(f"note: {note}")
+    log_report_to_wandb(
+        report,
+        enabled=bool(cfg.wandb.enabled),
+        project=cfg.wandb.project,
+        mode=cfg.wandb.mode,
+        name=f"report-{out.resolve().name}",
+    )
+    return report
+
+
+def _nothing_found(sources: Sources, notes: list[str]) -> str:
+    message = f"no result records found in {', '.join(map(str, sources.searched))}: looked for {LOOKED_FOR}"
+    if sources.ignored:
+        message += f"; ignored JSON that is not a record list: {', '.join(map(str, sources.ignored))}"
+    return "; ".join([message, *notes])
+
+
+@hydra.main(version_base="1.3", config_path="../conf/eval", config_name="report")
+def main(cfg: DictConfig) -> None:
+    """Command-line entry point (Hydra)."""
+    OmegaConf.set_readonly(cfg, True)
+    os.environ.setdefault("WANDB_SILENT", "true")
+    with user_errors():
+        build_report(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,370 @@
+"""eval/report.py on hand-written run directories: plots, tables, HTML and markdown, W&B, errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+import runpy
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from helpers import REPO_ROOT, compose_eval
+from matplotlib.ticker import ScalarFormatter
+
+from eval.report import build_report
+
+STATE = {  # decode-state bytes per sequence at a length, per mixer (made up, of the right shape)
+    "attention": lambda t: 2048 * t,
+    "mamba": lambda t: 40960,
+    "hybrid_jamba": lambda t: 8192 + 256 * t,
+}
+PARAMS = {"attention": 123_424, "mamba": 170_016, "hybrid_jamba": 150_000}
+
+
+def rec(run, mixer, metric, value, seqlen, **extra):
+    """A record as eval/records.py's make_record writes it."""
+    return {
+        "run": run, "mixer": mixer, "layout": [mixer] * 2, "params": PARAMS[mixer], "task": "mqar",
+        "metric": metric, "value": value, "state_bytes": STATE[mixer](seqlen), "seqlen": seqlen,
+        "tokens_per_s": None, "device": "cpu", "git_sha": None, "time": "2026-11-30T00:00:00+00:00", **extra,
+    }  # fmt: skip
+
+
+def recall_records(run, mixer, accs, paths):
+    """eval/recall.py's records: accuracy at 64, 128, 256 tokens through each path in ``paths``
+    (the parallel path scores 0.01 lower, so the preferred path is visible)."""
+    ckpt = f"/runs/{run}/checkpoints/last.ckpt"
+    return [
+        rec(
+            run,
+            mixer,
+            "accuracy",
+            acc - (0.01 if path == "parallel" else 0.0),
+            t,
+            path=path,
+            split="test",
+            slice=f"T{t}_kv{t // 16}",
+            checkpoint=ckpt,
+        )
+        for t, acc in zip((64, 128, 256), accs, strict=True)
+        for path in paths
+    ]
+
+
+def train_records(run, mixer, accs, loss, train_tokens=None):
+    """train.py's results/train.json: per-slice val/acc, val/acc and val/loss at the training seqlen."""
+    extra = {"split": "val"} | ({"train_tokens": train_tokens} if train_tokens is not None else {})
+    slices = [
+        rec(run, mixer, f"val/acc_T{t}_kv{t // 16}", a, t, **extra)
+        for t, a in zip((64, 128), accs, strict=True)
+    ]
+    return slices + [
+        rec(run, mixer, "val/acc", accs[0], 64, **extra),
+        rec(run, mixer, "val/loss", loss, 64, **extra),
+    ]
+
+
+def decode_records(mixer, speeds, graph_speeds=()):
+    """eval/decode.py's records at contexts 1024 and 4096 (eager, and CUDA-graph where given)."""
+    run = f"decode-{mixer}-tiny"
+    common = {"task": "decode", "batch": 1, "dtype": "float32", "weight_bytes": 10**6, "decode_steps": 32}
+    out = []
+    for i, t in enumerate((1024, 4096)):
+        out += [
+            rec(run, mixer, "state_bytes", STATE[mixer](t), t, **common),
+            rec(run, mixer, "decode_tokens_per_s", speeds[i], t, mode="eager", **common),
+            rec(run, mixer, "prefill_tokens_per_s", 1e5, t, **common),
+        ]
+        if graph_speeds:
+            out.append(
+                rec(run, mixer, "decode_tokens_per_s", graph_speeds[i], t, mode="cuda_graph", **common)
+            )
+    return out
+
+
+METRICS_CSV = """epoch,lr-AdamW/pg1,step,train/acc,train/loss,train/tokens,val/acc,val/loss
+,0.001,4,,,,,
+0,,4,0.1,4.0,1000.0,,
+0,,4,,,,0.2,3.0
+,0.002,9,,,,,
+0,,9,0.3,2.5,2000.0,,
+0,,9,,,,0.5,2.0
+1,,10,,,,0.5,2.0
+"""
+
+
+def write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Three train runs (CSV curve; records with train_tokens; W&B summary only), two decode record
+    files and an unrelated JSON file."""
+    root = tmp_path_factory.mktemp("runs")
+    att = root / "att-run"
+    write_json(att / "checkpoints" / "last.ckpt.recall.json",
+               recall_records("att-run", "attention", [0.99, 0.9, 0.6], ["parallel", "decode"]))  # fmt: skip
+    write_json(att / "results" / "train.json", train_records("att-run", "attention", [0.97, 0.8], 0.5, 4096))
+    (att / "csv").mkdir()
+    (att / "csv" / "metrics.csv").write_text(METRICS_CSV)
+    (att / "csv" / "hparams.yaml").write_text("model:\n  name: attention\n")
+    mamba = root / "mamba-run"
+    write_json(mamba / "checkpoints" / "last.ckpt.recall.json",
+               recall_records("mamba-run", "mamba", [0.51, 0.31, 0.11], ["parallel"]))  # fmt: skip
+    write_json(mamba / "results" / "train.json", train_records("mamba-run", "mamba", [0.5, 0.3], 1.5, 8192))
+    jamba = root / "jamba-run"
+    write_json(jamba / "results" / "train.json", train_records("jamba-run", "hybrid_jamba", [0.7, 0.6], 1.0))
+    write_json(jamba / "wandb" / "offline-run-1" / "files" / "wandb-summary.json",
+               {"train/tokens": 3000, "val/loss": 1.0, "_step": 9})  # fmt: skip
+    decode = root / "decode"
+    write_json(
+        decode / "decode-attention-tiny.json", decode_records("attention", [500.0, 200.0], [900.0, 400.0])
+    )
+    write_json(decode / "decode-mamba-tiny.json", decode_records("mamba", [800.0, 800.0]))
+    write_json(decode / "benchmark.json", {"rows": [], "gpu": "none"})
+    return root
+
+
+def make_report(runs_arg, out: Path, *overrides):
+    cfg = compose_eval("report", [f"runs={runs_arg}", f"out={out}", *overrides])
+    return build_report(cfg)
+
+
+@pytest.fixture(scope="module")
+def report(runs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    dirs = ",".join(str(runs / d) for d in ("att-run", "mamba-run", "jamba-run", "decode"))
+    return make_report(f"[{dirs}]", out)
+
+
+class Page(HTMLParser):
+    """The parts of the report page the tests look at: h2 titles, images, tables, tags, notes."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.h2, self.images, self.tables, self.tags, self.notes = [], [], [], set(), []
+        self._in, self._text = None, ""
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        attrs = dict(attrs)
+        if tag == "img":
+            self.images.append(attrs)
+        elif tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        if tag in ("h2", "td", "th", "p", "li"):
+            self._in, self._text = (tag, attrs.get("class")), ""
+
+    def handle_data(self, data):
+        self._text += data
+
+    def handle_endtag(self, tag):
+        if self._in is None or tag != self._in[0]:
+            return
+        if tag == "h2":
+            self.h2.append(self._text)
+        elif tag in ("td", "th"):
+            self.tables[-1][-1].append(self._text)
+        elif self._in[1] == "note" or tag == "li":
+            self.notes.append(self._text)
+        self._in = None
+
+
+def legend(fig) -> list[str]:
+    return [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+
+
+def test_recall_vs_state_bytes_plot(report):
+    fig = report.figures["recall_vs_state_bytes"]
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and "bytes" in ax.get_xlabel() and "accuracy" in ax.get_ylabel()
+    # One marker set per run and mixer; jamba has only train.py's validation records.
+    assert legend(fig) == ["attention [att-run]", "hybrid_jamba [jamba-run] (val)", "mamba [mamba-run]"]
+    offsets = [tuple(c.get_offsets()[0]) for c in ax.collections]
+    # At each run's shortest length (64): the decode path where both ran, parallel where only it did.
+    assert offsets == [(2048 * 64, 0.99), (8192 + 256 * 64, 0.7), (40960, 0.5)]
+    assert sorted(t.get_text() for t in ax.texts) == ["attention @ 64", "hybrid_jamba @ 64", "mamba @ 64"]
+
+
+def test_accuracy_vs_length_plot(report):
+    ax = report.figures["accuracy_vs_length"].axes[0]
+    assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
+    assert isinstance(ax.xaxis.get_major_formatter(), ScalarFormatter)  # 64, 128, not 2^6, 2^7
+    assert "tokens" in ax.get_xlabel() and "accuracy" in ax.get_ylabel()
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+    assert lines == {
+        "attention [att-run]": ([64, 128, 256], [0.99, 0.9, 0.6]),
+        "hybrid_jamba [jamba-run] (val)": ([64, 128], [0.7, 0.6]),
+        "mamba [mamba-run]": ([64, 128, 256], pytest.approx([0.5, 0.3, 0.1])),
+    }
+
+
+def test_val_loss_vs_tokens_plot(report):
+    ax = report.figures["val_loss_vs_tokens"].axes[0]
+    assert ax.get_xlabel() == "training tokens" and "loss" in ax.get_ylabel()
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+    assert lines == {
+        # metrics.csv: validations at steps 4 and 9 placed at those steps' train/tokens; the final
+        # re-validation (step 10, after the last training step) dropped. The CSV wins over the record.
+        "attention [att-run]": ([1000.0, 2000.0], [3.0, 2.0]),
+        "mamba [mamba-run]": ([8192.0], [1.5]),  # val/loss record with train_tokens
+        "hybrid_jamba [jamba-run]": ([3000.0], [1.0]),  # W&B summary
+    }
+
+
+def test_decode_throughput_plot(report):
+    ax = report.figures["decode_tokens_per_s"].axes[0]
+    assert ax.get_yscale() == "log" and "context length" in ax.get_xlabel() and "tokens/s" in ax.get_ylabel()
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    assert lines == {
+        "attention [decode-attention-tiny] cuda_graph": [900.0, 400.0],
+        "attention [decode-attention-tiny] eager": [500.0, 200.0],
+        "mamba [decode-mamba-tiny]": [800.0, 800.0],
+    }
+    assert all(list(line.get_xdata()) == [1024, 4096] for line in ax.get_lines())
+
+
+def test_tables(report):
+    tables = {t.title: t for t in report.tables}
+    runs = tables["Runs"]
+    assert [row[:2] for row in runs.rows] == [
+        ["att-run", "attention"], ["decode-attention-tiny", "attention"], ["decode-mamba-tiny", "mamba"],
+        ["jamba-run", "hybrid_jamba"], ["mamba-run", "mamba"],
+    ]  # fmt: skip
+    assert runs.rows[0][3] == PARAMS["attention"] and runs.rows[0][4] == "mqar (test), mqar (val)"
+    test = tables["Results: mqar (test)"]
+    assert test.columns[:5] == ["run", "mixer", "params", "seqlen", "state bytes"]
+    assert {"accuracy [decode]", "accuracy [parallel]"} <= set(test.columns)
+    row = dict(zip(test.columns, test.rows[0], strict=True))
+    assert row["run"] == "att-run" and row["seqlen"] == 64 and row["state bytes"] == 2048 * 64
+    assert row["accuracy [decode]"] == 0.99 and row["accuracy [parallel]"] == pytest.approx(0.98)
+    decode = tables["Results: decode"]
+    assert "state_bytes" not in decode.columns and "decode_tokens_per_s [cuda_graph]" in decode.columns
+    assert len(decode.rows) == 4  # two mixers x two context lengths
+    val = tables["Results: mqar (val)"]
+    assert "val/acc" in val.columns and not any("_T128" in c for c in val.columns)
+    assert report.sources.ignored == [Path(report.sources.searched[3]) / "benchmark.json"]
+
+
+def test_html_is_self_contained_with_plots_and_tables(report):
+    text = report.html.read_text()
+    page = Page(text)
+    assert len(page.images) == 4
+    for image, name in zip(page.images, ("recall_vs_state_bytes", "accuracy_vs_length", "val_loss_vs_tokens",
+                                         "decode_tokens_per_s"), strict=True):  # fmt: skip
+        prefix = "data:image/png;base64,"
+        assert image["src"].startswith(prefix)
+        assert base64.b64decode(image["src"][len(prefix) :]) == report.pngs[name].read_bytes()
+        assert report.pngs[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not page.tags & {"script", "link", "iframe"} and "http" not in text
+    assert page.h2[:4] == ["Recall accuracy vs decode state", "Length generalisation",
+                           "Validation loss vs training tokens", "Decode throughput"]  # fmt: skip
+    assert "Runs" in page.h2 and "Results: mqar (test)" in page.h2
+    runs_table = page.tables[0]
+    assert runs_table[0][:2] == ["run", "mixer"] and ["att-run", "attention"] == runs_table[1][:2]
+    assert ["jamba-run", "hybrid_jamba", "hybrid_jamba x2", "150,000"] == runs_table[4][:4]
+
+
+def test_markdown_table_and_plot_links(report):
+    text = report.markdown.read_text()
+    assert "![Recall accuracy vs decode state](recall_vs_state_bytes.png)" in text
+    assert "| run | mixer | layout | params | tasks | record files |" in text
+    assert "| mamba-run | mamba | mamba x2 | 170,016 | mqar (test), mqar (val) | 2 |" in text
+    assert "| att-run | attention | 123,424 | 64 | 131,072 | 0.99 | 0.98 |" in text
+
+
+def test_plots_without_data_are_noted_not_errors(runs, tmp_path):
+    rep = make_report(f"[{runs}/*-run]", tmp_path)  # a glob: the three train runs, no decode records
+    assert rep.figures["decode_tokens_per_s"] is None and "decode_tokens_per_s" not in rep.pngs
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        "accuracy_vs_length.png", "recall_vs_state_bytes.png", "val_loss_vs_tokens.png",
+    ]  # fmt: skip
+    page = Page(rep.html.read_text())
+    assert len(page.images) == 3
+    assert any(n.startswith("No data: needs eval/decode.py records") for n in page.notes)
+    assert "*No data: needs eval/decode.py records (metric decode_tokens_per_s).*" in rep.markdown.read_text()
+
+
+def test_seqlen_picks_the_quality_vs_memory_length(runs, tmp_path):
+    rep = make_report(f"[{runs}/*-run]", tmp_path, "seqlen=256")
+    points = {p["series"]: (p["state_bytes"], p["accuracy"]) for p in rep.points["recall_vs_state_bytes"]}
+    assert points == {
+        "attention [att-run]": (2048 * 256, 0.6),
+        "mamba [mamba-run]": (40960, pytest.approx(0.1)),
+    }
+    assert any("hybrid_jamba [jamba-run] (val): no recall accuracy at seqlen 256" in n for n in rep.notes)
+
+
+def test_nothing_found_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    write_json(tmp_path / "empty" / "other.json", {"not": "records"})
+    with pytest.raises(
+        FileNotFoundError, match=r"no result records found in .*empty: looked for \*\.json.*metrics\.csv"
+    ):
+        make_report(f"[{tmp_path / 'empty'}]", tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        make_report(f"[{tmp_path / 'missing'}]", tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match="matches no file"):
+        make_report(f"[{tmp_path}/nothing-*]", tmp_path / "out")
+
+
+def test_corrupt_record_file_errors_or_is_skipped(runs, tmp_path):
+    bad = tmp_path / "bad-run" / "results" / "train.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('[{"run": "bad-run", ')  # truncated
+    dirs = f"[{runs / 'mamba-run'},{tmp_path / 'bad-run'}]"
+    with pytest.raises(ValueError, match=r"cannot read result records from .*bad-run/results/train\.json"):
+        make_report(dirs, tmp_path / "out")
+    with pytest.warns(UserWarning, match="bad-run/results/train.json"):
+        rep = make_report(dirs, tmp_path / "out", "skip_invalid=true")
+    assert rep.figures["recall_vs_state_bytes"] is not None
+    assert any("bad-run/results/train.json" in n for n in Page(rep.html.read_text()).notes)
+    bad.write_text(json.dumps([{"run": "bad-run", "metric": "val/loss", "value": 1.0}]))
+    with pytest.raises(ValueError, match=r"train\.json: record 0 lacks \['mixer'\]"):
+        make_report(dirs, tmp_path / "out")
+
+
+def test_works_without_wandb(runs, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    rep = make_report(f"[{runs / 'decode'}]", tmp_path, "wandb.enabled=true")
+    assert "wandb is not installed" in capsys.readouterr().out
+    assert rep.figures["decode_tokens_per_s"] is not None and rep.html.exists()
+    assert not (tmp_path / "wandb").exists()
+
+
+def test_wandb_offline_tables_and_scatter(runs, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    make_report(f"[{runs / 'decode'}]", tmp_path, "wandb.enabled=true")
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    tables = {p.name.split("_")[0]: json.loads(p.read_text()) for p in run_dir.rglob("*.table.json")}
+    points = tables["points"]
+    assert points["columns"] == ["series", "run", "mixer", "seqlen", "tokens_per_s"]
+    assert len(points["data"]) == 6 and {row[2] for row in points["data"]} == {"attention", "mamba"}
+    assert tables["runs"]["columns"][:2] == ["run", "mixer"]
+    assert list(run_dir.rglob("*.png")), "the plot image was not logged"
+
+
+def run_script(*args: str) -> None:
+    """``python eval/report.py ARGS`` in this process (a subprocess would spend seconds importing torch)."""
+    sys.argv = ["eval/report.py", *args]
+    runpy.run_path(str(REPO_ROOT / "eval" / "report.py"), run_name="__main__")
+
+
+def test_command_line(runs, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", sys.argv)  # restored after the test
+    out = tmp_path / "cli"
+    run_script(f"runs=[{runs}/decode]", f"out={out}")
+    printed = capsys.readouterr().out
+    assert "wrote" in printed and (out / "decode_tokens_per_s.png").exists()
+    assert "not drawn, no data" in printed  # the recall and loss plots are noted
+    with pytest.raises(SystemExit) as exit_info:
+        run_script(f"runs=[{tmp_path}/missing]")
+    assert exit_info.value.code == 2 and "missing' does not exist" in capsys.readouterr().err
