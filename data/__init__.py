@@ -1,11 +1,17 @@
-"""Datasets as LightningDataModules: the MQAR recall task (:mod:`data.mqar`) and text corpora
-(:mod:`data.text`). Depends only on torch, numpy, lightning and datasets.
+"""Datasets as LightningDataModules: the MQAR recall task (:mod:`data.mqar`), text corpora
+(:mod:`data.text`) and the synthetic evaluation tasks -- copying (:mod:`data.copying`), selective
+copying (:mod:`data.selective_copying`), induction heads (:mod:`data.induction`), passkey and
+multi-key needle retrieval (:mod:`data.retrieval`), built on :mod:`data.synthetic`. Depends only on
+torch, numpy, lightning and datasets.
 
 Every data module yields batches ``{"input_ids": (B, T) int64, "labels": (B, T) int64,
-"slice": list[str]}`` where ``labels`` is -100 (``IGNORE_INDEX``) at positions without loss, and
-exposes ``vocab_size`` (after ``setup()`` for text) and ``slice_names``.
+"slice": list[str]}`` (the synthetic tasks add per-example extras such as ``prompt_len``) where
+``labels`` is -100 (``IGNORE_INDEX``) at positions without loss, and exposes ``vocab_size`` (after
+``setup()`` for text) and ``slice_names``.
 """
 
+from data.copying import CopyDataModule, char_accuracy, copy_examples, string_exact_match
+from data.induction import InductionHeadsDataModule, induction_heads
 from data.mqar import (
     IGNORE_INDEX,
     SEED_STRIDE,
@@ -16,6 +22,20 @@ from data.mqar import (
     parse_slice_name,
     slice_name,
 )
+from data.retrieval import (
+    MultiKeyNeedleDataModule,
+    PasskeyDataModule,
+    multikey_needle_examples,
+    passkey_examples,
+)
+from data.selective_copying import SelectiveCopyingDataModule, selective_copying
+from data.synthetic import (
+    SyntheticDataModule,
+    TaskSlice,
+    exact_match,
+    generated_to_predictions,
+    token_accuracy,
+)
 from data.text import (
     BlockSampler,
     ByteTokenizer,
@@ -25,11 +45,20 @@ from data.text import (
     tokenizer_from_config,
 )
 
-DATAMODULES = {"mqar": MQARDataModule, "text": TextDataModule}
+DATAMODULES = {
+    "mqar": MQARDataModule,
+    "text": TextDataModule,
+    "copy": CopyDataModule,
+    "selective_copying": SelectiveCopyingDataModule,
+    "induction_heads": InductionHeadsDataModule,
+    "passkey": PasskeyDataModule,
+    "multikey_needle": MultiKeyNeedleDataModule,
+}
 
 
 def build_datamodule(name: str, **kwargs):
-    """Construct the data module registered under ``name`` ("mqar" or "text") with ``kwargs``.
+    """Construct the data module registered under ``name`` (a key of ``DATAMODULES``, which is
+    also the ``name`` of its ``conf/data/<name>.yaml``) with ``kwargs``.
 
     Raises:
         ValueError: unknown ``name`` (the message lists the known ones).
@@ -46,14 +75,31 @@ __all__ = [
     "BlockSampler",
     "ByteTokenizer",
     "CharTokenizer",
+    "CopyDataModule",
+    "InductionHeadsDataModule",
     "MQARDataModule",
     "MQARSlice",
+    "MultiKeyNeedleDataModule",
+    "PasskeyDataModule",
+    "SelectiveCopyingDataModule",
+    "SyntheticDataModule",
+    "TaskSlice",
     "TextDataModule",
     "TokenWindows",
     "build_datamodule",
+    "char_accuracy",
     "check_mqar_config",
+    "copy_examples",
+    "exact_match",
+    "generated_to_predictions",
+    "induction_heads",
+    "multikey_needle_examples",
     "multiquery_ar",
     "parse_slice_name",
+    "passkey_examples",
+    "selective_copying",
     "slice_name",
+    "string_exact_match",
+    "token_accuracy",
     "tokenizer_from_config",
 ]

@@ -285,8 +285,8 @@ def test_mqar_setup_per_stage():
 
 def test_build_datamodule():
     assert isinstance(build_datamodule("mqar", seqlen=16, num_kv_pairs=2), MQARDataModule)
-    with pytest.raises(ValueError, match="unknown data module 'copy'"):
-        build_datamodule("copy")
+    with pytest.raises(ValueError, match="unknown data module 'bogus'"):
+        build_datamodule("bogus")
 
 
 class _Probe(L.LightningModule):
