@@ -154,6 +154,57 @@ def bench_ms(fn: Callable[[], Any], *, warmup: int = DO_BENCH_WARMUP_MS, rep: in
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def bench_graph_ms(
+    fn: Callable[[], Any], *, reps: int = 20, replays: int = 15, flush_bytes: int = 256 << 20
+) -> float:
+    """Median GPU time of ``fn()`` in milliseconds with no host overhead: ``fn`` captured in a CUDA
+    graph, as a graph-captured decode step runs it.
+
+    One graph holds ``reps`` pairs (L2 flush: a ``flush_bytes`` zero fill; ``fn()``), a second the
+    flushes alone; each is replayed ``replays`` times and timed with CUDA events, and the result
+    is (median pair graph - median flush graph) / reps. ``fn`` is called once first (autotuning,
+    compilation) and must be capturable: no host syncs, no allocations that change per call.
+
+    Raises:
+        RuntimeError: from CUDA graph capture when ``fn`` is not capturable.
+    """
+    flush = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+
+    def capture(body: Callable[[], Any]) -> torch.cuda.CUDAGraph:
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up on a side stream, as torch.cuda.graphs advises
+            body()
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                body()
+        return graph
+
+    def median_ms(graph: torch.cuda.CUDAGraph) -> float:
+        graph.replay()
+        times = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
+
+    def flush_then_fn() -> None:
+        flush.zero_()
+        fn()
+
+    with_fn = median_ms(capture(flush_then_fn))
+    flush_only = median_ms(capture(flush.zero_))
+    return max(with_fn - flush_only, 0.0) / reps
+
+
 def tflops(flops: float, ms: float | None) -> float | None:
     """Throughput in TFLOP/s of ``flops`` floating-point operations done in ``ms`` milliseconds."""
     if ms is None or ms <= 0:

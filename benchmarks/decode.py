@@ -22,7 +22,10 @@ warm-up call that also autotunes:
 
 KV-read bandwidth = ``2 * batch * seqlen * Hkv * D * itemsize`` bytes (K and V, each read once)
 over the time. Before timing, each provider's output is compared with the fp32 reference
-(:func:`kernels.reference.flash_decode`). Prints a table (µs, TB/s, ours / SDPA, fraction of the
+(:func:`kernels.reference.flash_decode`). Every provider is also timed captured in a CUDA graph
+(:func:`benchmarks.common.bench_graph_ms`): a Triton launch from Python costs far more host time
+than the kernel takes at small KV lengths, and graph-captured decode (``LanguageModel.generate``)
+pays none of it. Prints two tables, eager and graph (µs, TB/s, ours / SDPA, fraction of the
 copy bandwidth) and writes every row, with versions, to
 ``benchmarks/results/<date>-<gpu>-decode.json`` (``decode-quick`` with ``--quick``).
 """
@@ -48,6 +51,7 @@ from benchmarks.common import (  # noqa: E402
     DO_BENCH_REP_MS,
     DO_BENCH_WARMUP_MS,
     RESULTS_DIR,
+    bench_graph_ms,
     bench_ms,
     fmt_ratio,
     fmt_sci,
@@ -161,7 +165,8 @@ def run_config(batch: int, seqlen: int, providers: Sequence[str], page_size: int
         torch.zeros(1, 1, dtype=torch.int32, device="cuda"), x["seqlens"][last],
     )  # fmt: skip
     row: dict[str, Any] = {"batch": batch, "seqlen": seqlen, "page_size": page_size, "kv_bytes": nbytes,
-                           "us": {}, "tb_s": {}, "max_abs_err": {}, "error": {}}  # fmt: skip
+                           "us": {}, "tb_s": {}, "graph_us": {}, "graph_tb_s": {},
+                           "max_abs_err": {}, "error": {}}  # fmt: skip
     for name in providers:
         fn = make_provider(name, x)
         try:
@@ -171,15 +176,22 @@ def run_config(batch: int, seqlen: int, providers: Sequence[str], page_size: int
                 if name != "read":
                     row["max_abs_err"][name] = (out[last].float() - want).abs().max().item()
                 row["us"][name] = 1e3 * bench_ms(fn, warmup=DO_BENCH_WARMUP_MS, rep=DO_BENCH_REP_MS)
+                row["graph_us"][name] = 1e3 * bench_graph_ms(fn)
         except (RuntimeError, ValueError) as err:  # OOM is a RuntimeError: recorded, the sweep goes on
             row["error"][name] = short_reason(err, [str(w.message) for w in caught])
             row["us"][name] = None
         row["tb_s"][name] = tb_per_s(nbytes, row["us"][name])
+        row["graph_tb_s"][name] = tb_per_s(nbytes, row["graph_us"].get(name))
     copy_tb_s = tb_per_s(2 * nbytes, row["us"].get("read"))  # a copy reads and writes nbytes
     row["copy_tb_s"] = copy_tb_s
     row["ours_vs_sdpa_gqa"] = ratio(row["us"].get("sdpa_gqa"), row["us"].get("ours"))
     row["paged_vs_contiguous"] = ratio(row["us"].get("ours"), row["us"].get("ours_paged"))
     row["ours_of_copy_bw"] = ratio(row["tb_s"].get("ours"), copy_tb_s)
+    graph_copy_tb_s = tb_per_s(2 * nbytes, row["graph_us"].get("read"))
+    row["graph_copy_tb_s"] = graph_copy_tb_s
+    row["graph_ours_vs_sdpa_gqa"] = ratio(row["graph_us"].get("sdpa_gqa"), row["graph_us"].get("ours"))
+    row["graph_paged_vs_contiguous"] = ratio(row["graph_us"].get("ours"), row["graph_us"].get("ours_paged"))
+    row["graph_ours_of_copy_bw"] = ratio(row["graph_tb_s"].get("ours"), graph_copy_tb_s)
     return row
 
 
@@ -190,21 +202,23 @@ def table_header(providers: Sequence[str]) -> list[str]:
     return cols + ["ours/sdpa_gqa", "paged/contig", "ours of copy BW", "ours err"]
 
 
-def table_row(row: dict[str, Any], providers: Sequence[str]) -> list[str]:
-    """One printed line of a result row (``-`` for missing values)."""
+def table_row(row: dict[str, Any], providers: Sequence[str], timing: str = "eager") -> list[str]:
+    """One printed line of a result row (``-`` for missing values); ``timing`` "eager" (do_bench,
+    host overhead included) or "graph" (captured in a CUDA graph: GPU time only)."""
+    pre = "graph_" if timing == "graph" else ""
 
     def cell(p: str) -> str:
-        us, tb = row["us"].get(p), row["tb_s"].get(p)
+        us, tb = row[f"{pre}us"].get(p), row[f"{pre}tb_s"].get(p)
         return "-" if us is None else f"{us:.1f} ({tb:.2f})"
 
-    ours_of_copy = row.get("ours_of_copy_bw")
+    ours_of_copy = row.get(f"{pre}ours_of_copy_bw")
     return [
         str(row["batch"]),
         str(row["seqlen"]),
         f"{row['kv_bytes'] / 1e6:.0f}",
         *[cell(p) for p in providers],
-        fmt_ratio(row.get("ours_vs_sdpa_gqa")),
-        fmt_ratio(row.get("paged_vs_contiguous")),
+        fmt_ratio(row.get(f"{pre}ours_vs_sdpa_gqa")),
+        fmt_ratio(row.get(f"{pre}paged_vs_contiguous")),
         "-" if ours_of_copy is None else f"{ours_of_copy:.0%}",
         fmt_sci(row["max_abs_err"].get("ours")),
     ]
@@ -259,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "kv_bytes": "2 * batch * seqlen * Hkv * D * itemsize (K and V read once)",
         "timing": {"tool": "triton.testing.do_bench", "return_mode": "median",
                    "warmup_ms": DO_BENCH_WARMUP_MS, "rep_ms": DO_BENCH_REP_MS},
+        "graph_timing": "benchmarks.common.bench_graph_ms: 20 (L2 flush, call) pairs in one CUDA graph, "
+                        "minus a graph of the flushes alone, median of 15 replays",
     }  # fmt: skip
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
@@ -268,8 +284,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_table(table_header(providers), [table_row(rows[-1], providers)]).splitlines()[-1])
             write_json(path, {"benchmark": "decode", "versions": info, "settings": settings, "rows": rows})
             torch.cuda.empty_cache()
-    print()
+    print("\neager: do_bench median, host overhead included (an eager decode step)")
     print(format_table(table_header(providers), [table_row(r, providers) for r in rows]))
+    print("\ngraph: captured in a CUDA graph, L2 flushed between calls (a graph-captured decode step)")
+    print(format_table(table_header(providers), [table_row(r, providers, "graph") for r in rows]))
     for row in rows:
         for name, reason in row["error"].items():
             print(f"not measured: {name} at batch {row['batch']}, seqlen {row['seqlen']}: {reason}")

@@ -120,7 +120,7 @@ def naive_decode(q, k_cache, v_cache, block_table, seqlens, window, scale=None):
             # On the GPU Triton's IEEE fp32 dot is an in-order FMA chain along D, whose rounding error
             # grows with D several times faster than cuBLAS's blocked sums (test_flash_attention.py's
             # naive_attention measured it): the baseline sums the scores in the same order.
-            scores = torch.zeros(q.shape[1], n, dtype=q.dtype, device=q.device)
+            scores = torch.zeros(q.shape[1], n - lo, dtype=q.dtype, device=q.device)  # (Hq, keys)
             for d in range(q.shape[-1]):
                 scores = scores + q[b, :, d, None] * k[:, :, d].T
             scores = scores * scale
