@@ -838,3 +838,18 @@ def test_gpu_mixer_matches_reference_backend(monkeypatch, settings, dtype):
     torch.testing.assert_close(y_tr, y_ref, **tol)
     for a, b in zip(g_tr, g_ref, strict=True):
         torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_normalized_default_backend_runs_the_reference_with_a_warning():
+    """While NORMALIZED_KERNEL_ON_CUDA is False, backend=None with normalize=True on CUDA warns and
+    returns exactly the reference's output; normalize=False still runs the kernel."""
+    assert kernels.NORMALIZED_KERNEL_ON_CUDA is False
+    q, k, v, state = make_inputs(2, 65, 3, 64, 80, torch.bfloat16, normalize=True, init=True)
+    with pytest.warns(RuntimeWarning, match="normalize=True on CUDA runs the PyTorch chunked reference"):
+        got = kernels.linear_attention(q, k, v, normalize=True, initial_state=state)
+    want = kernels.linear_attention(q, k, v, normalize=True, initial_state=state, backend="reference")
+    assert torch.equal(got, want)
+    raw = kernels.linear_attention(q, k, v, normalize=False)
+    assert torch.equal(raw, kernels.linear_attention(q, k, v, normalize=False, backend="triton"))
