@@ -16,7 +16,12 @@ each context length of ``context_lengths``, for ``batch_size`` sequences:
 - ``decode_bandwidth``: bytes a step must read -- every weight and every sequence's cache, i.e.
   the roofline floor of ``eval/roofline.py`` -- over the measured step time, in bytes/s, beside the
   copy bandwidth measured in the same run (CUDA only);
-- peak GPU memory during prefill and during decode (``torch.cuda.max_memory_allocated``, CUDA only).
+- peak GPU memory during prefill and during decode (``torch.cuda.max_memory_allocated``, CUDA only);
+- ``kernels_per_step``: GPU operations one eager decode step launches (``torch.profiler``, CUDA
+  only): what the CUDA graph replays in one launch and what fused kernels would cut.
+
+A context length that runs out of memory is recorded as ``metric="decode_oom"`` (with the
+error's first line as ``reason``) and the sweep goes on.
 
 Every measurement is a result record (DESIGN.md, contract 5) with ``batch``, ``seqlen`` (the
 context length), ``weight_bytes`` and ``state_bytes`` so ``eval/roofline.py records=[...]`` can set
@@ -112,8 +117,9 @@ def measure(model: LanguageModel, batch: int, context: int, decode_steps: int, d
     Returns:
         dict with state_bytes (measured per sequence), state_bytes_analytic, prefill_s, decode_step_s
         (mean seconds per eager step), graph_step_s (per replayed CUDA-graph step; None on CPU, with
-        fewer than 3 steps, or when the step could not be captured), prefill_peak_bytes and
-        decode_peak_bytes (None on CPU).
+        fewer than 3 steps, or when the step could not be captured), prefill_peak_bytes,
+        decode_peak_bytes and kernels_per_step (GPU operations of one eager step, needs
+        decode_steps >= 2) (None on CPU).
 
     Raises:
         ValueError: measured cache bytes differ from ``model.state_size``.
@@ -125,6 +131,7 @@ def measure(model: LanguageModel, batch: int, context: int, decode_steps: int, d
     tokens = torch.randint(0, vocab, (batch, decode_steps), generator=generator).to(device)
 
     # Warm-up at the same shapes (autotuning, allocator, first-call overheads), then measure.
+    kernels_per_step = None
     for timed in (False, True):
         cache = model.allocate_cache(batch, max_seqlen)
         _sync(device)
@@ -138,7 +145,13 @@ def measure(model: LanguageModel, batch: int, context: int, decode_steps: int, d
         steps = decode_steps if timed else min(decode_steps, 2)
         start = time.perf_counter()
         for t in range(steps):
-            model(tokens[:, t : t + 1], cache=cache)
+            if not timed and t == 1 and device.type == "cuda":
+                # The second warm-up step (the first one autotunes) under the profiler.
+                kernels_per_step = count_kernels(
+                    lambda t=t, cache=cache: model(tokens[:, t : t + 1], cache=cache)
+                )
+            else:
+                model(tokens[:, t : t + 1], cache=cache)
         _sync(device)
         decode_step_s = (time.perf_counter() - start) / max(steps, 1)
         decode_peak = _peak(device)
@@ -173,7 +186,19 @@ def measure(model: LanguageModel, batch: int, context: int, decode_steps: int, d
         "graph_step_s": graph_step_s,
         "prefill_peak_bytes": prefill_peak,
         "decode_peak_bytes": decode_peak,
+        "kernels_per_step": kernels_per_step,
     }
+
+
+def count_kernels(step) -> int:
+    """GPU operations (kernels, memsets, copies) that one call of ``step`` launches, counted with
+    ``torch.profiler`` (CUDA activity); the figure a fused decode step has to bring down."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sum(1 for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA)
 
 
 def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
@@ -203,9 +228,24 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     print(f"{run}: {model.num_params() / 1e6:.2f}M parameters, {dtype_name}, batch {batch}, {device}")
     print(f"{'context':>8}{'state B/seq':>14}{'prefill tok/s':>15}{'decode tok/s':>14}{'step GB/s':>11}"
-          f"{'graph tok/s':>13}")  # fmt: skip
+          f"{'graph tok/s':>13}{'kernels/step':>14}")  # fmt: skip
     for context in lengths:
-        m = measure(model, batch, context, cfg.decode_steps, device)
+        try:
+            m = measure(model, batch, context, cfg.decode_steps, device)
+        except (torch.cuda.OutOfMemoryError, MemoryError) as err:
+            # Past the memory limit: say so in a record and go on with the next length.
+            reason = str(err).splitlines()[0][:200]
+            print(f"{context:>8}  skipped: out of memory ({reason})")
+            records.append(
+                make_record(
+                    metric="decode_oom", value=1.0, run=run, model=model, task="decode", seqlen=context,
+                    device=device, sha=sha, batch=batch, dtype=dtype_name, model_size=cfg.model.name,
+                    reason=reason,
+                )
+            )  # fmt: skip
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
         # A step reads every weight and every sequence's cache (roofline floor bytes).
         step_bytes = weight_bytes + batch * m["state_bytes"]
         common = dict(
@@ -241,6 +281,11 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             | state,
             make_record(metric="decode_bandwidth", value=bandwidth, mode="eager", **common) | state,
         ]
+        if m["kernels_per_step"] is not None:
+            records.append(
+                make_record(metric="kernels_per_step", value=m["kernels_per_step"], mode="eager", **common)
+                | state
+            )
         if m["graph_step_s"] is not None:
             graph_tps = batch / m["graph_step_s"]
             records += [
@@ -253,9 +298,10 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
                 ) | state,
             ]  # fmt: skip
         graph = "-" if m["graph_step_s"] is None else f"{batch / m['graph_step_s']:.1f}"
+        kernels = "-" if m["kernels_per_step"] is None else str(m["kernels_per_step"])
         print(
             f"{context:>8}{m['state_bytes']:>14}{prefill_tps:>15.1f}{decode_tps:>14.1f}{bandwidth / 1e9:>11.2f}"
-            f"{graph:>13}"
+            f"{graph:>13}{kernels:>14}"
         )
     output = Path(cfg.output or f"decode-{model.config.name}-{cfg.model.name}.json")
     write_records(output, records)

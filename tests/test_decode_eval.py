@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
+import eval.decode as decode_module
 from eval import roofline as rl
 from eval.decode import build_model, decode_eval
 from eval.records import REPO_ROOT
@@ -49,3 +51,49 @@ def test_decode_eval_rejects_bad_settings(tmp_path):
         decode_eval(compose_decode("context_lengths=[0]", f"output={tmp_path / 'x.json'}"))
     with pytest.raises(ValueError, match="dtype must be auto or one of"):
         decode_eval(compose_decode("dtype=int8", "device=cpu", f"output={tmp_path / 'x.json'}"))
+
+
+def test_decode_eval_skips_contexts_past_the_memory_limit(tmp_path, monkeypatch):
+    """A context that runs out of memory becomes a decode_oom record; the sweep goes on."""
+    real_measure = decode_module.measure
+
+    def measure(model, batch, context, decode_steps, device):
+        if context == 40:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB\nmore detail")
+        return real_measure(model, batch, context, decode_steps, device)
+
+    monkeypatch.setattr(decode_module, "measure", measure)
+    output = tmp_path / "decode.json"
+    cfg = compose_decode(
+        "model.n_layers=2", "context_lengths=[40,8]", "decode_steps=2", "device=cpu", f"output={output}"
+    )
+    records = decode_eval(cfg)
+    assert json.loads(output.read_text()) == records
+    skipped = [r for r in records if r["seqlen"] == 40]
+    assert [r["metric"] for r in skipped] == ["decode_oom"]
+    assert skipped[0]["reason"] == "CUDA out of memory. Tried to allocate 64.00 GiB"
+    assert {r["metric"] for r in records if r["seqlen"] == 8} == {
+        "state_bytes",
+        "prefill_tokens_per_s",
+        "decode_tokens_per_s",
+        "decode_bandwidth",
+    }  # fmt: skip (on CPU: no CUDA-graph, no kernel count)
+    rows = rl.measured_vs_floor(records, 4.27, 989)
+    assert {row["seqlen"] for row in rows} == {8}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_decode_eval_counts_kernels_per_step_on_cuda(tmp_path):
+    cfg = compose_decode(
+        "model.n_layers=2",
+        "context_lengths=[64]",
+        "decode_steps=4",
+        "device=cuda",
+        f"output={tmp_path / 'd.json'}",
+    )
+    records = decode_eval(cfg)
+    kernels = [r for r in records if r["metric"] == "kernels_per_step"]
+    # Two attention layers each need at least the split-K kernel, plus projections and the head.
+    assert len(kernels) == 1 and kernels[0]["value"] >= 8
+    assert any(r["metric"] == "decode_tokens_per_s" and r["mode"] == "cuda_graph" for r in records)
