@@ -1,0 +1,442 @@
+"""What the checkpoint evaluations share: ``eval/recall.py``, ``eval/copying.py``,
+``eval/long_context.py`` and ``eval/perplexity.py``.
+
+- settings checks (:func:`check_settings`, :func:`check_lengths`) and device resolution;
+- :func:`load_checkpoint`: the model *and* its data config from the checkpoint alone (DESIGN.md,
+  contract 4), with a clear error when the checkpoint was trained on a task the script does not
+  evaluate (naming the script that does, :data:`TASK_SCRIPTS`);
+- the two scoring paths over a batch of examples: ``parallel`` (one forward over the whole
+  sequence, i.e. teacher forcing) and ``decode`` (:func:`decode_predictions`: the prompt prefilled
+  into fresh caches, then one token per step through :class:`models.model.DecodeStep`, the step
+  ``LanguageModel.generate`` runs -- a CUDA graph on GPUs); :func:`evaluate` runs either over a
+  loader and pools the scorers' sums (:class:`Scores`);
+- :func:`is_out_of_memory` for sweeps that skip lengths which do not fit;
+- records (:meth:`EvalContext.record`), the printed table and the result file next to the
+  checkpoint plus the W&B table (:func:`finish`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+import data as data_lib
+from data.mqar import IGNORE_INDEX
+from eval.records import git_sha, log_records_to_wandb, make_record, write_records
+from models.lit import LitLM, load_model
+from models.model import DecodeStep, LanguageModel
+
+DATA_META_KEYS = ("name", "monitor", "monitor_mode")
+"""Keys of a run's data config that describe training, not the data module's arguments."""
+
+PATHS = ("parallel", "decode")
+"""The two ways every evaluation computes the model's outputs (see the module docstring)."""
+
+TASK_SCRIPTS = {
+    "mqar": "eval/recall.py",
+    "induction_heads": "eval/recall.py",
+    "copy": "eval/copying.py",
+    "selective_copying": "eval/copying.py",
+    "passkey": "eval/long_context.py",
+    "multikey_needle": "eval/long_context.py",
+    "text": "eval/perplexity.py",
+}
+"""The evaluation script of each training task (``data.name`` of ``conf/data/<name>.yaml``)."""
+
+Scorer = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""``scorer(predictions (B, T) int64, labels (B, T) int64) -> (values (B,), weights (B,))``: a metric
+is ``sum(values) / sum(weights)`` over every example of a slice."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; ``cpu``/``cuda`` as given.
+
+    Raises:
+        ValueError: unknown name, or ``cuda`` without a GPU.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {name!r}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            "device=cuda was asked for but no CUDA GPU is available; use device=auto or device=cpu"
+        )
+    return torch.device(name)
+
+
+def check_settings(cfg: DictConfig, positive: Sequence[str] = ("num_examples", "batch_size")) -> None:
+    """Validate the settings every evaluation config shares.
+
+    Args:
+        cfg: an ``conf/eval/*.yaml`` config with ``ckpt`` and, where present, ``decode_paths``.
+        positive: keys that must hold integers >= 1.
+
+    Raises:
+        ValueError: no checkpoint given, an unknown decode path, or a non-positive count.
+    """
+    if "decode_paths" in cfg:
+        unknown = set(cfg.decode_paths) - set(PATHS)
+        if unknown or not cfg.decode_paths:
+            raise ValueError(
+                f"unknown decode_paths {sorted(unknown) or list(cfg.decode_paths)}; choose from [parallel, decode]"
+            )
+    if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
+        raise ValueError("no checkpoint given: pass ckpt=<a .ckpt file written by train.py>")
+    for key in positive:
+        if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
+
+
+def check_lengths(values: Iterable[Any] | None, key: str) -> list[int]:
+    """``values`` as a non-empty list of integers >= 1 (length multipliers or lengths).
+
+    Raises:
+        ValueError: empty, or an entry that is not an integer >= 1; the message names ``key``.
+    """
+    values = list(values or [])
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        raise ValueError(f"{key} must be a list of integers >= 1, got {values}")
+    return values
+
+
+def wrong_task_error(ckpt: Path, task: str | None, script: str, tasks: Sequence[str]) -> ValueError:
+    """The error for a checkpoint trained on ``task`` given to ``script``, which evaluates ``tasks``.
+
+    The message names the supported tasks and, for a known task, the script that evaluates it.
+    """
+    hint = f"; evaluate it with python {TASK_SCRIPTS[task]} ckpt={ckpt}" if task in TASK_SCRIPTS else ""
+    return ValueError(
+        f"{ckpt} was trained on {task!r} data, which {script} does not evaluate: it evaluates checkpoints "
+        f"trained on {', '.join(tasks)} (python train.py data={tasks[0]} ...){hint}"
+    )
+
+
+@dataclass
+class EvalContext:
+    """A checkpoint loaded for evaluation and what its records need.
+
+    Attributes:
+        ckpt: the checkpoint path as given (``~`` expanded).
+        lit: the :class:`models.lit.LitLM`, in eval mode on ``device``.
+        data: the data config it was trained on (``data.name`` is the task).
+        device: where the model runs.
+        run_dir: ``<run_dir>`` of ``<run_dir>/checkpoints/<name>.ckpt`` (train.py's layout).
+        sha: the mixerlab commit (:func:`eval.records.git_sha`).
+    """
+
+    ckpt: Path
+    lit: LitLM
+    data: dict[str, Any]
+    device: torch.device
+    run_dir: Path
+    sha: str | None = None
+
+    @property
+    def model(self) -> LanguageModel:
+        """The :class:`models.LanguageModel`."""
+        return self.lit.model
+
+    @property
+    def run(self) -> str:
+        """The run's name (its directory's name), shared with train.py's records."""
+        return self.run_dir.name
+
+    @property
+    def task(self) -> str | None:
+        """The training task, ``data.name``."""
+        return self.data.get("name")
+
+    def record(self, *, task: str, metric: str, value: float, seqlen: int, path: str, **extra: Any) -> dict:
+        """One result record (:func:`eval.records.make_record`) of this checkpoint.
+
+        Adds ``path`` (parallel | decode), ``checkpoint`` (absolute path), ``split`` (default
+        ``"test"``) and ``train_seqlen`` (the training example length, so lengths beyond training
+        can be told apart) to the fields of ``make_record``; ``state_bytes`` is the decode state
+        per sequence of a cache for ``seqlen`` tokens.
+        """
+        extra.setdefault("split", "test")
+        return make_record(
+            run=self.run,
+            model=self.model,
+            task=task,
+            metric=metric,
+            value=value,
+            seqlen=seqlen,
+            device=self.device,
+            sha=self.sha,
+            path=path,
+            checkpoint=str(self.ckpt.resolve()),
+            train_seqlen=self.data.get("seqlen"),
+            **extra,
+        )
+
+
+def load_checkpoint(
+    ckpt: str | Path, device: torch.device, tasks: Sequence[str] | None, script: str
+) -> EvalContext:
+    """Rebuild the model and its data config from a checkpoint written by train.py.
+
+    Args:
+        ckpt: the ``.ckpt`` file.
+        device: where to put the model.
+        tasks: the ``data.name`` values the calling script evaluates (``None``: the caller checks).
+        script: the calling script (``eval/copying.py``), for error messages.
+
+    Raises:
+        FileNotFoundError: missing checkpoint.
+        ValueError: corrupt checkpoint, or one trained on a task not in ``tasks``
+            (:func:`wrong_task_error`).
+    """
+    ckpt = Path(ckpt).expanduser()
+    lit = load_model(ckpt, map_location=device)
+    data_cfg = dict(lit.hparams.data or {})
+    if tasks is not None and data_cfg.get("name") not in tasks:
+        raise wrong_task_error(ckpt, data_cfg.get("name"), script, tasks)
+    # train.py writes <run_dir>/checkpoints/<name>.ckpt: records and W&B runs belong to that run.
+    return EvalContext(ckpt, lit, data_cfg, device, ckpt.resolve().parent.parent, git_sha())
+
+
+def build_datamodule(data_cfg: Mapping[str, Any], **overrides: Any):
+    """The data module of a run's data config (``data.build_datamodule``) with ``overrides`` applied.
+
+    Raises:
+        ValueError/TypeError: an override the data module rejects (its own message).
+    """
+    kwargs = {k: v for k, v in data_cfg.items() if k not in DATA_META_KEYS}
+    kwargs.update(overrides)
+    return data_lib.build_datamodule(data_cfg["name"], **kwargs)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is an allocation failure: ``torch.OutOfMemoryError`` (CUDA), ``MemoryError``,
+    or the ``RuntimeError`` PyTorch's CPU allocator raises ("can't allocate memory")."""
+    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(err, RuntimeError) and "can't allocate memory" in str(err)
+
+
+@torch.no_grad()
+def decode_predictions(
+    model: LanguageModel,
+    input_ids: torch.Tensor,
+    prefill_len: int,
+    free_from: torch.Tensor | None = None,
+    end: int | None = None,
+) -> torch.Tensor:
+    """Greedy predictions through the decode path: prefill, then one token per decode step.
+
+    The first ``prefill_len`` tokens go through the model in one call into fresh caches (sized for
+    all ``T`` tokens, so their bytes are ``model.state_size(T)`` per sequence); every later position
+    is fed alone through :class:`models.model.DecodeStep` (the step of ``LanguageModel.generate``,
+    captured in a CUDA graph on GPUs). Position ``t`` is fed ``input_ids[:, t]`` (teacher forcing)
+    or, from ``free_from`` on, the model's own greedy prediction made at ``t - 1`` (generation).
+    With one prompt length ``P = prefill_len = free_from`` this is ``generate(input_ids[:, :P],
+    greedy=True)`` aligned by :func:`data.synthetic.generated_to_predictions`; per-example prompt
+    lengths let a batch of prompts of different lengths decode together (a prompt's tokens beyond
+    ``prefill_len`` are fed step by step, which computes the same as prefilling them).
+
+    Args:
+        model: a :class:`models.LanguageModel` in eval mode.
+        input_ids: ``(B, T)`` int64 examples.
+        prefill_len: tokens prefilled at once, ``1 <= prefill_len <= end``.
+        free_from: ``(B,)`` int64 first generated position of each example (``>= prefill_len``);
+            ``None`` feeds every position from ``input_ids``.
+        end: positions to compute, ``prefill_len <= end <= T`` (default ``T``): predictions from
+            ``end`` on are not needed by the caller.
+
+    Returns:
+        ``(B, T)`` int64: ``predictions[:, t]`` is the argmax of the logits at position ``t`` (what
+        labels at ``t`` are scored against), ``-1`` from ``end`` on.
+
+    Raises:
+        ValueError: ``prefill_len`` or ``end`` out of range, or a ``free_from`` before ``prefill_len``.
+    """
+    batch, seqlen = input_ids.shape
+    end = seqlen if end is None else end
+    if not 1 <= prefill_len <= end <= seqlen:
+        raise ValueError(f"need 1 <= prefill_len ({prefill_len}) <= end ({end}) <= seqlen ({seqlen})")
+    if free_from is not None and bool((free_from < prefill_len).any()):
+        raise ValueError(
+            f"free_from must not start before prefill_len={prefill_len} (the prefill is teacher-forced), "
+            f"got {free_from.tolist()}"
+        )
+    cache = model.allocate_cache(batch, seqlen)
+    predictions = input_ids.new_full((batch, seqlen), -1)
+    predictions[:, :prefill_len] = model(input_ids[:, :prefill_len], cache=cache).argmax(-1)
+    step = DecodeStep(model, cache, graphed=input_ids.is_cuda)
+    for t in range(prefill_len, end):
+        token = input_ids[:, t]
+        if free_from is not None:
+            token = torch.where(free_from <= t, predictions[:, t - 1], token)
+        predictions[:, t] = step(token).argmax(-1)
+    return predictions
+
+
+@dataclass
+class Scores:
+    """Scorer sums over the examples of one slice (or several, pooled with :meth:`pool`).
+
+    Attributes:
+        sums, weights: per metric, ``sum(values)`` and ``sum(weights)`` of its :data:`Scorer`.
+        examples: examples scored.
+        tokens: tokens run through the model.
+        seconds: wall-clock seconds of the model calls (synchronised on CUDA).
+    """
+
+    sums: dict[str, float]
+    weights: dict[str, float]
+    examples: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def value(self, metric: str) -> float:
+        """The pooled metric, ``sums / weights`` (0 without weight)."""
+        return self.sums[metric] / self.weights[metric] if self.weights[metric] else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Tokens processed per second of model time."""
+        return self.tokens / max(self.seconds, 1e-9)
+
+    @staticmethod
+    def pool(scores: Sequence[Scores]) -> Scores:
+        """The scores of several slices pooled into one (sums and counts added)."""
+        metrics = scores[0].sums
+        return Scores(
+            {m: sum(s.sums[m] for s in scores) for m in metrics},
+            {m: sum(s.weights[m] for s in scores) for m in metrics},
+            sum(s.examples for s in scores),
+            sum(s.tokens for s in scores),
+            sum(s.seconds for s in scores),
+        )
+
+
+def per_example(metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Scorer:
+    """A :data:`Scorer` averaging a per-example metric ``(B, T), (B, T) -> (B,)`` over examples
+    (e.g. :func:`data.copying.string_exact_match`)."""
+
+    def scorer(predictions: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        values = metric(predictions, labels).double()
+        return values, torch.ones_like(values)
+
+    return scorer
+
+
+def per_position(predictions: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:data:`Scorer` of the accuracy over all scored positions pooled (MQAR's, Arora et al. 2024):
+    per example, ``(correct scored positions, scored positions)``, shapes ``(B,)``."""
+    scored = labels != IGNORE_INDEX
+    correct = (predictions == labels) & scored
+    return correct.sum(1, dtype=torch.float64), scored.sum(1, dtype=torch.float64)
+
+
+DecodePlan = Callable[[dict[str, Any]], tuple[int, torch.Tensor | None]]
+"""``plan(batch) -> (prefill_len, free_from or None)``: how the decode path runs a batch (see
+:func:`decode_predictions`)."""
+
+
+@torch.no_grad()
+def evaluate(
+    model: LanguageModel,
+    loader: Iterable[dict[str, Any]],
+    path: str,
+    device: torch.device,
+    scorers: Mapping[str, Scorer],
+    plan: DecodePlan,
+) -> Scores:
+    """Score every batch of ``loader`` through ``path``.
+
+    ``parallel`` takes the argmax of one forward over each whole example (teacher forcing);
+    ``decode`` runs :func:`decode_predictions` with the ``(prefill_len, free_from)`` that ``plan``
+    gives for the batch, up to the last scored position.
+
+    Args:
+        model: a :class:`models.LanguageModel` in eval mode on ``device``.
+        loader: batches ``{"input_ids": (B, T) int64, "labels": (B, T) int64, ...}``.
+        path: ``"parallel"`` or ``"decode"``.
+        device: where the model runs.
+        scorers: metric name -> :data:`Scorer`.
+        plan: the decode path's prefill and generation start per batch (unused by ``parallel``).
+
+    Returns:
+        :class:`Scores` summed over the loader.
+
+    Raises:
+        ValueError: an unknown ``path``, or a plan :func:`decode_predictions` rejects.
+    """
+    if path not in PATHS:
+        raise ValueError(f"unknown path {path!r}; choose from {list(PATHS)}")
+    scores = Scores(dict.fromkeys(scorers, 0.0), dict.fromkeys(scorers, 0.0))
+    for batch in loader:
+        input_ids = batch["input_ids"].to(device)
+        labels = batch["labels"].to(device)
+        start = time.perf_counter()
+        if path == "parallel":
+            predictions = model(input_ids).argmax(-1)  # (B, T)
+            tokens = input_ids.numel()
+        else:
+            prefill_len, free_from = plan(batch)
+            end = int((labels != IGNORE_INDEX).any(0).nonzero().max()) + 1
+            if free_from is not None:
+                free_from = free_from.to(device)
+            predictions = decode_predictions(model, input_ids, prefill_len, free_from, end)
+            tokens = input_ids.shape[0] * end
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        scores.seconds += time.perf_counter() - start
+        scores.tokens += tokens
+        scores.examples += input_ids.shape[0]
+        for name, scorer in scorers.items():
+            values, weights = scorer(predictions, labels)
+            scores.sums[name] += float(values.sum())
+            scores.weights[name] += float(weights.sum())
+    return scores
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
+    """Print ``rows`` (dicts with a ``slice`` and the ``columns``) as a fixed-width table; floats
+    with 4 decimals, missing cells as ``-``."""
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return "nan" if math.isnan(value) else f"{value:.4f}"
+        return "-" if value is None else str(value)
+
+    width = max([14] + [len(str(row["slice"])) + 2 for row in rows])
+    print(title)
+    print(f"{'slice':<{width}}" + "".join(f"{c:>{max(12, len(c) + 2)}}" for c in columns))
+    for row in rows:
+        line = f"{row['slice']:<{width}}"
+        line += "".join(f"{cell(row.get(c)):>{max(12, len(c) + 2)}}" for c in columns)
+        print(line)
+
+
+def finish(records: list[dict[str, Any]], cfg: DictConfig, ctx: EvalContext, name: str) -> Path:
+    """Write ``records`` to ``cfg.output`` (default ``<checkpoint>.<name>.json`` next to the
+    checkpoint) atomically and log them to W&B when ``cfg.wandb.enabled`` (a table ``name`` in a
+    run ``<name>-<run>`` under the run directory, offline unless ``wandb.mode=online``).
+
+    Returns:
+        The path of the record file.
+    """
+    output = Path(cfg.output) if cfg.output else ctx.ckpt.with_name(f"{ctx.ckpt.name}.{name}.json")
+    write_records(output, records)
+    print(f"results: {output}")
+    log_records_to_wandb(
+        records,
+        enabled=bool(cfg.wandb.enabled),
+        project=cfg.wandb.project,
+        name=f"{name}-{ctx.run}",
+        mode=cfg.wandb.mode,
+        save_dir=ctx.run_dir,
+        table=name,
+    )
+    return output

@@ -1,0 +1,239 @@
+"""Long-context retrieval of a trained checkpoint: ``python eval/long_context.py ckpt=PATH``.
+
+Byte-level needle retrieval at lengths far beyond training, per length x needle-depth cell:
+
+- ``passkey`` (Mohtashami & Jaggi 2023, "Landmark Attention", arXiv 2305.16300): a pass key hidden
+  at some depth of repeated filler, asked for at the end;
+- ``multikey_needle`` (Hsieh et al. 2024, "RULER", multi-key NIAH): one of many key-value needles
+  queried at the end.
+
+(:mod:`data.retrieval` describes the prompts.) Lengths are ``length_multipliers`` (default 1x, 2x,
+4x, 8x and 16x) times the training seqlen, or the absolute ``seqlens``; each is cut into
+``num_depth_buckets`` depth ranges. Every cell is scored twice (``decode_paths``), by exact match of
+the whole answer:
+
+- ``parallel``: teacher forcing, one forward over prompt and answer;
+- ``decode``: the prompt prefilled into the caches, then the answer generated greedily one token
+  per decode step (:func:`eval.common.decode_predictions`, the step of ``LanguageModel.generate``).
+
+The two exact matches agree (a greedy generation is right exactly when every teacher-forced
+prediction is), up to argmax ties. A length that does not fit in memory -- ``torch.OutOfMemoryError``
+on CUDA, ``MemoryError`` or PyTorch's CPU allocator error -- is recorded as skipped with the reason
+and the sweep goes on to the next length. (On CPU, Linux may overcommit and kill the process instead
+of failing the allocation; choose the lengths accordingly.)
+
+The checkpoint may be trained on ``passkey`` or ``multikey_needle`` (``task=auto`` evaluates that
+task with its training settings), or on any other byte-level data whose vocabulary is 256 bytes --
+a ``data=text data.tokenizer=byte`` run -- with ``task=passkey`` or ``task=multikey_needle`` (the
+task's default settings, lengths relative to the text seqlen; use ``seqlens=[...]`` when 1x is
+shorter than the prompt, about 260 bytes for passkey).
+
+Records (next to the checkpoint, ``<checkpoint>.long_context.json``, and to W&B when
+``wandb.enabled=true``): ``exact_match`` per cell (``slice`` ``T{seqlen}_depth{lo}-{hi}``,
+``depth_min``, ``depth_max``), ``accuracy`` per length over all its depths (``slice`` ``T{seqlen}``:
+what ``eval/report.py task=passkey`` plots), and ``skipped`` per skipped length and path (``value``
+the examples not evaluated, ``reason``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from data.synthetic import TaskSlice, exact_match
+from eval.cli import user_errors
+from eval.common import (
+    EvalContext,
+    Scores,
+    build_datamodule,
+    check_lengths,
+    check_settings,
+    evaluate,
+    finish,
+    is_out_of_memory,
+    load_checkpoint,
+    per_example,
+    print_table,
+    resolve_device,
+    wrong_task_error,
+)
+
+TASKS = ("passkey", "multikey_needle")
+SCORERS = {"exact_match": per_example(exact_match)}
+BYTE_VOCAB = 256
+
+
+def _retrieval_plan(batch: dict[str, Any]) -> tuple[int, torch.Tensor]:
+    """Decode plan of a retrieval slice: prefill the prompt (one length per slice), generate the answer."""
+    prompt_len = batch["prompt_len"]  # (B,), all equal
+    return int(prompt_len[0]), prompt_len
+
+
+def choose_task(ctx: EvalContext, task: str) -> str:
+    """The retrieval task to run on ``ctx``'s checkpoint: its own for ``task=auto``.
+
+    Raises:
+        ValueError: ``task`` not auto/passkey/multikey_needle; ``auto`` for a checkpoint not trained
+            on a retrieval task; a checkpoint whose data is not byte-level (vocabulary 256; text
+            trained with ``data.tokenizer=byte``), naming the script for its task.
+    """
+    if task not in ("auto", *TASKS):
+        raise ValueError(f"task must be auto, passkey or multikey_needle, got {task!r}")
+    trained = ctx.task
+    if trained == "text":
+        tokenizer = (ctx.lit.hparams.get("tokenizer_config") or {}).get("kind")
+        if tokenizer != "byte" or ctx.model.config.vocab_size != BYTE_VOCAB:
+            raise ValueError(
+                f"{ctx.ckpt} was trained on {tokenizer or 'non-byte'}-level text (vocabulary "
+                f"{ctx.model.config.vocab_size}); eval/long_context.py needs byte-level data (vocabulary "
+                f"{BYTE_VOCAB}: train with data.tokenizer=byte); evaluate it with python eval/perplexity.py"
+            )
+        if task == "auto":
+            raise ValueError(
+                f"{ctx.ckpt} was trained on byte-level text, not on a retrieval task: pass task=passkey or "
+                "task=multikey_needle"
+            )
+        return task
+    if trained not in TASKS:
+        raise wrong_task_error(ctx.ckpt, trained, "eval/long_context.py", (*TASKS, "text (byte-level)"))
+    return trained if task == "auto" else task
+
+
+def _test_grid(lengths: Sequence[int], buckets: int) -> list[dict[str, Any]]:
+    """``{seqlen, depth_min, depth_max}`` for every length x depth range."""
+    return [
+        {"seqlen": n, "depth_min": b / buckets, "depth_max": (b + 1) / buckets}
+        for n in lengths
+        for b in range(buckets)
+    ]
+
+
+def _score_length(ctx: EvalContext, dm, cells: list[TaskSlice], path: str) -> list[Scores] | str:
+    """Scores of every cell of one length through ``path``, or the reason it was skipped (out of memory)."""
+    try:
+        return [
+            evaluate(ctx.model, dm.dataloader(cell), path, ctx.device, SCORERS, _retrieval_plan)
+            for cell in cells
+        ]
+    except Exception as err:
+        if not is_out_of_memory(err):
+            raise
+        reason = f"out of memory: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return reason
+
+
+def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
+    """Run the evaluation that ``cfg`` (``conf/eval/long_context.yaml``) describes; returns the records.
+
+    Records carry the fields of :meth:`eval.common.EvalContext.record` with ``task`` (``passkey`` or
+    ``multikey_needle``), ``metric`` (``exact_match`` per cell, ``accuracy`` per length, both in
+    [0, 1]; ``skipped``), ``slice``, ``seqlen``, ``length_multiplier`` (seqlen over the training
+    seqlen), ``examples`` and ``tokens_per_s``.
+
+    Raises:
+        FileNotFoundError: missing checkpoint.
+        ValueError/TypeError: corrupt checkpoint, a checkpoint without byte-level data or trained on
+            another task (see :func:`choose_task`), invalid settings, or a length too short for the
+            task's prompt (the data module's message gives the shortest that fits).
+    """
+    check_settings(cfg)
+    device = resolve_device(cfg.device)
+    ctx = load_checkpoint(cfg.ckpt, device, None, "eval/long_context.py")
+    task = choose_task(ctx, cfg.task)
+    train_seqlen = int(ctx.data["seqlen"])
+    if cfg.seqlens is not None:
+        lengths = check_lengths(cfg.seqlens, "seqlens")
+    else:
+        lengths = [train_seqlen * m for m in check_lengths(cfg.length_multipliers, "length_multipliers")]
+    lengths = sorted(set(lengths))
+    buckets = cfg.num_depth_buckets
+    if buckets is None:
+        buckets = int(ctx.data.get("num_depth_buckets") or 4)
+    if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
+        raise ValueError(f"num_depth_buckets must be null or an integer >= 1, got {buckets!r}")
+    # The task's settings: the checkpoint's when it trained on this task, else the task's defaults.
+    data_cfg = ctx.data if ctx.task == task else {"name": task, "seqlen": lengths[0]}
+    dm = build_datamodule(
+        data_cfg,
+        test_configs=_test_grid(lengths, buckets),
+        num_test_examples=cfg.num_examples,
+        batch_size=cfg.batch_size,
+    )
+    dm.setup("test")
+
+    records, rows = [], []
+    for seqlen in lengths:
+        cells = [s for s in dm.test_sets if s.seqlen == seqlen]
+        common = {"task": task, "seqlen": seqlen, "length_multiplier": seqlen / train_seqlen}
+        length_row = {"slice": f"T{seqlen} (all)"}
+        cell_rows = [{"slice": cell.name} for cell in cells]
+        for path in cfg.decode_paths:
+            print(f"evaluating T{seqlen} ({len(cells)} depth ranges) through the {path} path ...", flush=True)
+            scores = _score_length(ctx, dm, cells, path)
+            if isinstance(scores, str):
+                print(f"  skipped: {scores}", flush=True)
+                examples = sum(len(cell) for cell in cells)
+                records.append(
+                    ctx.record(
+                        metric="skipped",
+                        value=examples,
+                        path=path,
+                        slice=f"T{seqlen}",
+                        reason=scores,
+                        **common,
+                    )
+                )
+                length_row[path] = "skipped"
+                continue
+            for cell, cell_scores, row in zip(cells, scores, cell_rows, strict=True):
+                row[path] = cell_scores.value("exact_match")
+                records.append(
+                    ctx.record(
+                        metric="exact_match",
+                        value=cell_scores.value("exact_match"),
+                        path=path,
+                        slice=cell.name,
+                        depth_min=cell.config["depth_min"],
+                        depth_max=cell.config["depth_max"],
+                        examples=cell_scores.examples,
+                        tokens_per_s=cell_scores.tokens_per_s,
+                        **common,
+                    )
+                )
+            pooled = Scores.pool(scores)
+            length_row[path] = pooled.value("exact_match")
+            records.append(
+                ctx.record(
+                    metric="accuracy",
+                    value=pooled.value("exact_match"),
+                    path=path,
+                    slice=f"T{seqlen}",
+                    examples=pooled.examples,
+                    tokens_per_s=pooled.tokens_per_s,
+                    **common,
+                )
+            )
+        rows += cell_rows + [length_row]
+
+    print_table(f"{task} exact match ({ctx.model.config.name})", list(cfg.decode_paths), rows)
+    finish(records, cfg, ctx, "long_context")
+    return records
+
+
+@hydra.main(version_base="1.3", config_path="../conf/eval", config_name="long_context")
+def main(cfg: DictConfig) -> None:
+    """Command-line entry point (Hydra)."""
+    torch.set_flush_denormal(True)
+    OmegaConf.set_readonly(cfg, True)
+    with user_errors():
+        long_context_eval(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""Perplexity of a text checkpoint on its held-out split: ``python eval/perplexity.py ckpt=PATH``.
+
+Rebuilds the model and its :class:`data.text.TextDataModule` from the checkpoint alone -- the same
+corpus (a local file or a ``datasets`` hub dataset) and the tokenizer stored in the checkpoint, so
+token ids are the ones the model was trained with -- and reports on the validation split (the last
+10% of the corpus' characters, which training never saw; non-overlapping blocks of ``seqlen``
+tokens, every position scored):
+
+- ``loss``: mean next-token cross-entropy in nats per token, and ``perplexity = exp(loss)``,
+  through the ``parallel`` path (one forward per block);
+- a consistency check of the decode path: on the first ``decode_prefix`` tokens of the first
+  ``decode_examples`` blocks, the loss through the parallel forward and through the decode path
+  (half the prefix prefilled into the caches, the rest fed one token per step,
+  ``LanguageModel.decode_logits``). Both compute the same function, so the losses must agree within
+  ``tolerance`` (fp32); a larger gap is warned about and recorded (``agrees: false``) -- it is a bug in
+  a cache or decode kernel.
+
+``data.*`` overrides evaluate on another corpus or length: ``data.path=other.txt`` (its last 10%),
+``data.dataset_name=... data.config_name=...``, ``data.seqlen=1024`` (a context longer than
+training). Prints a table, writes records next to the checkpoint (``<checkpoint>.perplexity.json``)
+and logs them to W&B when ``wandb.enabled=true``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from eval.cli import user_errors
+from eval.common import (
+    EvalContext,
+    build_datamodule,
+    check_settings,
+    finish,
+    load_checkpoint,
+    print_table,
+    resolve_device,
+)
+from models.lit import scored_metrics
+
+TASKS = ("text",)
+CORPUS_KEYS = ("path", "dataset_name")
+
+
+def text_datamodule(ctx: EvalContext, overrides: dict[str, Any], batch_size: int):
+    """The checkpoint's text data module (its stored tokenizer) with ``overrides`` of its data
+    config applied (``None`` values ignored; a new ``path`` or ``dataset_name`` replaces the
+    corpus), set up.
+
+    Raises:
+        FileNotFoundError: the corpus file does not exist.
+        ValueError: a corpus character outside a char tokenizer's vocabulary, a split too short
+            for one block, or a vocabulary that differs from the model's.
+    """
+    data_cfg = dict(ctx.data)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if any(key in overrides for key in CORPUS_KEYS):
+        data_cfg.update(dict.fromkeys(CORPUS_KEYS))
+    data_cfg.update(overrides)
+    data_cfg["tokenizer"] = ctx.lit.hparams.get("tokenizer_config") or data_cfg.get("tokenizer", "char")
+    dm = build_datamodule(data_cfg, batch_size=batch_size)
+    dm.setup("validate")
+    if dm.vocab_size != ctx.model.config.vocab_size:
+        raise ValueError(
+            f"the corpus' vocabulary has {dm.vocab_size} tokens but the model's has "
+            f"{ctx.model.config.vocab_size}: the checkpoint stores no tokenizer and the corpus differs "
+            "from the one it was trained on"
+        )
+    return dm
+
+
+@torch.no_grad()
+def split_loss(model, loader, device: torch.device, max_batches: int | None) -> tuple[float, int, float]:
+    """Mean next-token cross-entropy over the batches of ``loader`` (parallel forward).
+
+    Args:
+        model: a :class:`models.LanguageModel` in eval mode.
+        loader: batches ``{"input_ids", "labels"}`` of ``(B, T)`` int64.
+        device: where the model runs.
+        max_batches: stop after this many batches (``None``: all).
+
+    Returns:
+        ``(loss in nats per token, tokens scored, tokens/s)``.
+    """
+    loss_sum, count, seconds = 0.0, 0, 0.0
+    for i, batch in enumerate(loader):
+        if max_batches is not None and i >= max_batches:
+            break
+        start = time.perf_counter()
+        logits = model(batch["input_ids"].to(device))
+        batch_loss, _, batch_count = scored_metrics(logits, batch["labels"].to(device))
+        loss_sum += float(batch_loss)
+        count += int(batch_count)
+        seconds += time.perf_counter() - start
+    return loss_sum / max(count, 1), count, count / max(seconds, 1e-9)
+
+
+@torch.no_grad()
+def prefix_losses(model, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """Loss (nats per token) of the same blocks through the parallel forward and the decode path.
+
+    Args:
+        model: a :class:`models.LanguageModel` in eval mode.
+        input_ids, labels: ``(B, T)`` int64 on the model's device, ``T >= 1``.
+
+    Returns:
+        ``{"parallel": loss, "decode": loss}``; the decode path prefills ``max(1, T // 2)`` tokens
+        and feeds the rest one per step (``LanguageModel.decode_logits``).
+    """
+    losses = {}
+    for path, logits in (
+        ("parallel", model(input_ids)),
+        ("decode", model.decode_logits(input_ids, max(1, input_ids.shape[1] // 2))),
+    ):
+        loss_sum, _, count = scored_metrics(logits, labels)
+        losses[path] = float(loss_sum / count)
+    return losses
+
+
+def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
+    """Run the evaluation that ``cfg`` (``conf/eval/perplexity.yaml``) describes; returns the records.
+
+    Records carry the fields of :meth:`eval.common.EvalContext.record` with ``task: text``,
+    ``split: val``, ``slice`` (``val``: the whole split; ``val_prefix{N}``: the decode check),
+    ``metric`` (``loss`` in nats per token, ``perplexity``), ``seqlen`` (block length), ``tokens``
+    (scored) and ``tokens_per_s``; the decode check's decode record adds ``abs_diff`` (nats) and
+    ``agrees``.
+
+    Raises:
+        FileNotFoundError: missing checkpoint or corpus file.
+        ValueError: corrupt checkpoint, a checkpoint not trained on text (the message names the
+            script for its task), invalid settings, or a corpus that does not fit the tokenizer.
+    """
+    check_settings(cfg, positive=("batch_size", "decode_examples"))
+    for key in ("max_batches", "decode_prefix"):
+        value, low = cfg[key], 1 if key == "max_batches" else 0
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise ValueError(f"{key} must be null or an integer >= {low}, got {value!r}")
+    if not cfg.tolerance >= 0:
+        raise ValueError(f"tolerance must be >= 0 (nats), got {cfg.tolerance}")
+    device = resolve_device(cfg.device)
+    ctx = load_checkpoint(cfg.ckpt, device, TASKS, "eval/perplexity.py")
+    dm = text_datamodule(ctx, OmegaConf.to_container(cfg.data, resolve=True), cfg.batch_size)
+    seqlen, model = dm.seqlen, ctx.model
+    common = {"task": "text", "split": "val"}
+
+    print(
+        f"evaluating the validation split ({dm.val_tokens.numel()} tokens, blocks of {seqlen}) ...",
+        flush=True,
+    )
+    loss, tokens, tokens_per_s = split_loss(model, dm.val_dataloader(), device, cfg.max_batches)
+    ppl = math.exp(min(loss, 50.0))
+    records = [
+        ctx.record(metric=metric, value=value, seqlen=seqlen, path="parallel", slice="val", tokens=tokens,
+                   tokens_per_s=tokens_per_s, **common)
+        for metric, value in (("loss", loss), ("perplexity", ppl))
+    ]  # fmt: skip
+    rows = [{"slice": "val", "path": "parallel", "loss": loss, "perplexity": ppl}]
+
+    prefix = min(cfg.decode_prefix or 0, seqlen)
+    if prefix:
+        batch = next(iter(dm.val_dataloader()))
+        input_ids = batch["input_ids"][: cfg.decode_examples, :prefix].to(device)
+        labels = batch["labels"][: cfg.decode_examples, :prefix].to(device)
+        losses = prefix_losses(model, input_ids, labels)
+        diff = abs(losses["parallel"] - losses["decode"])
+        agrees = diff <= cfg.tolerance
+        if not agrees:
+            warnings.warn(
+                f"decode-path loss {losses['decode']:.6f} differs from the parallel loss {losses['parallel']:.6f} "
+                f"by {diff:.2e} nats (> tolerance {cfg.tolerance}): a cache or decode kernel computes "
+                "something else than the parallel forward",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        name = f"val_prefix{prefix}"
+        for path, value in losses.items():
+            check = {"abs_diff": diff, "agrees": agrees} if path == "decode" else {}
+            records.append(
+                ctx.record(metric="loss", value=value, seqlen=prefix, path=path, slice=name,
+                           tokens=input_ids.numel(), **check, **common)
+            )  # fmt: skip
+            rows.append(
+                {"slice": name, "path": path, "loss": value, "perplexity": math.exp(min(value, 50.0))}
+            )
+
+    print_table(
+        f"validation loss, nats per token ({model.config.name})", ["path", "loss", "perplexity"], rows
+    )
+    finish(records, cfg, ctx, "perplexity")
+    return records
+
+
+@hydra.main(version_base="1.3", config_path="../conf/eval", config_name="perplexity")
+def main(cfg: DictConfig) -> None:
+    """Command-line entry point (Hydra)."""
+    torch.set_flush_denormal(True)
+    OmegaConf.set_readonly(cfg, True)
+    with user_errors():
+        perplexity_eval(cfg)
+
+
+if __name__ == "__main__":
+    main()

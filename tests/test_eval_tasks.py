@@ -1,0 +1,340 @@
+"""The task evaluations (eval/copying.py, eval/recall.py on induction heads, eval/long_context.py,
+eval/perplexity.py) on tiny checkpoints trained for two steps on CPU, and their shared decode path."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import REPO_ROOT, compose_eval, compose_train
+
+import eval.long_context as long_context
+import train as train_module
+from data.synthetic import generated_to_predictions
+from eval.common import decode_predictions, is_out_of_memory, wrong_task_error
+from eval.copying import copying_eval
+from eval.long_context import long_context_eval
+from eval.perplexity import perplexity_eval
+from eval.recall import recall_eval
+from models.lit import load_model
+
+TINY = [
+    "model.d_model=32",
+    "model.n_layers=2",
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=2",
+    "trainer.enable_progress_bar=false",
+    "optim.warmup_steps=1",
+    "logger=none",
+]
+SYNTHETIC = ["data.num_train_examples=32", "data.num_test_examples=4", "data.batch_size=16"]
+PASSKEY_LEN = 280  # the passkey prompt without filler takes 253 bytes
+FIELDS = {"run", "mixer", "layout", "params", "task", "metric", "value", "state_bytes", "seqlen", "slice",
+          "path", "split", "checkpoint", "train_seqlen", "tokens_per_s", "device", "git_sha"}  # fmt: skip
+
+
+def train_tiny(tmp_path_factory, name: str, overrides: list[str]) -> dict:
+    run_dir = tmp_path_factory.mktemp(name)
+    return train_module.train(compose_train(TINY + overrides + [f"run_dir={run_dir}"]))
+
+
+@pytest.fixture(scope="module")
+def copy_run(tmp_path_factory):
+    data = ["data=copy", "data.max_len=6", "data.seqlen=16"]
+    return train_tiny(tmp_path_factory, "copy", ["mixer=hybrid_samba"] + data + SYNTHETIC)
+
+
+@pytest.fixture(scope="module")
+def passkey_run(tmp_path_factory):
+    data = ["data=passkey", f"data.seqlen={PASSKEY_LEN}", f"data.test_configs=[{{seqlen:{PASSKEY_LEN}}}]"]
+    return train_tiny(
+        tmp_path_factory, "passkey", ["mixer=attention"] + data + SYNTHETIC[:2] + ["data.batch_size=4"]
+    )
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+    corpus = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    corpus.write_text("to be, or not to be: that is the question.\n" * 40)
+    data = ["data=text", f"data.path={corpus}", "data.tokenizer=byte", "data.seqlen=32", "data.batch_size=8"]
+    return train_tiny(tmp_path_factory, "text", ["mixer=sliding_window"] + data)
+
+
+def evaluate_with(fn, name: str, run: dict, tmp_path: Path, *overrides: str) -> tuple[list[dict], Path]:
+    output = tmp_path / f"{name}.json"
+    records = fn(
+        compose_eval(name, [f"ckpt={run['last_ckpt']}", "device=cpu", f"output={output}", *overrides])
+    )
+    assert json.loads(output.read_text()) == records
+    return records, output
+
+
+def check_records(records: list[dict], task: str, accuracy_metrics: set[str]) -> dict:
+    """Common record checks; returns {(metric, slice, path): record}."""
+    model = load_model(records[0]["checkpoint"]).model
+    table = {}
+    for r in records:
+        assert FIELDS <= set(r), FIELDS - set(r)
+        assert r["task"] == task and r["split"] == "test" and r["path"] in ("parallel", "decode")
+        assert r["state_bytes"] == model.state_size(r["seqlen"]) > 0
+        if r["metric"] in accuracy_metrics:
+            assert 0.0 <= r["value"] <= 1.0 and r["tokens_per_s"] > 0
+        table[r["metric"], r["slice"], r["path"]] = r
+    for metric, slice_name, path in list(table):
+        assert (metric, slice_name, "decode" if path == "parallel" else "parallel") in table
+    return table
+
+
+# --- the decode path -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hybrid_model(copy_run):
+    return load_model(copy_run["last_ckpt"]).model.double()
+
+
+def test_decode_predictions_teacher_forced_equal_the_parallel_argmax(hybrid_model):
+    ids = torch.randint(0, 30, (3, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        parallel = hybrid_model(ids).argmax(-1)
+    decoded = decode_predictions(hybrid_model, ids, prefill_len=7)
+    assert torch.equal(decoded, parallel)
+    partial = decode_predictions(hybrid_model, ids, prefill_len=7, end=12)
+    assert torch.equal(partial[:, :12], parallel[:, :12]) and (partial[:, 12:] == -1).all()
+
+
+def test_decode_predictions_generate_from_each_prompt(hybrid_model):
+    ids = torch.randint(0, 30, (3, 20), generator=torch.Generator().manual_seed(1))
+    # One prompt length: exactly LanguageModel.generate(greedy=True), aligned with the labels.
+    prompt = torch.full((3,), 8)
+    decoded = decode_predictions(hybrid_model, ids, 8, free_from=prompt)
+    generated = hybrid_model.generate(ids[:, :8], 12, greedy=True)
+    assert torch.equal(decoded[:, 7:19], generated_to_predictions(generated, 20)[:, 7:19])
+    # Prompts of different lengths in one batch: each sequence feeds its own predictions from its
+    # prompt's end, which the parallel forward over the self-fed sequence must reproduce.
+    prompt = torch.tensor([4, 9, 13])
+    decoded = decode_predictions(hybrid_model, ids, 4, free_from=prompt)
+    fed = ids.clone()
+    for b, p in enumerate(prompt.tolist()):
+        fed[b, p:] = decoded[b, p - 1 : -1]
+    with torch.no_grad():
+        assert torch.equal(decoded, hybrid_model(fed).argmax(-1))
+    assert not torch.equal(fed, ids)  # the untrained model does not reproduce the data
+    with pytest.raises(ValueError, match="free_from must not start before prefill_len"):
+        decode_predictions(hybrid_model, ids, 5, free_from=prompt)
+    with pytest.raises(ValueError, match="prefill_len"):
+        decode_predictions(hybrid_model, ids, 0)
+
+
+def test_is_out_of_memory():
+    with pytest.raises(RuntimeError) as err:
+        torch.empty(2**60, dtype=torch.uint8)  # PyTorch's CPU allocator refuses at once
+    assert is_out_of_memory(err.value)
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory")) and is_out_of_memory(MemoryError())
+    assert not is_out_of_memory(RuntimeError("shape mismatch")) and not is_out_of_memory(ValueError("x"))
+
+
+# --- eval/copying.py -----------------------------------------------------------------------------
+
+
+def test_copying_eval_on_copy(copy_run, tmp_path, capsys):
+    records, _ = evaluate_with(copying_eval, "copying", copy_run, tmp_path, "num_examples=6", "batch_size=4")
+    table = check_records(records, "copy", {"accuracy", "char_accuracy"})
+    # The data module's slices: the training range and strings 2x and 4x longer than training's.
+    assert {s for _, s, _ in table} == {"len1-6", "len7-12", "len13-24"}
+    assert {r["seqlen"] for r in records} == {16, 27, 51} and all(r["train_seqlen"] == 16 for r in records)
+    assert {r["metric"] for r in records} == {"accuracy", "char_accuracy"}
+    for slice_name in ("len1-6", "len7-12", "len13-24"):
+        # Greedy generation is exactly right iff every teacher-forced prediction is.
+        assert (
+            table["accuracy", slice_name, "parallel"]["value"]
+            == table["accuracy", slice_name, "decode"]["value"]
+        )
+        assert table["accuracy", slice_name, "decode"]["examples"] == 6
+    assert table["accuracy", "len13-24", "decode"]["max_len"] == 24
+    printed = capsys.readouterr().out
+    assert "len13-24" in printed and "char_accuracy decode" in printed
+
+
+def test_copying_eval_test_lengths_override_and_default_output(copy_run):
+    overrides = [f"ckpt={copy_run['last_ckpt']}", "device=cpu", "num_examples=2", "decode_paths=[decode]",
+                 "test_configs=[{min_len:25,max_len:30}]"]  # fmt: skip
+    records = copying_eval(compose_eval("copying", overrides))
+    assert {(r["slice"], r["seqlen"], r["path"]) for r in records} == {("len25-30", 63, "decode")}
+    assert json.loads(Path(copy_run["last_ckpt"] + ".copying.json").read_text()) == records
+    with pytest.raises(ValueError, match="max_len"):
+        copying_eval(compose_eval("copying", overrides[:-1] + ["test_configs=[{min_len:9,max_len:3}]"]))
+
+
+def test_copying_eval_on_selective_copying(tmp_path_factory, tmp_path):
+    data = ["data=selective_copying", "data.seqlen=16", "data.num_data_tokens=4"]
+    run = train_tiny(tmp_path_factory, "selective", ["mixer=mamba"] + data + SYNTHETIC)
+    records, _ = evaluate_with(copying_eval, "copying", run, tmp_path, "num_examples=4")
+    table = check_records(records, "selective_copying", {"accuracy", "char_accuracy"})
+    assert {s for _, s, _ in table} == {"T16_data4", "T32_data4", "T64_data4"}
+    # The markers are inputs, never the model's outputs: both paths compute the same predictions.
+    for (metric, slice_name, _), r in table.items():
+        assert r["value"] == table[metric, slice_name, "parallel"]["value"]
+        assert r["num_data_tokens"] == 4
+
+
+# --- eval/recall.py on induction heads -----------------------------------------------------------
+
+
+def test_recall_eval_on_induction_heads(tmp_path_factory, tmp_path, capsys):
+    run = train_tiny(tmp_path_factory, "induction", ["mixer=linear_attention", "data=induction_heads",
+                                                     "data.seqlen=16"] + SYNTHETIC)  # fmt: skip
+    records, _ = evaluate_with(recall_eval, "recall", run, tmp_path, "num_examples=8", "batch_size=8")
+    table = check_records(records, "induction_heads", {"accuracy"})
+    assert {(s, r["seqlen"]) for (_, s, _), r in table.items()} == {("T16", 16), ("T32", 32), ("T64", 64)}
+    for (_, slice_name, _), r in table.items():
+        assert r["value"] == table["accuracy", slice_name, "parallel"]["value"]
+        assert r["scored_positions"] == 8  # one answer per example
+    assert "induction-heads accuracy" in capsys.readouterr().out
+
+
+# --- eval/long_context.py ------------------------------------------------------------------------
+
+
+def test_long_context_eval_on_passkey(passkey_run, tmp_path):
+    records, _ = evaluate_with(long_context_eval, "long_context", passkey_run, tmp_path, "length_multipliers=[1,2]",
+                               "num_examples=2", "batch_size=2", "num_depth_buckets=2")  # fmt: skip
+    table = check_records(records, "passkey", {"accuracy", "exact_match"})
+    cells = {s for m, s, _ in table if m == "exact_match"}
+    assert cells == {f"T{n}_depth{d}" for n in (280, 560) for d in ("0-50", "50-100")}
+    assert {s for m, s, _ in table if m == "accuracy"} == {"T280", "T560"}
+    assert table["accuracy", "T560", "decode"]["length_multiplier"] == 2.0
+    assert table["exact_match", "T560_depth50-100", "parallel"]["depth_min"] == 0.5
+    for (metric, slice_name, _), r in table.items():
+        assert r["value"] == table[metric, slice_name, "parallel"]["value"]  # exact match agrees
+        assert r["examples"] == (2 if metric == "exact_match" else 4)
+
+
+def test_long_context_skips_lengths_that_run_out_of_memory(passkey_run, tmp_path, monkeypatch, capsys):
+    evaluate = long_context.evaluate
+
+    def limited(model, loader, path, *args):
+        seqlen = loader.dataset.seqlen
+        if seqlen > 2 * PASSKEY_LEN or (seqlen > PASSKEY_LEN and path == "decode"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        return evaluate(model, loader, path, *args)
+
+    monkeypatch.setattr(long_context, "evaluate", limited)
+    records, _ = evaluate_with(long_context_eval, "long_context", passkey_run, tmp_path, "length_multipliers=[1,2,4]",
+                               "num_examples=1", "num_depth_buckets=1")  # fmt: skip
+    skipped = {(r["seqlen"], r["path"]): r for r in records if r["metric"] == "skipped"}
+    assert set(skipped) == {(560, "decode"), (1120, "parallel"), (1120, "decode")}  # the sweep went on
+    assert all("out of memory" in r["reason"] and r["value"] == 1 for r in skipped.values())
+    measured = {(r["seqlen"], r["path"]) for r in records if r["metric"] == "accuracy"}
+    assert measured == {(280, "parallel"), (280, "decode"), (560, "parallel")}
+    assert "skipped" in capsys.readouterr().out
+
+    def broken(*args):
+        raise RuntimeError("shape mismatch")  # not a memory error: it must surface
+
+    monkeypatch.setattr(long_context, "evaluate", broken)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        evaluate_with(long_context_eval, "long_context", passkey_run, tmp_path, "length_multipliers=[1]")
+
+
+def test_long_context_on_byte_level_text(text_run, tmp_path):
+    records, _ = evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=multikey_needle",
+                               "seqlens=[128]", "num_examples=1", "num_depth_buckets=1")  # fmt: skip
+    assert {(r["task"], r["seqlen"], r["metric"]) for r in records} >= {("multikey_needle", 128, "accuracy")}
+    assert all(r["train_seqlen"] == 32 and r["length_multiplier"] == 4.0 for r in records)
+    with pytest.raises(ValueError, match="pass task=passkey or task=multikey_needle"):
+        evaluate_with(long_context_eval, "long_context", text_run, tmp_path)
+    with pytest.raises(ValueError, match="use seqlen >= "):
+        evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=passkey")  # 32 bytes
+
+
+# --- eval/perplexity.py --------------------------------------------------------------------------
+
+
+def test_perplexity_eval(text_run, tmp_path):
+    records, _ = evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "decode_prefix=16")
+    by_key = {(r["metric"], r["slice"], r["path"]): r for r in records}
+    loss = by_key["loss", "val", "parallel"]["value"]
+    # The held-out loss is the one train.py's final validation reported for that checkpoint.
+    assert loss == pytest.approx(text_run["metrics"]["val/loss"], rel=1e-5)
+    assert by_key["perplexity", "val", "parallel"]["value"] == pytest.approx(math.exp(loss))
+    assert all(r["split"] == "val" and r["task"] == "text" and r["state_bytes"] > 0 for r in records)
+    parallel, decode = by_key["loss", "val_prefix16", "parallel"], by_key["loss", "val_prefix16", "decode"]
+    assert decode["agrees"] and decode["abs_diff"] < 1e-4 and decode["seqlen"] == 16
+    assert decode["value"] == pytest.approx(parallel["value"], abs=1e-4)
+
+
+def test_perplexity_on_another_corpus_and_length(text_run, tmp_path):
+    other = tmp_path / "other.txt"
+    other.write_text("all the world's a stage, and all the men and women merely players.\n" * 30)
+    records, _ = evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, f"data.path={other}",
+                               "data.seqlen=64", "decode_prefix=0", "max_batches=1")  # fmt: skip
+    assert [(r["metric"], r["seqlen"]) for r in records] == [("loss", 64), ("perplexity", 64)]
+    assert records[0]["tokens"] <= 8 * 64  # one batch of blocks
+    with pytest.raises(FileNotFoundError, match="text corpus file not found"):
+        evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, f"data.path={tmp_path / 'nope.txt'}")
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+def test_checkpoints_of_another_task_are_refused(copy_run, passkey_run, text_run):
+    def run(fn, name, ckpt):
+        fn(compose_eval(name, [f"ckpt={ckpt}", "device=cpu"]))
+
+    with pytest.raises(ValueError, match=r"'copy' data.*mqar, induction_heads.*eval/copying\.py"):
+        run(recall_eval, "recall", copy_run["last_ckpt"])
+    with pytest.raises(ValueError, match=r"'passkey' data.*copy, selective_copying.*eval/long_context\.py"):
+        run(copying_eval, "copying", passkey_run["last_ckpt"])
+    with pytest.raises(ValueError, match=r"'copy' data.*passkey, multikey_needle.*eval/copying\.py"):
+        run(long_context_eval, "long_context", copy_run["last_ckpt"])
+    with pytest.raises(ValueError, match=r"'text' data.*eval/perplexity\.py"):
+        run(copying_eval, "copying", text_run["last_ckpt"])
+    with pytest.raises(ValueError, match=r"'passkey' data.*text.*eval/long_context\.py"):
+        run(perplexity_eval, "perplexity", passkey_run["last_ckpt"])
+    message = str(wrong_task_error(Path("x.ckpt"), None, "eval/recall.py", ("mqar", "induction_heads")))
+    assert "None" in message and "mqar, induction_heads" in message and "evaluate it with" not in message
+
+
+@pytest.mark.parametrize("name", ["copying", "long_context", "perplexity"])
+def test_missing_corrupt_checkpoints_and_bad_settings(name, tmp_path):
+    fn = {"copying": copying_eval, "long_context": long_context_eval, "perplexity": perplexity_eval}[name]
+    with pytest.raises(ValueError, match="no checkpoint given"):
+        fn(compose_eval(name, []))
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        fn(compose_eval(name, [f"ckpt={tmp_path / 'nope.ckpt'}"]))
+    corrupt = tmp_path / "corrupt.ckpt"
+    corrupt.write_bytes(b"PK\x03\x04 not a checkpoint")
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        fn(compose_eval(name, [f"ckpt={corrupt}"]))
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+        fn(compose_eval(name, [f"ckpt={corrupt}", "batch_size=0"]))
+    if name != "perplexity":
+        with pytest.raises(ValueError, match="unknown decode_paths"):
+            fn(compose_eval(name, [f"ckpt={corrupt}", "decode_paths=[parallel,beam]"]))
+
+
+def test_long_context_rejects_bad_lengths_and_task(passkey_run):
+    ckpt = f"ckpt={passkey_run['last_ckpt']}"
+    with pytest.raises(ValueError, match="length_multipliers must be a list of integers >= 1"):
+        long_context_eval(compose_eval("long_context", [ckpt, "length_multipliers=[0]"]))
+    with pytest.raises(ValueError, match="num_depth_buckets must be null or an integer >= 1"):
+        long_context_eval(compose_eval("long_context", [ckpt, "num_depth_buckets=0"]))
+    with pytest.raises(ValueError, match="task must be auto, passkey or multikey_needle"):
+        long_context_eval(compose_eval("long_context", [ckpt, "task=mqar"]))
+
+
+def test_cli_reports_a_missing_checkpoint_in_one_line(tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    script = str(REPO_ROOT / "eval" / "long_context.py")
+    result = subprocess.run([sys.executable, script, f"ckpt={tmp_path / 'nope.ckpt'}"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 2 and "checkpoint not found" in result.stderr
+    assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []
