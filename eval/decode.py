@@ -41,29 +41,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from eval.cli import user_errors
+from eval.common import resolve_device
 from eval.records import git_sha, log_records_to_wandb, make_record, write_records
 from models import LanguageModel, ModelConfig
 from models.model import DecodeStep
 
 MODEL_KEYS = ("d_model", "n_layers", "mlp", "mlp_ratio", "norm_eps")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; ``cpu`` / ``cuda`` as given.
-
-    Raises:
-        ValueError: unknown name, or ``cuda`` without a GPU.
-    """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name not in ("cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda, got {name!r}")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            "device=cuda was asked for but no CUDA GPU is available; use device=auto or device=cpu"
-        )
-    return torch.device(name)
 
 
 def build_model(cfg: DictConfig) -> LanguageModel:
