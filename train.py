@@ -3,20 +3,20 @@
 Hydra composes the config (``conf/train.yaml`` and its groups), :func:`train` runs it under
 Lightning: one run directory per run (also under DDP, whose launcher re-runs this command line
 with the same ``hydra.run.dir``), checkpoints ``best.ckpt`` and ``last.ckpt`` written atomically,
-W&B (offline by default) and CSV logs, and result records of the final validation.
+W&B (offline by default) and CSV logs, optional early stopping (``early_stopping``: the arguments of
+Lightning's ``EarlyStopping``), and result records of the final validation.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 import data as datasets_lib
@@ -27,7 +27,7 @@ from models import ModelConfig
 from models.checkpoint import AtomicCheckpointIO
 from models.lit import LitLM
 
-MODEL_KEYS = ("d_model", "n_layers", "mlp", "mlp_ratio", "norm_eps")
+MODEL_KEYS = ("d_model", "n_layers", "mlp", "mlp_ratio", "norm_eps", "embed_dropout", "resid_dropout")
 DATA_META_KEYS = ("name", "monitor", "monitor_mode")
 
 
@@ -104,13 +104,16 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     dm.setup("fit")
     model_config = build_model_config(cfg, dm.vocab_size)
     tokenizer = getattr(dm, "tokenizer", None)
+    slice_names = list(getattr(dm, "slice_names", ["val"]))
+    slice_seqlens = slice_lengths(dm, slice_names, int(data_cfg["seqlen"]))
     lit = LitLM(
         model=model_config,
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         data=data_cfg,
-        slice_names=list(getattr(dm, "slice_names", ["val"])),
+        slice_names=slice_names,
         tokenizer_config=tokenizer.to_config() if tokenizer is not None else None,
     )
+    check_learned_positions(lit.model, max([int(data_cfg["seqlen"]), *slice_seqlens.values()]))
 
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     checkpoint_cb = ModelCheckpoint(
@@ -124,11 +127,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         enable_version_counter=False,
     )
     loggers = _loggers(cfg, run_dir, run_name)
+    callbacks = [checkpoint_cb] + ([LearningRateMonitor(logging_interval="step")] if loggers else [])
+    if cfg.get("early_stopping"):
+        callbacks.append(EarlyStopping(**OmegaConf.to_container(cfg.early_stopping, resolve=True)))
     trainer = L.Trainer(
         **trainer_cfg,
         default_root_dir=str(run_dir),
         logger=loggers or False,
-        callbacks=[checkpoint_cb] + ([LearningRateMonitor(logging_interval="step")] if loggers else []),
+        callbacks=callbacks,
         plugins=[AtomicCheckpointIO()],
     )
     try:
@@ -144,7 +150,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         trainer.validate(lit, datamodule=dm, ckpt_path=best or None, verbose=False)
         metrics = dict(lit.val_metrics)  # exact (float64) values of the best checkpoint
         if trainer.is_global_zero:
-            _write_train_records(run_dir, lit, data_cfg, metrics)
+            _write_train_records(run_dir, lit, data_cfg, metrics, slice_seqlens)
             if not checkpoint_cb.best_model_path:
                 print(
                     "no validation ran during training (trainer.max_steps < trainer.val_check_interval): "
@@ -169,16 +175,56 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 pass
 
 
+def slice_lengths(dm, slice_names: list[str], train_seqlen: int) -> dict[str, int]:
+    """Example length of every validation slice of a data module: its ``slice_seqlens`` where it has
+    one (the synthetic tasks), else read from MQAR slice names (``T128_kv8``), else ``train_seqlen``
+    (text, whose one slice is at the training length)."""
+    known = getattr(dm, "slice_seqlens", None)
+    if known is not None:
+        return {name: int(known[name]) for name in slice_names}
+    lengths = {}
+    for name in slice_names:
+        try:
+            lengths[name] = parse_slice_name(name)[0]
+        except ValueError:
+            lengths[name] = train_seqlen
+    return lengths
+
+
+def check_learned_positions(model, longest: int) -> None:
+    """Refuse, before any training, a learned position table shorter than the longest sequence the
+    run will see (training or validation): such a position has no row, so the mixer would fail at
+    the first validation of that slice.
+
+    Raises:
+        ValueError: naming the mixer, its ``max_position`` and the override that fixes it.
+    """
+    for module in model.modules():
+        if getattr(module, "wpe", None) is not None and module.max_position < longest:
+            raise ValueError(
+                f"{module.name}: pos_emb=learned has max_position={module.max_position} rows, but the "
+                f"run trains or validates sequences of {longest} tokens; set "
+                f"mixer.settings.{module.name}.max_position={longest} (rows past the training length "
+                "stay untrained, which is what a length-extrapolation test of learned positions "
+                "measures) or drop the longer slices from data.test_configs"
+            )
+
+
 def _write_train_records(
-    run_dir: Path, lit: LitLM, data_cfg: dict[str, Any], metrics: dict[str, float]
+    run_dir: Path,
+    lit: LitLM,
+    data_cfg: dict[str, Any],
+    metrics: dict[str, float],
+    slice_seqlens: dict[str, int],
 ) -> None:
     sha = git_sha()
+    first = lit.slice_names[0]
 
     def seqlen_of(metric: str) -> int:
-        # per-slice metrics end in their MQAR slice name (val/acc_T128_kv8); the others are the
-        # first slice's, or text's, at the training seqlen
-        match = re.search(r"_(T\d+_kv\d+)$", metric)
-        return parse_slice_name(match.group(1))[0] if match else int(data_cfg["seqlen"])
+        # per-slice metrics end in their slice name (val/acc_T128_kv8, val/loss_T1024); the
+        # aggregates (val/acc, val/loss, val/ppl) are the first slice's
+        name = metric.rpartition("/")[2].partition("_")[2]
+        return slice_seqlens.get(name, slice_seqlens[first])
 
     records = [
         make_record(
@@ -192,6 +238,7 @@ def _write_train_records(
             sha=sha,
             split="val",
             train_tokens=int(lit.tokens_seen),  # tokens the validated (best) checkpoint was trained on
+            lr=float(lit.optim["lr"]),  # so a learning-rate sweep can report its best run
         )
         for name, value in sorted(metrics.items())
     ]

@@ -98,12 +98,17 @@ class ModelConfig:
         mlp_ratio: SwiGLU hidden width is ``mlp_ratio * 2/3 * d_model`` rounded up to 16, which
             keeps the parameter count of a ``mlp_ratio``-wide GELU MLP.
         norm_eps: RMSNorm epsilon.
+        embed_dropout: dropout probability on the token embeddings before the first block
+            (nanoGPT's ``transformer.drop``; Zoology's ``embed_dropout``), in [0, 1).
+        resid_dropout: dropout probability on every mixer and MLP output before it joins the
+            residual stream (nanoGPT's ``resid_dropout``; Zoology's ``resid_dropout``), in [0, 1).
+            Dropout of attention probabilities is not available: the attention kernels have none.
         shared_block: Zamba's shared block, or ``None``.
         name: a label for records and logs (e.g. ``hybrid_jamba``).
 
     Raises:
         ValueError: on any invalid field (see :func:`expand_layout`), non-positive sizes, an
-            unknown MLP kind or settings given for an unknown mixer.
+            unknown MLP kind, a dropout outside [0, 1) or settings given for an unknown mixer.
     """
 
     vocab_size: int
@@ -114,6 +119,8 @@ class ModelConfig:
     mlp: str = "swiglu"
     mlp_ratio: float = 4.0
     norm_eps: float = 1e-5
+    embed_dropout: float = 0.0
+    resid_dropout: float = 0.0
     shared_block: SharedBlockConfig | None = None
     name: str = ""
 
@@ -126,6 +133,10 @@ class ModelConfig:
             raise ValueError(f"unknown mlp {self.mlp!r}; choose one of {MLP_KINDS}")
         if self.mlp_ratio <= 0:
             raise ValueError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
+        for field in ("embed_dropout", "resid_dropout"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f"model.{field} must be a probability in [0, 1), got {value!r}")
         self.pattern = [str(name) for name in self.pattern]
         self.mixer_settings = {str(k): dict(v or {}) for k, v in dict(self.mixer_settings).items()}
         for name in self.mixer_settings:

@@ -27,7 +27,9 @@ DEFAULT_OPTIM = {
     "betas": (0.9, 0.95),
     "warmup_steps": 100,
     "min_lr_ratio": 0.1,
+    "schedule_interval": "step",
 }
+SCHEDULE_INTERVALS = ("step", "epoch")
 
 
 def scored_metrics(
@@ -56,8 +58,12 @@ class LitLM(L.LightningModule):
     Args:
         model: plain-dict model config (:class:`ModelConfig` fields).
         optim: ``lr`` (peak), ``weight_decay`` (AdamW, Loshchilov & Hutter 2019; not applied to
-            biases, norms, ``A_log`` and ``D``), ``betas``, ``warmup_steps`` (linear warmup) and
-            ``min_lr_ratio`` (cosine decay to ``lr * min_lr_ratio`` at the last step).
+            biases, norms, ``A_log`` and ``D``), ``betas``, ``warmup_steps`` (linear warmup),
+            ``min_lr_ratio`` (cosine decay to ``lr * min_lr_ratio`` at the end of training) and
+            ``schedule_interval``: ``"step"`` updates the learning rate every optimizer step over
+            the run's steps; ``"epoch"`` once per epoch over ``trainer.max_epochs`` epochs
+            (``warmup_steps`` then counts epochs) -- with no warmup and ``min_lr_ratio`` 0 this is
+            Zoology's ``CosineAnnealingLR(T_max=max_epochs, eta_min=0)`` stepped after each epoch.
         data: the data config the model was trained on (kept for evaluations).
         slice_names: names of the validation dataloaders, in order (``["T64_kv4", ...]``);
             metrics are logged as ``val/acc_<slice>``; ``val/acc`` and ``val/loss`` are the first
@@ -142,7 +148,16 @@ class LitLM(L.LightningModule):
             lr=self.optim["lr"],
             betas=tuple(self.optim["betas"]),
         )
-        total = max(1, int(self.trainer.estimated_stepping_batches))
+        interval = self.optim["schedule_interval"]
+        if interval == "epoch":
+            total = self.trainer.max_epochs
+            if total is None or total < 1:
+                raise ValueError(
+                    "optim.schedule_interval=epoch decays the learning rate over trainer.max_epochs, "
+                    f"which must be a positive number of epochs, got {total}; set trainer.max_epochs"
+                )
+        else:
+            total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = min(int(self.optim["warmup_steps"]), total)
         floor = float(self.optim["min_lr_ratio"])
 
@@ -153,7 +168,7 @@ class LitLM(L.LightningModule):
             return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": interval}}
 
 
 def check_optim(optim: dict[str, Any] | None) -> dict[str, Any]:
@@ -161,7 +176,8 @@ def check_optim(optim: dict[str, Any] | None) -> dict[str, Any]:
 
     Raises:
         ValueError: unknown keys, ``lr <= 0``, ``weight_decay < 0``, ``warmup_steps < 0``, betas
-            outside [0, 1) or ``min_lr_ratio`` outside [0, 1], each naming the ``optim.*`` key.
+            outside [0, 1), ``min_lr_ratio`` outside [0, 1] or ``schedule_interval`` not one of
+            :data:`SCHEDULE_INTERVALS`, each naming the ``optim.*`` key.
     """
     unknown = set(optim or {}) - set(DEFAULT_OPTIM)
     if unknown:
@@ -175,6 +191,10 @@ def check_optim(optim: dict[str, Any] | None) -> dict[str, Any]:
         "betas": (
             "two numbers in [0, 1)",
             len(optim["betas"]) == 2 and all(0 <= b < 1 for b in optim["betas"]),
+        ),
+        "schedule_interval": (
+            f"one of {SCHEDULE_INTERVALS}",
+            optim["schedule_interval"] in SCHEDULE_INTERVALS,
         ),
     }
     for key, (rule, ok) in rules.items():

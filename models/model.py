@@ -2,10 +2,12 @@
 
 One model family for every mixer, so that only the mixer layer differs between runs (DESIGN.md,
 contract 3): token embedding; ``n_layers`` pre-norm residual blocks ``h += mixer(norm(h))``,
-``h += mlp(norm(h))``; a final RMSNorm; a head tied to the embedding (Press & Wolf 2017). The
-per-layer mixers come from the layout of :class:`models.config.ModelConfig`, so hybrids in the
-style of Jamba and Samba are configs, not classes. Zamba's shared attention block is the one place
-where a hybrid needs structure of its own (:class:`SharedBlock`).
+``h += mlp(norm(h))``; a final RMSNorm; a head tied to the embedding (Press & Wolf 2017). Dropout
+(``embed_dropout`` on the embeddings, ``resid_dropout`` on each mixer and MLP output, where
+nanoGPT's ``model.py`` puts them) is active in training mode only. The per-layer mixers come from
+the layout of :class:`models.config.ModelConfig`, so hybrids in the style of Jamba and Samba are
+configs, not classes. Zamba's shared attention block is the one place where a hybrid needs
+structure of its own (:class:`SharedBlock`).
 """
 
 from __future__ import annotations
@@ -42,28 +44,38 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: ``h = h + mixer(norm(h)); h = h + mlp(norm(h))``.
+    """Pre-norm residual block: ``h = h + drop(mixer(norm(h))); h = h + drop(mlp(norm(h)))``.
 
     Args:
         mixer: any module following the mixer interface of DESIGN.md.
         d_model: residual width.
         d_intermediate: SwiGLU hidden width, 0 for no MLP.
         norm_eps: RMSNorm epsilon.
+        resid_dropout: dropout probability on the mixer and MLP outputs (nanoGPT's
+            ``resid_dropout``); active in training mode only.
 
     Shapes: ``(B, T, d_model) -> (B, T, d_model)``.
     """
 
-    def __init__(self, mixer: nn.Module, d_model: int, d_intermediate: int, norm_eps: float) -> None:
+    def __init__(
+        self,
+        mixer: nn.Module,
+        d_model: int,
+        d_intermediate: int,
+        norm_eps: float,
+        resid_dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         self.norm1 = nn.RMSNorm(d_model, eps=norm_eps)
         self.mixer = mixer
         self.norm2 = nn.RMSNorm(d_model, eps=norm_eps) if d_intermediate else None
         self.mlp = SwiGLU(d_model, d_intermediate) if d_intermediate else None
+        self.dropout = nn.Dropout(resid_dropout)
 
     def forward(self, h: torch.Tensor, cache=None) -> torch.Tensor:
-        h = h + self.mixer(self.norm1(h), cache=cache)
+        h = h + self.dropout(self.mixer(self.norm1(h), cache=cache))
         if self.mlp is not None:
-            h = h + self.mlp(self.norm2(h))
+            h = h + self.dropout(self.mlp(self.norm2(h)))
         return h
 
 
@@ -82,17 +94,24 @@ class SharedBlock(nn.Module):
         d_intermediate: SwiGLU hidden width, 0 for no MLP.
         num_invocations: how many depths use the block (one output map each).
         norm_eps: RMSNorm epsilon.
+        resid_dropout: dropout probability inside the shared block (see :class:`Block`).
 
     Shapes: ``h, emb (B, T, d_model) -> (B, T, d_model)`` (the residual update, not the new ``h``).
     """
 
     def __init__(
-        self, mixer: nn.Module, d_model: int, d_intermediate: int, num_invocations: int, norm_eps: float
+        self,
+        mixer: nn.Module,
+        d_model: int,
+        d_intermediate: int,
+        num_invocations: int,
+        norm_eps: float,
+        resid_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.norm_in = nn.RMSNorm(2 * d_model, eps=norm_eps)
         self.in_proj = nn.Linear(2 * d_model, d_model, bias=False)
-        self.block = Block(mixer, d_model, d_intermediate, norm_eps)
+        self.block = Block(mixer, d_model, d_intermediate, norm_eps, resid_dropout)
         self.out_projs = nn.ModuleList(
             nn.Linear(d_model, d_model, bias=False) for _ in range(num_invocations)
         )
@@ -150,6 +169,7 @@ class LanguageModel(nn.Module):
                 d_model,
                 d_ff,
                 config.norm_eps,
+                config.resid_dropout,
             )
             for name in config.layout
         )
@@ -165,8 +185,9 @@ class LanguageModel(nn.Module):
             name = config.shared_block.mixer
             shared_mixer = mixers.build_mixer(name, d_model=d_model, **config.settings_for(name))
             self.shared_block = SharedBlock(
-                shared_mixer, d_model, d_ff, len(self.shared_after), config.norm_eps
+                shared_mixer, d_model, d_ff, len(self.shared_after), config.norm_eps, config.resid_dropout
             )
+        self.embed_dropout = nn.Dropout(config.embed_dropout)
         self.norm_f = nn.RMSNorm(d_model, eps=config.norm_eps)
         self._init_weights()
 
@@ -222,7 +243,7 @@ class LanguageModel(nn.Module):
                 f"token ids must lie in [0, {self.config.vocab_size}), got range "
                 f"[{int(input_ids.min())}, {int(input_ids.max())}]; is the data's vocab_size larger than the model's?"
             )
-        emb = self.embedding(input_ids)  # (B, T, d_model)
+        emb = self.embed_dropout(self.embedding(input_ids))  # (B, T, d_model)
         h = emb
         invocation = 0
         for i, block in enumerate(self.layers):
