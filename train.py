@@ -64,6 +64,9 @@ def _loggers(cfg: DictConfig, run_dir: Path, run_name: str) -> list:
                     name=run_name,
                     save_dir=str(run_dir),
                     offline=cfg.logger.wandb.mode != "online",
+                    # Named explicitly too: Lightning's `offline` only sets WANDB_MODE, which an
+                    # earlier wandb.init in the same process (an evaluation's) has already read.
+                    mode="online" if cfg.logger.wandb.mode == "online" else "offline",
                     tags=list(cfg.logger.wandb.tags),
                     config=OmegaConf.to_container(cfg, resolve=True),
                 )
