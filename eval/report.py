@@ -649,26 +649,37 @@ def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
         # eval/decode.py's state_bytes records fill the state bytes column, not a metric column of their own.
         metrics = sorted({_metric_column(r) for r in rows if r["metric"] != "state_bytes"})
         table_rows: dict[tuple, dict[str, Any]] = {}
-        for r in sorted(rows, key=lambda r: (r["run"], r["mixer"], r.get("seqlen") or 0, r["record_file"])):
-            key = (r["run"], r["mixer"], r.get("seqlen"), r["record_file"])
+        for r in sorted(
+            rows,
+            key=lambda r: (
+                r["run"],
+                r["mixer"],
+                r.get("seqlen") or 0,
+                r.get("slice") or "",
+                r["record_file"],
+            ),
+        ):
+            # Slices of one length (perplexity's val and val_prefix<N>, copy's length bands) stay apart.
+            key = (r["run"], r["mixer"], r.get("seqlen"), r.get("slice"), r["record_file"])
             row = table_rows.setdefault(key, {"params": r.get("params"), "state_bytes": r.get("state_bytes")})
             if r["metric"] != "state_bytes":
                 row[_metric_column(r)] = r["value"]
         tables.append(
             Table(
                 f"Results: {title}",
-                ["run", "mixer", "params", "seqlen", "state bytes", *metrics, "record file"],
+                ["run", "mixer", "params", "seqlen", "slice", "state bytes", *metrics, "record file"],
                 [
                     [
                         run,
                         mixer,
                         row["params"],
                         seqlen,
+                        slice_name,
                         row["state_bytes"],
                         *(row.get(m) for m in metrics),
                         file,
                     ]
-                    for (run, mixer, seqlen, file), row in table_rows.items()
+                    for (run, mixer, seqlen, slice_name, file), row in table_rows.items()
                 ],
             )
         )
@@ -826,6 +837,10 @@ def build_report(cfg: DictConfig) -> Report:
     records = load_records(sources, bool(cfg.skip_invalid))
     accuracy = accuracy_points(records, cfg.task, cfg.recall_path)
     recall, notes = recall_vs_state_points(accuracy, cfg.seqlen)
+    if not accuracy:
+        tasks = sorted({str(r["task"]) for r in records if r["metric"] == "accuracy" and r.get("task")})
+        if tasks:
+            notes.append(f"no accuracy records for task={cfg.task}; the records hold task={', '.join(tasks)}")
     val_loss, csv_notes = val_loss_points(records, sources, bool(cfg.skip_invalid))
     if not (records or val_loss):
         raise FileNotFoundError(_nothing_found(sources, csv_notes))

@@ -240,10 +240,11 @@ def test_tables(report):
     ]  # fmt: skip
     assert runs.rows[0][3] == PARAMS["attention"] and runs.rows[0][4] == "mqar (test), mqar (val)"
     test = tables["Results: mqar (test)"]
-    assert test.columns[:5] == ["run", "mixer", "params", "seqlen", "state bytes"]
+    assert test.columns[:6] == ["run", "mixer", "params", "seqlen", "slice", "state bytes"]
     assert {"accuracy [decode]", "accuracy [parallel]"} <= set(test.columns)
     row = dict(zip(test.columns, test.rows[0], strict=True))
     assert row["run"] == "att-run" and row["seqlen"] == 64 and row["state bytes"] == 2048 * 64
+    assert row["slice"] == "T64_kv4"
     assert row["accuracy [decode]"] == 0.99 and row["accuracy [parallel]"] == pytest.approx(0.98)
     decode = tables["Results: decode"]
     assert "state_bytes" not in decode.columns and "decode_tokens_per_s [cuda_graph]" in decode.columns
@@ -277,7 +278,7 @@ def test_markdown_table_and_plot_links(report):
     assert "![Recall accuracy vs decode state](recall_vs_state_bytes.png)" in text
     assert "| run | mixer | layout | params | tasks | record files |" in text
     assert "| mamba-run | mamba | mamba x2 | 170,016 | mqar (test), mqar (val) | 2 |" in text
-    assert "| att-run | attention | 123,424 | 64 | 131,072 | 0.99 | 0.98 |" in text
+    assert "| att-run | attention | 123,424 | 64 | T64_kv4 | 131,072 | 0.99 | 0.98 |" in text
 
 
 def test_plots_without_data_are_noted_not_errors(runs, tmp_path):
@@ -368,3 +369,21 @@ def test_command_line(runs, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
         run_script(f"runs=[{tmp_path}/missing]")
     assert exit_info.value.code == 2 and "missing' does not exist" in capsys.readouterr().err
+
+
+def test_slices_of_one_length_get_their_own_rows(tmp_path):
+    """eval/perplexity.py's full split and its decode-check prefix share a seqlen: two rows, so the
+    perplexity never sits beside the prefix's loss."""
+    run = tmp_path / "text-run"
+    common = {"task": "text", "split": "val", "path": "parallel"}
+    write_json(run / "checkpoints" / "best.ckpt.perplexity.json", [
+        rec("text-run", "attention", "loss", 4.771, 64, slice="val", **common),
+        rec("text-run", "attention", "perplexity", 118.0, 64, slice="val", **common),
+        rec("text-run", "attention", "loss", 4.753, 64, slice="val_prefix64", **common),
+    ])  # fmt: skip
+    rep = make_report(f"[{run}]", tmp_path / "out")
+    table = {t.title: t for t in rep.tables}["Results: text (val)"]
+    rows = [dict(zip(table.columns, row, strict=True)) for row in table.rows]
+    assert [(r["slice"], r["loss [parallel]"], r["perplexity [parallel]"]) for r in rows] == [
+        ("val", 4.771, 118.0), ("val_prefix64", 4.753, None)
+    ]  # fmt: skip
