@@ -428,6 +428,9 @@ def finish(records: list[dict[str, Any]], cfg: DictConfig, ctx: EvalContext, nam
         The path of the record file.
     """
     output = Path(cfg.output) if cfg.output else ctx.ckpt.with_name(f"{ctx.ckpt.name}.{name}.json")
+    if output.exists():
+        # Said out loud: a quick check with fewer examples would otherwise silently replace a full run.
+        print(f"replacing the earlier results in {output} (pass output=PATH to keep both)")
     write_records(output, records)
     print(f"results: {output}")
     log_records_to_wandb(

@@ -148,7 +148,14 @@ def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     ctx = load_checkpoint(cfg.ckpt, device, TASKS, "eval/perplexity.py")
     dm = text_datamodule(ctx, OmegaConf.to_container(cfg.data, resolve=True), cfg.batch_size)
     seqlen, model = dm.seqlen, ctx.model
-    common = {"task": "text", "split": "val"}
+    # What was evaluated, so a run on another corpus or on a few batches is never taken for the
+    # held-out split of the training corpus.
+    common = {
+        "task": "text",
+        "split": "val",
+        "corpus": dm.path or dm.dataset_name,
+        "max_batches": cfg.max_batches,
+    }
 
     print(
         f"evaluating the validation split ({dm.val_tokens.numel()} tokens, blocks of {seqlen}) ...",

@@ -277,6 +277,7 @@ def test_perplexity_on_another_corpus_and_length(text_run, tmp_path):
                                "data.seqlen=64", "decode_prefix=0", "max_batches=1")  # fmt: skip
     assert [(r["metric"], r["seqlen"]) for r in records] == [("loss", 64), ("perplexity", 64)]
     assert records[0]["tokens"] <= 8 * 64  # one batch of blocks
+    assert all(r["corpus"] == str(other) and r["max_batches"] == 1 for r in records)
     with pytest.raises(FileNotFoundError, match="text corpus file not found"):
         evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, f"data.path={tmp_path / 'nope.txt'}")
 
