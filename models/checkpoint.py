@@ -89,8 +89,15 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         # weights_only: a checkpoint holds tensors and plain containers only, so nothing in it can
         # run code when loaded (a foreign pickle is refused instead).
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+    except (
+        RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, KeyError
+    ) as err:  # fmt: skip
+        # A text file read as a legacy pickle raises KeyError, random bytes or a foreign pickle fail the
+        # weights-only unpickler, whose advice (retry with weights_only=False) must not reach the user.
+        if isinstance(err, KeyError) or str(err).startswith("Weights only load failed"):
+            reason = "not a file of tensors and plain containers that torch.load can read"
+        else:
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(
             f"could not read checkpoint {path}: the file is truncated or corrupt ({reason}); {hint}"
         ) from err

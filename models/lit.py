@@ -217,7 +217,13 @@ def load_model(path, map_location: str | torch.device = "cpu") -> LitLM:
     """
     checkpoint = read_checkpoint(path)
     lit = LitLM(**checkpoint["hyper_parameters"])
-    missing, unexpected = lit.load_state_dict(checkpoint["state_dict"], strict=False)
+    try:
+        missing, unexpected = lit.load_state_dict(checkpoint["state_dict"], strict=False)
+    except RuntimeError as err:  # a tensor whose shape the config does not give (an edited config)
+        raise ValueError(
+            f"checkpoint {path} does not match the model its config describes: "
+            f"{str(err).splitlines()[-1].strip()}; was the config edited, or written by another mixerlab version?"
+        ) from err
     if missing or unexpected:
         raise ValueError(
             f"checkpoint {path} does not match the model its config describes "

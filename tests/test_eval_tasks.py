@@ -339,3 +339,22 @@ def test_cli_reports_a_missing_checkpoint_in_one_line(tmp_path):
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode == 2 and "checkpoint not found" in result.stderr
     assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_foreign_files_and_edited_configs_give_clear_checkpoint_errors(copy_run, tmp_path):
+    """A text file, random bytes and a checkpoint whose config no longer matches its weights: one
+    ValueError each naming the problem, never the unpickler's advice or a size-mismatch dump."""
+    text = tmp_path / "notes.ckpt"
+    text.write_text("hello world, this is text\n" * 10)
+    noise = tmp_path / "noise.ckpt"
+    noise.write_bytes(bytes(range(256)) * 8)
+    for path in (text, noise):
+        with pytest.raises(ValueError, match="truncated or corrupt.*tensors and plain containers") as info:
+            load_model(path)
+        assert "weights_only" not in str(info.value)
+    checkpoint = torch.load(copy_run["last_ckpt"], map_location="cpu", weights_only=True)
+    checkpoint["hyper_parameters"]["model"]["d_model"] *= 2
+    edited = tmp_path / "edited.ckpt"
+    torch.save(checkpoint, edited)
+    with pytest.raises(ValueError, match="does not match the model its config describes: .*size mismatch"):
+        load_model(edited)
