@@ -179,6 +179,28 @@ class EvalContext:
         )
 
 
+def check_position_limit(model: torch.nn.Module, longest: int, option: str) -> None:
+    """Refuse, before any slice is scored, a test length beyond a learned position table (an
+    attention mixer with ``pos_emb=learned`` has no row for positions >= its ``max_position``).
+
+    Args:
+        model: the model to evaluate.
+        longest: the longest test sequence in tokens.
+        option: the setting that picks the lengths, for the message (``length_multipliers``).
+
+    Raises:
+        ValueError: naming the mixer, its table size and the setting to lower.
+    """
+    for module in model.modules():
+        if getattr(module, "wpe", None) is not None and module.max_position < longest:
+            raise ValueError(
+                f"{module.name}: the checkpoint's learned position table has max_position="
+                f"{module.max_position} rows, but the longest test sequence has {longest} tokens; "
+                f"lower {option} so no length passes {module.max_position} (or train with a larger "
+                f"mixer.settings.{module.name}.max_position)"
+            )
+
+
 def load_checkpoint(
     ckpt: str | Path, device: torch.device, tasks: Sequence[str] | None, script: str
 ) -> EvalContext:

@@ -51,6 +51,7 @@ from eval.common import (
     Scores,
     build_datamodule,
     check_lengths,
+    check_position_limit,
     check_settings,
     evaluate,
     finish,
@@ -168,6 +169,9 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     dm.setup("test")
 
     records, rows = [], []
+    check_position_limit(
+        ctx.model, max(lengths), "seqlens" if cfg.seqlens is not None else "length_multipliers"
+    )
     for seqlen in lengths:
         cells = [s for s in dm.test_sets if s.seqlen == seqlen]
         common = {"task": task, "seqlen": seqlen, "length_multiplier": seqlen / train_seqlen}

@@ -37,6 +37,7 @@ from eval.common import (
     EvalContext,
     build_datamodule,
     check_lengths,
+    check_position_limit,
     check_settings,
     evaluate,
     finish,
@@ -109,6 +110,7 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     device = resolve_device(cfg.device)
     ctx = load_checkpoint(cfg.ckpt, device, TASKS, "eval/recall.py")
     dm, slices = (_mqar_slices if ctx.task == "mqar" else _induction_slices)(ctx, cfg)
+    check_position_limit(ctx.model, max(test["seqlen"] for test in slices), "length_multipliers")
     dm.setup("test")
 
     records, rows = [], []

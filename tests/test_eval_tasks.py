@@ -358,3 +358,18 @@ def test_foreign_files_and_edited_configs_give_clear_checkpoint_errors(copy_run,
     torch.save(checkpoint, edited)
     with pytest.raises(ValueError, match="does not match the model its config describes: .*size mismatch"):
         load_model(edited)
+
+
+def test_test_lengths_beyond_a_learned_position_table_are_refused_up_front():
+    """A learned table of 64 rows: 64 tokens pass, 65 are refused before any slice is scored, with
+    the setting to lower named; RoPE has no table and no limit."""
+    from eval.common import check_position_limit
+    from mixers.attention import Attention
+
+    learned = torch.nn.Sequential(Attention(d_model=16, num_heads=2, pos_emb="learned", max_position=64))
+    check_position_limit(learned, 64, "length_multipliers")
+    with pytest.raises(ValueError, match=r"max_position=64 rows.*65 tokens; lower length_multipliers"):
+        check_position_limit(learned, 65, "length_multipliers")
+    check_position_limit(
+        torch.nn.Sequential(Attention(d_model=16, num_heads=2, pos_emb="rope")), 10**6, "seqlens"
+    )
