@@ -171,6 +171,10 @@ def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     rows = [{"slice": "val", "path": "parallel", "loss": loss, "perplexity": ppl}]
 
     prefix = min(cfg.decode_prefix or 0, seqlen)
+    if (cfg.decode_prefix or 0) > seqlen:
+        print(
+            f"decode_prefix={cfg.decode_prefix} is longer than the blocks of {seqlen} tokens: checking {seqlen}"
+        )
     if prefix:
         batch = next(iter(dm.val_dataloader()))
         input_ids = batch["input_ids"][: cfg.decode_examples, :prefix].to(device)
