@@ -202,15 +202,15 @@ def check_learned_positions(model, longest: int) -> None:
     Raises:
         ValueError: naming the mixer, its ``max_position`` and the override that fixes it.
     """
-    for module in model.modules():
-        if getattr(module, "wpe", None) is not None and module.max_position < longest:
-            raise ValueError(
-                f"{module.name}: pos_emb=learned has max_position={module.max_position} rows, but the "
-                f"run trains or validates sequences of {longest} tokens; set "
-                f"mixer.settings.{module.name}.max_position={longest} (rows past the training length "
-                "stay untrained, which is what a length-extrapolation test of learned positions "
-                "measures) or drop the longer slices from data.test_configs"
-            )
+    limit = model.position_limit()
+    if limit is not None and limit[1] < longest:
+        name, size = limit
+        raise ValueError(
+            f"{name}: pos_emb=learned has max_position={size} rows, but the run trains or validates "
+            f"sequences of {longest} tokens; set mixer.settings.{name}.max_position={longest} (rows past "
+            "the training length stay untrained, which is what a length-extrapolation test of learned "
+            "positions measures) or drop the longer slices from data.test_configs"
+        )
 
 
 def _write_train_records(

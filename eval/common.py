@@ -179,7 +179,7 @@ class EvalContext:
         )
 
 
-def check_position_limit(model: torch.nn.Module, longest: int, option: str) -> None:
+def check_position_limit(model: LanguageModel, longest: int, option: str) -> None:
     """Refuse, before any slice is scored, a test length beyond a learned position table (an
     attention mixer with ``pos_emb=learned`` has no row for positions >= its ``max_position``).
 
@@ -191,14 +191,14 @@ def check_position_limit(model: torch.nn.Module, longest: int, option: str) -> N
     Raises:
         ValueError: naming the mixer, its table size and the setting to lower.
     """
-    for module in model.modules():
-        if getattr(module, "wpe", None) is not None and module.max_position < longest:
-            raise ValueError(
-                f"{module.name}: the checkpoint's learned position table has max_position="
-                f"{module.max_position} rows, but the longest test sequence has {longest} tokens; "
-                f"lower {option} so no length passes {module.max_position} (or train with a larger "
-                f"mixer.settings.{module.name}.max_position)"
-            )
+    limit = model.position_limit()
+    if limit is not None and limit[1] < longest:
+        name, size = limit
+        raise ValueError(
+            f"{name}: the checkpoint's learned position table has max_position={size} rows, but the "
+            f"longest test sequence has {longest} tokens; lower {option} so no length passes {size} "
+            f"(or train with a larger mixer.settings.{name}.max_position)"
+        )
 
 
 def load_checkpoint(

@@ -284,6 +284,15 @@ class LanguageModel(nn.Module):
             ]
         return ModelCache(layers, shared)
 
+    def position_limit(self) -> tuple[str, int] | None:
+        """``(mixer name, max_position)`` of the smallest learned position table (attention with
+        ``pos_emb="learned"``): no position at or past it can be run. None when no mixer has one."""
+        tables = [(m.max_position, m.name) for m in self.modules() if getattr(m, "wpe", None) is not None]
+        if not tables:
+            return None
+        size, name = min(tables)
+        return name, size
+
     def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
         """Analytic decode-state bytes per sequence at context length ``seqlen`` (int, bytes)."""
         total = sum(b.mixer.state_size(seqlen, dtype=dtype) for b in self.layers)

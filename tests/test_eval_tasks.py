@@ -360,16 +360,20 @@ def test_foreign_files_and_edited_configs_give_clear_checkpoint_errors(copy_run,
         load_model(edited)
 
 
-def test_test_lengths_beyond_a_learned_position_table_are_refused_up_front():
+def test_test_lengths_beyond_a_learned_position_table_are_refused_up_front(copy_run):
     """A learned table of 64 rows: 64 tokens pass, 65 are refused before any slice is scored, with
-    the setting to lower named; RoPE has no table and no limit."""
+    the setting to lower named; a model without a learned table has no limit."""
     from eval.common import check_position_limit
-    from mixers.attention import Attention
 
-    learned = torch.nn.Sequential(Attention(d_model=16, num_heads=2, pos_emb="learned", max_position=64))
-    check_position_limit(learned, 64, "length_multipliers")
-    with pytest.raises(ValueError, match=r"max_position=64 rows.*65 tokens; lower length_multipliers"):
-        check_position_limit(learned, 65, "length_multipliers")
-    check_position_limit(
-        torch.nn.Sequential(Attention(d_model=16, num_heads=2, pos_emb="rope")), 10**6, "seqlens"
-    )
+    class Learned:
+        def position_limit(self):
+            return "attention", 64
+
+    check_position_limit(Learned(), 64, "length_multipliers")
+    with pytest.raises(
+        ValueError, match=r"attention: .*max_position=64 rows.*65 tokens; lower length_multipliers"
+    ):
+        check_position_limit(Learned(), 65, "length_multipliers")
+    model = load_model(copy_run["last_ckpt"]).model
+    assert model.position_limit() is None  # RoPE: no table
+    check_position_limit(model, 10**6, "seqlens")
