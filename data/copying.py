@@ -234,23 +234,19 @@ class CopyDataModule(SyntheticDataModule):
             num_workers=num_workers,
         )
 
-    def check_config(self, config: dict[str, Any], where: str = "") -> dict[str, Any]:
+    def check_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """Validate ``{"min_len", "max_len"[, "seqlen"]}`` (see :func:`check_copy_config`)."""
-        prefix = f"{where}: " if where else ""
         missing = sorted({"min_len", "max_len"} - set(config))
         if missing:
-            raise ValueError(f"{prefix}a copy slice config needs the keys {missing}")
-        max_len = _check_int(config["max_len"], f"{prefix}max_len", 1)
+            raise ValueError(f"a copy slice config needs the keys {missing}")
+        max_len = _check_int(config["max_len"], "max_len", 1)
         seqlen = config.get("seqlen")
         config = {
             "min_len": config["min_len"],
             "max_len": max_len,
             "seqlen": min_copy_seqlen(max_len) if seqlen is None else seqlen,
         }
-        try:
-            check_copy_config(self.alphabet_size, **config)
-        except (TypeError, ValueError) as err:
-            raise type(err)(f"{prefix}{err}") from None
+        check_copy_config(self.alphabet_size, **config)
         return {key: int(value) for key, value in config.items()}
 
     def slice_name(self, config) -> str:

@@ -130,15 +130,11 @@ class InductionHeadsDataModule(SyntheticDataModule):
             num_workers=num_workers,
         )
 
-    def check_config(self, config: dict[str, Any], where: str = "") -> dict[str, Any]:
+    def check_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """Validate ``{"seqlen"}`` (see :func:`check_induction_config`)."""
-        prefix = f"{where}: " if where else ""
         if "seqlen" not in config:
-            raise ValueError(f"{prefix}an induction-heads slice config needs the key 'seqlen'")
-        try:
-            check_induction_config(self.vocab_size, config["seqlen"])
-        except (TypeError, ValueError) as err:
-            raise type(err)(f"{prefix}{err}") from None
+            raise ValueError("an induction-heads slice config needs the key 'seqlen'")
+        check_induction_config(self.vocab_size, config["seqlen"])
         return {"seqlen": int(config["seqlen"])}
 
     def slice_name(self, config) -> str:

@@ -266,16 +266,12 @@ class _RetrievalDataModule(SyntheticDataModule):
         self.num_depth_buckets = _check_int(num_depth_buckets, "num_depth_buckets", 1)
         self.configure({"seqlen": seqlen, "depth_min": 0.0, "depth_max": 1.0}, test_configs, **kwargs)
 
-    def check_config(self, config: dict[str, Any], where: str = "") -> dict[str, Any]:
+    def check_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """Validate ``{"seqlen"[, "depth_min", "depth_max"]}`` for this task's settings."""
-        prefix = f"{where}: " if where else ""
         if "seqlen" not in config:
-            raise ValueError(f"{prefix}a retrieval slice config needs the key 'seqlen'")
+            raise ValueError("a retrieval slice config needs the key 'seqlen'")
         config = {"depth_min": 0.0, "depth_max": 1.0, **config}
-        try:
-            self._check_task_config(config["seqlen"], config["depth_min"], config["depth_max"])
-        except (TypeError, ValueError) as err:
-            raise type(err)(f"{prefix}{err}") from None
+        self._check_task_config(config["seqlen"], config["depth_min"], config["depth_max"])
         return {
             "seqlen": int(config["seqlen"]),
             "depth_min": float(config["depth_min"]),

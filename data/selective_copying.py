@@ -154,15 +154,11 @@ class SelectiveCopyingDataModule(SyntheticDataModule):
             num_workers=num_workers,
         )
 
-    def check_config(self, config: dict[str, Any], where: str = "") -> dict[str, Any]:
+    def check_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """Validate ``{"seqlen", "num_data_tokens"}`` (see :func:`check_selective_copying_config`)."""
-        prefix = f"{where}: " if where else ""
         if "seqlen" not in config:
-            raise ValueError(f"{prefix}a selective-copying slice config needs the key 'seqlen'")
-        try:
-            check_selective_copying_config(self.vocab_size, config["seqlen"], config["num_data_tokens"])
-        except (TypeError, ValueError) as err:
-            raise type(err)(f"{prefix}{err}") from None
+            raise ValueError("a selective-copying slice config needs the key 'seqlen'")
+        check_selective_copying_config(self.vocab_size, config["seqlen"], config["num_data_tokens"])
         return {"seqlen": int(config["seqlen"]), "num_data_tokens": int(config["num_data_tokens"])}
 
     def slice_name(self, config) -> str:

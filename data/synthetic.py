@@ -210,13 +210,17 @@ class SyntheticDataModule(L.LightningDataModule):
                     f"test_configs[{i}] has unknown keys {unknown}; valid keys: {sorted(self.train_config)}"
                 )
             inherited = {key: self.train_config[key] for key in self.test_config_inherits}
-            configs.append(self.check_config({**inherited, **cfg}, where=f"test_configs[{i}]"))
+            try:
+                configs.append(self.check_config({**inherited, **cfg}))
+            except (TypeError, ValueError) as err:  # say which entry, keep the type
+                raise type(err)(f"test_configs[{i}]: {err}") from None
         return configs
 
-    def check_config(self, config: dict[str, Any], where: str = "") -> dict[str, Any]:
+    def check_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """Validate one slice config and return it normalised (every key present, plain types).
 
-        ``where`` (e.g. ``"test_configs[1]"``) prefixes error messages. Implemented by each task.
+        Implemented by each task; errors in ``test_configs`` entries get the entry's index prefixed
+        (``"test_configs[1]: ..."``) by the caller.
 
         Raises:
             TypeError/ValueError: a missing key or an invalid setting, saying how to fix it.
