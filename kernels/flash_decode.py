@@ -89,6 +89,9 @@ MAX_SPLITS = 128
 WAVE_EFFICIENCY = 0.9
 
 
+# Cached: it runs on every eager decode call (a Python loop over up to MAX_SPLITS candidates, about
+# 13 µs on the H200's host), and a decode loop asks for the same few shapes again and again.
+@functools.lru_cache(maxsize=4096)
 def num_splits_heuristic(batch: int, num_kv_heads: int, seqlen: int, num_sms: int = NOMINAL_SMS) -> int:
     """Number of key splits of :func:`flash_decode` for a step, from shapes only.
 
