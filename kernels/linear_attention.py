@@ -48,7 +48,9 @@ Miscompile-avoidance (Triton 3.4-3.7.0 on Hopper miscompiles ``tl.dot(tl.trans(x
 is itself a dot result, fla-org/flash-linear-attention#640): every (C x C) product is computed in
 the orientation it is consumed in (dK uses ``V G^T``, dV uses ``K Q^T``, each its own dot), the
 transposed operands of the loads are read through swapped strides, and no kernel calls
-``tl.trans``. No atomics: every output element is written by exactly one program, so forward and
+``tl.trans``. Triton 3.6 on Hopper also miscompiles a ``tl.sum`` of a loaded tile that feeds a
+``tl.dot`` (the normaliser's z and q . z sums): those sums read their own copy of the tile
+(``_own_copy``). No atomics: every output element is written by exactly one program, so forward and
 backward are deterministic.
 
 Numerics: products of 16-bit inputs are exact on the tensor cores and accumulate in fp32; the
@@ -185,6 +187,23 @@ def _scaled(x, scale, scale_lo, FP64: tl.constexpr):
 
 
 @triton.jit
+def _own_copy(base, offs_t, offs_d, stride_t, stride_d, T, D_DIM, ACC: tl.constexpr):
+    """The (BLOCK_T, BLOCK_D) tile at rows offs_t, columns offs_d, in ACC, from a load of its own.
+
+    For the normaliser's sums (z, q . z) of a tile that is also a ``tl.dot`` operand. Summing the
+    dot operand itself is miscompiled by Triton 3.6 on Hopper (H200, 2026-11-30: z states 100% off
+    for fp32 with K >= 64, bf16 outputs off by ~0.1 under the 32-wide state tiles; the interpreter
+    and the unnormalised path were right). The ``.cg`` cache modifier makes this a different load
+    op, so the compiler cannot merge it back into the dot operand's; the bytes come from L2.
+    """
+    tile = tl.load(
+        base + offs_t[:, None] * stride_t + offs_d[None, :] * stride_d,
+        mask=(offs_t < T)[:, None] & (offs_d < D_DIM)[None, :], other=0.0, cache_modifier=".cg"
+    )
+    return tile.to(ACC)
+
+
+@triton.jit
 def _chunk_program(num_heads, T, E_DIM, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
     """(E tile, chunk, batch, head, batch * H + head, row in the per-chunk buffers) of this program
     of a chunk kernel; grid (cdiv(E, BLOCK_E) * n_chunks, H, B). The E tiles of a chunk are adjacent
@@ -235,7 +254,7 @@ def _chunk_products(
         inter = tl.dot(x, h, inter, input_precision=DOT_PRECISION, out_dtype=ACC)
         if HAS_VEC:
             vec = tl.load(vec_base + offs_d, mask=d_mask, other=0.0)
-            xv += tl.sum(x.to(ACC) * vec[None, :], 1)
+            xv += tl.sum(_own_copy(x_base, offs_t, offs_d, stride_xt, stride_xd, T, D_DIM, ACC) * vec[None, :], 1)
     return inter, intra, xv
 
 
@@ -320,11 +339,12 @@ def linear_attention_state_kernel(
             s += _scaled(tl.dot(x_t, y, input_precision=DOT_PRECISION, out_dtype=ACC), scale, scale_lo, FP64)
             if HAS_Z:
                 w = tl.load(W + bh64 * T + offs_t, mask=t_mask, other=0.0)
-                z += _scaled(tl.sum(x_t.to(ACC) * w[None, :], 1), scale, scale_lo, FP64)
+                z += _scaled(tl.sum(_own_copy(x_base, offs_t, offs_d, stride_xt, stride_xd, T, D_DIM, ACC) * w[:, None], 0),
+                             scale, scale_lo, FP64)
         else:
             s = tl.dot(x_t, y, s, input_precision=DOT_PRECISION, out_dtype=ACC)
             if HAS_Z:
-                z += tl.sum(x_t.to(ACC), 1)
+                z += tl.sum(_own_copy(x_base, offs_t, offs_d, stride_xt, stride_xd, T, D_DIM, ACC), 0)
 
     tl.store(S_OUT + bh64 * (D_DIM * E_DIM) + state_offs, s, mask=de_mask)
     if HAS_Z:
