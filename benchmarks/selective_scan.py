@@ -31,10 +31,15 @@ Four parts, bf16 unless ``--dtype``, in one process on one GPU:
    ``selective_state_update``, counted on the state bytes read and written, against the copy
    bandwidth of a same-size copy (target >= 70%).
 4. **Conv** (``--conv-width``, default 4): the block's causal depthwise conv1d on (batch, dim, L) at
-   each scan shape, PyTorch's ``F.conv1d`` (cuDNN, groups=dim, left padding) and the mixer's
-   ``causal_conv1d`` (mixers/common.py: d_conv multiply-adds), forward and backward, and the decode
-   update ``causal_conv1d_step`` at the decode shape, each as bandwidth against copy. mixerlab keeps
-   PyTorch for the conv; these figures say whether a fused Triton kernel would pay.
+   each scan shape, forward and backward, and its decode update at the decode shape, each as
+   bandwidth against copy and as speedups over the baselines (``x torch``, ``x old mixer``: their
+   time over the row's). Providers: ``triton_causal_conv1d`` / ``triton_causal_conv1d_update``
+   (``kernels.causal_conv1d`` / ``kernels.causal_conv1d_update``, backend="triton": the Triton
+   kernels of kernels/causal_conv1d.py, with the forward's output checked against float64);
+   ``torch_conv1d`` (``F.conv1d``, cuDNN, groups=dim, left padding); ``mixer_multiply_add`` /
+   ``mixer_multiply_add_step`` (the d_conv shifted multiply-adds and the roll + einsum step that
+   mixers/common.py ran before the kernel, reproduced here). mixerlab's mixers now run the Triton
+   kernels on CUDA (mixers/common.py dispatches through ``kernels``, silu fused).
 
 Timing follows benchmarks/attention.py (DESIGN.md "Measuring"): ``triton.testing.do_bench`` median
 with the L2 flushed, after a warm-up call that also autotunes / compiles; forwards run on inputs that
@@ -87,7 +92,6 @@ from benchmarks.common import (  # noqa: E402
     write_json,
 )
 from kernels import reference  # noqa: E402
-from mixers.common import causal_conv1d, causal_conv1d_step  # noqa: E402
 
 DEVICE = "cuda"  # every tensor of the run (a module constant, so the CPU tests can smoke-run the parts)
 DIM = 2048
@@ -538,8 +542,34 @@ def run_decode(shape: tuple[int, int, int], dtype: torch.dtype, copy_bytes_per_s
     }
 
 
+def mixer_multiply_add(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """The causal conv as mixers/common.py computed it before the Triton kernel (the baseline
+    ``mixer_multiply_add``): d_conv shifted multiply-adds on the zero-padded input, in x's dtype."""
+    d_conv = conv.kernel_size[0]
+    x_padded = F.pad(x, (d_conv - 1, 0))  # (B, C, d_conv - 1 + T)
+    T = x.shape[-1]
+    weight = conv.weight[:, 0]  # (C, d_conv)
+    out = sum(weight[:, i, None] * x_padded[..., i : i + T] for i in range(d_conv))
+    return out if conv.bias is None else out + conv.bias[:, None]
+
+
+def mixer_multiply_add_step(x: torch.Tensor, conv: nn.Conv1d, conv_state: torch.Tensor) -> torch.Tensor:
+    """The decode step as mixers/common.py computed it before the Triton kernel: roll the window,
+    append x, einsum with the taps in the window's dtype."""
+    conv_state.copy_(torch.roll(conv_state, shifts=-1, dims=-1))
+    conv_state[:, :, -1] = x
+    out = torch.einsum("bcw,cw->bc", conv_state, conv.weight[:, 0].to(conv_state.dtype))  # (B, C)
+    if conv.bias is not None:
+        out = out + conv.bias.to(conv_state.dtype)
+    return out.to(x.dtype)
+
+
+# Providers whose times the conv rows' speedups are taken against: their name -> the row key.
+CONV_BASELINES = {"torch_conv1d": "vs_torch_conv1d", "mixer_multiply_add": "vs_mixer_multiply_add"}
+
+
 def conv_providers(conv: nn.Conv1d) -> dict[str, Callable]:
-    """``fn(x) -> y`` on (batch, dim, L) of each causal-conv implementation."""
+    """``fn(x) -> y`` on (batch, dim, L) of each causal-conv implementation (no activation)."""
     width = conv.kernel_size[0]
 
     def torch_conv1d(x):
@@ -547,24 +577,68 @@ def conv_providers(conv: nn.Conv1d) -> dict[str, Callable]:
             ..., : x.shape[-1]
         ]
 
-    def mixer_conv(x):
-        return causal_conv1d(x, conv)
+    def triton_causal_conv1d(x):
+        return kernels.causal_conv1d(x, conv.weight[:, 0], conv.bias, backend="triton")
 
-    return {"torch_conv1d": torch_conv1d, "mixer_causal_conv1d": mixer_conv}
+    return {
+        "torch_conv1d": torch_conv1d,
+        "mixer_multiply_add": functools.partial(mixer_multiply_add, conv=conv),
+        "triton_causal_conv1d": triton_causal_conv1d,
+    }
+
+
+def add_conv_speedups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of the conv rows with ``speedup``: for each baseline in ``CONV_BASELINES`` its time
+    over the row's, at the same shape and direction (None where that baseline did not run; a decode
+    step's old-mixer baseline is ``mixer_multiply_add_step``)."""
+    times = {}
+    for r in rows:
+        provider = r["provider"].removesuffix("_step")
+        times[(provider, r["batch"], r["dim"], r.get("seqlen", 1), r["width"], r["direction"])] = r["ms"]
+    out = []
+    for r in rows:
+        key = (r["batch"], r["dim"], r.get("seqlen", 1), r["width"], r["direction"])
+        speedup = {name: ratio(times.get((base, *key)), r["ms"]) for base, name in CONV_BASELINES.items()}
+        out.append({**r, "speedup": speedup})
+    return out
+
+
+def conv_table_row(row: dict[str, Any]) -> list[str]:
+    """One printed line of the conv part (see :func:`conv_table_header`)."""
+    return [
+        row["provider"],
+        f"{row['batch']}x{row['dim']}x{row.get('seqlen', 1)}",
+        row["direction"],
+        fmt_ms(row["ms"]),
+        fmt_rate(row["bytes_per_s"]),
+        fmt_pct(row["fraction_of_copy"]),
+        fmt_ratio(row.get("speedup", {}).get("vs_torch_conv1d")),
+        fmt_ratio(row.get("speedup", {}).get("vs_mixer_multiply_add")),
+        fmt_sci(row.get("max_abs_err")),
+    ]
+
+
+def conv_table_header() -> list[str]:
+    """Column names of the conv table."""
+    return ["provider", "BxDxL", "dir", "ms", "TB/s", "of copy", "x torch", "x old mixer", "err"]
 
 
 def run_conv(
     batch: int, seqlen: int, dim: int, width: int, dtype: torch.dtype, copy_bytes_per_s: float
 ) -> list[dict[str, Any]]:
     """Forward and backward of each causal-conv implementation at one shape; bytes = x read and y
-    written (forward), x and dy read and dx written (backward)."""
+    written (forward), x and dy read and dx written (backward). Forward rows carry the max abs error
+    of y on the first sequence against the float64 reference."""
     conv = nn.Conv1d(dim, dim, width, groups=dim, device=DEVICE, dtype=dtype)
     x = torch.randn(batch, dim, seqlen, device=DEVICE, dtype=dtype, requires_grad=True)
     dy = torch.randn_like(x)
+    with torch.no_grad():
+        want = reference.causal_conv1d(x[:1].double(), conv.weight[:, 0].double(), conv.bias.double())
     itemsize = torch.finfo(dtype).bits // 8
     rows = []
     for name, fn in conv_providers(conv).items():
         y = fn(x)
+        err = (y[:1].double() - want).abs().max().item()
         for direction, moved in (("fwd", 2), ("bwd", 3)):
             if direction == "fwd":
                 ms = bench_ms(functools.partial(fn, x))
@@ -578,7 +652,8 @@ def run_conv(
             bps = per_second(nbytes, ms)
             rows.append({"provider": name, "batch": batch, "seqlen": seqlen, "dim": dim, "width": width,
                          "direction": direction, "bytes": nbytes, "ms": ms, "bytes_per_s": bps,
-                         "fraction_of_copy": ratio(bps, copy_bytes_per_s)})  # fmt: skip
+                         "fraction_of_copy": ratio(bps, copy_bytes_per_s),
+                         "max_abs_err": err if direction == "fwd" else None})  # fmt: skip
         del y
         torch.cuda.empty_cache()
     return rows
@@ -586,18 +661,36 @@ def run_conv(
 
 def run_conv_step(
     shape: tuple[int, int, int], width: int, dtype: torch.dtype, copy_bytes_per_s: float
-) -> dict[str, Any]:
-    """The decode update causal_conv1d_step: its fp32 window read and written, x read, y written."""
+) -> list[dict[str, Any]]:
+    """The decode update, old mixer step and Triton kernel: the fp32 window read and written, x
+    read, y written. Each row carries its max abs error against the float64 reference step."""
     batch, dim, _ = shape
     conv = nn.Conv1d(dim, dim, width, groups=dim, device=DEVICE, dtype=dtype)
     x = torch.randn(batch, dim, device=DEVICE, dtype=dtype)
     window = torch.randn(batch, dim, width, device=DEVICE)
+    want_window = window.double()
     with torch.no_grad():
-        ms = bench_ms(lambda: causal_conv1d_step(x, conv, window))
+        want = reference.causal_conv1d_update(
+            x.double(), want_window, conv.weight[:, 0].double(), conv.bias.double()
+        )
+    providers = {
+        "mixer_multiply_add_step": lambda w: mixer_multiply_add_step(x, conv, w),
+        "triton_causal_conv1d_update": lambda w: kernels.causal_conv1d_update(
+            x, w, conv.weight[:, 0], conv.bias, backend="triton"
+        ),
+    }
     nbytes = 2 * window.numel() * 4 + 2 * x.numel() * x.element_size()
-    bps = per_second(nbytes, ms)
-    return {"provider": "mixer_causal_conv1d_step", "batch": batch, "dim": dim, "width": width, "direction": "step",
-            "bytes": nbytes, "ms": ms, "bytes_per_s": bps, "fraction_of_copy": ratio(bps, copy_bytes_per_s)}  # fmt: skip
+    rows = []
+    for name, fn in providers.items():
+        with torch.no_grad():
+            err = (fn(window.clone()).double() - want).abs().max().item()
+            state = window.clone()
+            ms = bench_ms(lambda fn=fn, state=state: fn(state))
+        bps = per_second(nbytes, ms)
+        rows.append({"provider": name, "batch": batch, "dim": dim, "width": width, "direction": "step",
+                     "bytes": nbytes, "ms": ms, "bytes_per_s": bps, "fraction_of_copy": ratio(bps, copy_bytes_per_s),
+                     "max_abs_err": err})  # fmt: skip
+    return rows
 
 
 # ----------------------------------------------------------------------------------------------
@@ -664,6 +757,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "options": "z, D, delta_softplus=True, no delta_bias; A = -(1..N); softplus(delta) ~ 0.08",
         "decode": None if args.no_decode else list(args.decode),
         "conv_width": None if args.no_conv else args.conv_width,
+        "conv": "no activation; providers triton_causal_conv1d(_update), torch_conv1d, mixer_multiply_add(_step) "
+        "(the pre-kernel mixer path); speedups = baseline ms / row ms",
         "quick": args.quick,
         "bytes": "fwd: u, delta, z, B, C read + y written; bwd: + dout read, du, ddelta, dz, dB, dC written",
         "exps": "batch * dim * L * N per direction",
@@ -701,9 +796,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for batch, seqlen in args.shapes:
             payload["conv_rows"] += run_conv(batch, seqlen, args.dim, args.conv_width, dtype,
                                              ceilings["copy"]["bytes_per_s"])  # fmt: skip
-        payload["conv_rows"].append(
-            run_conv_step(args.decode, args.conv_width, dtype, ceilings["copy"]["bytes_per_s"])
+        payload["conv_rows"] += run_conv_step(
+            args.decode, args.conv_width, dtype, ceilings["copy"]["bytes_per_s"]
         )
+        payload["conv_rows"] = add_conv_speedups(payload["conv_rows"])
         write_json(path, payload)
 
     print()
@@ -726,11 +822,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{fmt_pct(dec['fraction_of_copy'])} of copy (target >= {COPY_TARGET:.0%}); max abs err vs reference "
               f"{fmt_sci(dec['max_abs_err'])}")  # fmt: skip
     if payload["conv_rows"]:
-        print(f"\ncausal depthwise conv1d (width {args.conv_width}), bandwidth against copy:")
-        header = ["provider", "BxDxL", "dir", "ms", "TB/s", "of copy"]
-        lines = [[r["provider"], f"{r['batch']}x{r['dim']}x{r.get('seqlen', 1)}", r["direction"], fmt_ms(r["ms"]),
-                  fmt_rate(r["bytes_per_s"]), fmt_pct(r["fraction_of_copy"])] for r in payload["conv_rows"]]  # fmt: skip
-        print(format_table(header, lines))
+        print(f"\ncausal depthwise conv1d (width {args.conv_width}, no activation), bandwidth against copy; "
+              "x torch / x old mixer = F.conv1d's / the old multiply-add path's time over the row's; "
+              "err = max abs error vs float64 (y on the first sequence; the step's y)")  # fmt: skip
+        print(format_table(conv_table_header(), [conv_table_row(r) for r in payload["conv_rows"]]))
     failures = sorted(
         {f"  {p}: {s}" for r in payload["scan_rows"] for p, s in r["status"].items() if s != "ok"}
     )

@@ -15,7 +15,6 @@ A Triton kernel is plugged in by adding it to ``_TRITON_OPS`` under the op's nam
 from __future__ import annotations
 
 import importlib.util
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -27,6 +26,8 @@ from kernels import reference
 # ``kernels.flash_attention`` binds that name on this package, and the public function has to be
 # what the name ends up meaning.
 if importlib.util.find_spec("triton") is not None:
+    from kernels.causal_conv1d import causal_conv1d as _triton_causal_conv1d
+    from kernels.causal_conv1d import causal_conv1d_update as _triton_causal_conv1d_update
     from kernels.flash_attention import flash_attention as _triton_flash_attention
     from kernels.flash_decode import flash_decode as _triton_flash_decode
     from kernels.linear_attention import linear_attention as _triton_linear_attention
@@ -37,12 +38,15 @@ else:  # pragma: no cover
     _triton_flash_attention = _triton_linear_attention = _triton_linear_attention_step = None
     _triton_flash_decode = None
     _triton_selective_scan = _triton_selective_state_update = None
+    _triton_causal_conv1d = _triton_causal_conv1d_update = None
 
 __all__ = [
     "flash_attention",
     "flash_decode",
     "selective_scan",
     "selective_state_update",
+    "causal_conv1d",
+    "causal_conv1d_update",
     "linear_attention",
     "linear_attention_step",
 ]
@@ -53,11 +57,6 @@ BACKENDS = (None, "reference", "triton")
 # Op name -> Triton implementation with the reference's signature; ops not listed run the reference.
 _TRITON_OPS: dict[str, Callable] = {}
 
-# Whether backend=None sends normalised linear attention on CUDA to the Triton kernel. False while
-# the kernel's normalised path fails its GPU suite (H200, Triton 3.6, 2026-11-30: outputs off by
-# O(1) for fp32 with K >= 64 and for bf16 under some autotune configs, while the interpreter and
-# the unnormalised path pass): never silent wrong numbers, so the reference runs instead.
-NORMALIZED_KERNEL_ON_CUDA = False
 if _triton_flash_attention is not None:
     _TRITON_OPS["flash_attention"] = _triton_flash_attention  # kernels/flash_attention.py (FlashAttention-2)
 if _triton_flash_decode is not None:
@@ -68,6 +67,9 @@ if _triton_linear_attention is not None:  # kernels/linear_attention.py (chunked
 if _triton_selective_scan is not None:  # kernels/selective_scan.py (chunked scan, checkpointed backward)
     _TRITON_OPS["selective_scan"] = _triton_selective_scan
     _TRITON_OPS["selective_state_update"] = _triton_selective_state_update
+if _triton_causal_conv1d is not None:  # kernels/causal_conv1d.py (register window, decode update)
+    _TRITON_OPS["causal_conv1d"] = _triton_causal_conv1d
+    _TRITON_OPS["causal_conv1d_update"] = _triton_causal_conv1d_update
 
 
 def _dispatch(op_name: str, backend: str | None, tensor: torch.Tensor) -> Callable:
@@ -189,6 +191,36 @@ def selective_state_update(
     return impl(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
 
 
+def causal_conv1d(x, weight, bias=None, activation=None, *, backend=None):
+    """Causal depthwise conv1d with an optional fused silu (causal-conv1d's ``causal_conv1d_fn``
+    semantics, the Mamba block's conv); see :func:`kernels.reference.causal_conv1d` for shapes,
+    dtypes, errors and sources.
+
+    x (batch, dim, L), weight (dim, width), bias (dim,) or None, activation None or "silu"
+    -> y (batch, dim, L) in x's dtype.
+    ``backend``: None (the Triton kernel, :mod:`kernels.causal_conv1d`, for CUDA tensors; the
+    reference for CPU tensors), "reference", "triton" (CUDA tensors, or CPU tensors under
+    ``TRITON_INTERPRET=1``); anything else is a ValueError.
+    """
+    impl = _dispatch("causal_conv1d", backend, x)
+    return impl(x, weight, bias, activation)
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, *, backend=None):
+    """One causal-conv1d decode step, updating ``conv_state`` in place; see
+    :func:`kernels.reference.causal_conv1d_update` for shapes, dtypes, errors and sources.
+
+    x (batch, dim), conv_state (batch, dim, width) (the last width inputs, oldest first; fp32 in the
+    mixers' caches), weight (dim, width), bias (dim,) or None -> y (batch, dim) in x's dtype.
+    ``backend``: None (the Triton kernel, :mod:`kernels.causal_conv1d`, for CUDA tensors; the
+    reference for CPU tensors), "reference", "triton" (CUDA tensors, or CPU tensors under
+    ``TRITON_INTERPRET=1``; not differentiable, it is the decode path); anything else is a
+    ValueError.
+    """
+    impl = _dispatch("causal_conv1d_update", backend, x)
+    return impl(x, conv_state, weight, bias, activation)
+
+
 def linear_attention(
     q,
     k,
@@ -206,26 +238,10 @@ def linear_attention(
 
     q, k (B, T, H, K), v (B, T, H, V) -> o (B, T, H, V) in q's dtype [, final_state: kv (B, H, K, V)
     or (kv, z (B, H, K)) when normalize, fp32 / fp64].
-    ``backend``: None (the chunked Triton kernel, :mod:`kernels.linear_attention`, for CUDA tensors
-    with ``normalize=False``; the reference for CPU tensors and, for now, for normalised attention
-    on CUDA, with a warning: see ``NORMALIZED_KERNEL_ON_CUDA``), "reference", "triton" (CUDA
-    tensors, or CPU tensors under ``TRITON_INTERPRET=1``); anything else is a ValueError.
+    ``backend``: None (the chunked Triton kernel, :mod:`kernels.linear_attention`, for CUDA tensors;
+    the reference for CPU tensors), "reference", "triton" (CUDA tensors, or CPU tensors under
+    ``TRITON_INTERPRET=1``); anything else is a ValueError.
     """
-    if (
-        backend is None
-        and normalize
-        and not NORMALIZED_KERNEL_ON_CUDA
-        and isinstance(q, torch.Tensor)
-        and q.is_cuda
-    ):
-        warnings.warn(
-            "linear_attention(normalize=True) on CUDA runs the PyTorch chunked reference: the Triton "
-            "kernel's normalised path failed its GPU tests on an H200 (Triton 3.6; wrong outputs for "
-            "some tile configs, issue 5). Pass backend='triton' to run the kernel anyway.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        backend = "reference"
     impl = _dispatch("linear_attention", backend, q)
     return impl(
         q,

@@ -10,7 +10,7 @@ float64 for float64 inputs).
 
 Shapes follow the field's conventions so results compare directly with public kernels: attention
 and linear attention use ``(batch, seqlen, num_heads, head_dim)`` like flash-attn and fla; the
-selective scan uses mamba_ssm's ``(batch, dim, seqlen)``.
+selective scan and the causal conv1d use mamba_ssm's ``(batch, dim, seqlen)``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ __all__ = [
     "flash_decode",
     "selective_scan",
     "selective_state_update",
+    "causal_conv1d",
+    "causal_conv1d_update",
     "linear_attention",
     "linear_attention_step",
 ]
@@ -707,6 +709,162 @@ def selective_state_update(
     if z is not None:
         y = y * F.silu(z.to(dtype))
     return y.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Causal depthwise conv1d (Mamba's short convolution)
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_conv_activation(activation) -> None:
+    if not (activation is None or (isinstance(activation, str) and activation == "silu")):
+        raise ValueError(f"activation must be None or 'silu', got {activation!r}")
+
+
+def _check_conv_weight_bias(dim: int, weight, bias) -> int:
+    """Validate the conv's weight (dim, width) and bias (dim,) or None; returns the width."""
+    _check_tensor("weight", weight, 2)
+    if weight.shape[0] != dim:
+        raise ValueError(f"weight must be (dim, width) with dim = {dim}, got {tuple(weight.shape)}")
+    width = weight.shape[1]
+    if width <= 0:
+        raise ValueError(f"weight must have at least one tap (width >= 1), got shape {tuple(weight.shape)}")
+    if bias is not None:
+        _check_tensor("bias", bias, 1)
+        if bias.shape[0] != dim:
+            raise ValueError(f"bias must have shape (dim,) = ({dim},), got {tuple(bias.shape)}")
+        _check_same_dtype(weight=weight, bias=bias)
+    return width
+
+
+def _check_causal_conv1d_args(x, weight, bias, activation):
+    """Validate causal_conv1d's arguments (shared by the reference and the Triton backend).
+
+    Returns ``(batch, dim, seqlen, width)``.
+    """
+    _check_tensor("x", x, 3)
+    batch, dim, seqlen = x.shape
+    width = _check_conv_weight_bias(dim, weight, bias)
+    _check_conv_activation(activation)
+    return batch, dim, seqlen, width
+
+
+def _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation):
+    """Validate causal_conv1d_update's arguments (shared by the reference and the Triton backend).
+
+    Returns ``(batch, dim, width)``.
+    """
+    _check_tensor("x", x, 2)
+    _check_tensor("conv_state", conv_state, 3)
+    batch, dim = x.shape
+    width = _check_conv_weight_bias(dim, weight, bias)
+    if conv_state.shape != (batch, dim, width):
+        raise ValueError(
+            f"conv_state must be (batch, dim, width) = {(batch, dim, width)} for x (batch, dim) = "
+            f"{(batch, dim)} and weight (dim, width) = {tuple(weight.shape)}, got {tuple(conv_state.shape)}"
+        )
+    _check_conv_activation(activation)
+    return batch, dim, width
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """Causal depthwise 1-D convolution over time, with an optional fused silu.
+
+    The short convolution of the Mamba block (Gu & Dao 2023, "Mamba: Linear-Time Sequence Modeling
+    with Selective State Spaces", Fig. 3 and Sec. 3.4), with the semantics of ``causal_conv1d_fn``
+    from Dao's causal-conv1d package that mamba_ssm calls (x (batch, dim, L), weight (dim, width)):
+
+        y[b, d, t] = act(bias[d] + sum_j weight[d, j] * x[b, d, t - (width - 1) + j])
+
+    with x = 0 before t = 0 (zero left padding), act the identity or silu.
+
+    The taps are written out as ``width`` shifted multiply-adds rather than ``F.conv1d``: PyTorch's
+    CPU depthwise conv loops over channels in parallel regions (float64 falls back to a per-channel
+    slow convolution), which costs milliseconds per call at test sizes.
+
+    Args:
+        x: (batch, dim, L) input, float16 / bfloat16 / float32 / float64, any strides.
+        weight: (dim, width) taps, width >= 1 (Mamba uses 2-4); weight[:, -1] multiplies the current
+            step. Any floating dtype (e.g. float32 parameters with 16-bit activations under autocast).
+        bias: (dim,) in weight's dtype, or None.
+        activation: None or "silu".
+
+    Computes in float32 (float64 when x is float64); weight and bias are cast to that dtype.
+    Differentiable w.r.t. x, weight and bias.
+
+    Returns:
+        y (batch, dim, L) in x's dtype.
+
+    Raises:
+        TypeError: non-tensor or non-floating inputs, bias of another dtype than weight.
+        ValueError: x not 3-D, weight not (dim, width) or with width 0, bias not (dim,), an
+            activation other than None / "silu".
+    """
+    _, _, seqlen, width = _check_causal_conv1d_args(x, weight, bias, activation)
+
+    dtype = _compute_dtype(x.dtype)
+    w = weight.to(dtype)
+    # Zero left-padding of width - 1 makes the convolution causal.
+    x_padded = F.pad(x.to(dtype), (width - 1, 0))  # (batch, dim, width - 1 + L)
+    out = w[:, 0, None] * x_padded[..., :seqlen]  # (batch, dim, L)
+    for j in range(1, width):
+        out = out + w[:, j, None] * x_padded[..., j : j + seqlen]
+    if bias is not None:
+        out = out + bias.to(dtype)[:, None]
+    if activation == "silu":
+        out = F.silu(out)
+    return out.to(x.dtype)
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """One decode step of :func:`causal_conv1d`, updating the cached window in place.
+
+    The recurrent form of the causal conv (mamba_simple.py's ``step``; causal-conv1d's
+    ``causal_conv1d_update`` with a window of exactly ``width`` inputs): shift the window left by
+    one, append x, then
+
+        y[b, d] = act(bias[d] + sum_j weight[d, j] * conv_state[b, d, j])
+
+    Args:
+        x: (batch, dim) the new input.
+        conv_state: (batch, dim, width) the last ``width`` inputs, oldest first (the mixers' cache:
+            float32, float64 for float64 models); any strides. Overwritten with the shifted window;
+            x is stored in the state's dtype and the dot product reads it back from there.
+        weight: (dim, width).   bias: (dim,) in weight's dtype, or None.
+        activation: None or "silu".
+
+    Computes in float32 (float64 when x or conv_state is float64).
+
+    Returns:
+        y (batch, dim) in x's dtype.
+
+    Raises:
+        TypeError: non-tensor or non-floating inputs, bias of another dtype than weight.
+        ValueError: wrong ndim, weight not (dim, width) or with width 0, bias not (dim,),
+            conv_state not (batch, dim, width), an activation other than None / "silu".
+    """
+    _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation)
+
+    dtype = torch.float64 if torch.float64 in (x.dtype, conv_state.dtype) else torch.float32
+    conv_state.copy_(torch.roll(conv_state, shifts=-1, dims=-1))
+    conv_state[:, :, -1] = x
+    out = torch.einsum("bdw,dw->bd", conv_state.to(dtype), weight.to(dtype))  # (batch, dim)
+    if bias is not None:
+        out = out + bias.to(dtype)
+    if activation == "silu":
+        out = F.silu(out)
+    return out.to(x.dtype)
 
 
 # ----------------------------------------------------------------------------------------------

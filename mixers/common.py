@@ -2,7 +2,8 @@
 
 The short causal depthwise convolution lives here because two mixers use it with a decode cache:
 Mamba's conv on x (Gu & Dao 2023, Fig. 3) and the optional short convolutions on q, k, v of linear
-attention (Based, Arora et al. 2024; fla's ShortConvolution).
+attention (Based, Arora et al. 2024; fla's ShortConvolution). Its math runs in the kernel ops
+`kernels.causal_conv1d` / `kernels.causal_conv1d_update`; this module adds the cache handling.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+import kernels
 
 
 def check_input(x: torch.Tensor, d_model: int, mixer: str) -> tuple[int, int]:
@@ -128,11 +130,18 @@ class MixerCache:
             )
 
 
-def causal_conv1d(x: torch.Tensor, conv: nn.Conv1d, conv_state: torch.Tensor | None = None) -> torch.Tensor:
+def causal_conv1d(
+    x: torch.Tensor,
+    conv: nn.Conv1d,
+    conv_state: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
     """Causal depthwise convolution over time, optionally continuing from a cached window.
 
-    out[:, c, t] = bias[c] + sum_i weight[c, 0, i] * x[:, c, t - (d_conv - 1) + i], with inputs before
-    the start taken from `conv_state` (zeros without a cache or on a fresh one).
+    out[:, c, t] = act(bias[c] + sum_i weight[c, 0, i] * x[:, c, t - (d_conv - 1) + i]), with inputs
+    before the start taken from `conv_state` (zeros without a cache or on a fresh one). Runs
+    `kernels.causal_conv1d` (looked up as a module attribute): the Triton kernel for CUDA tensors,
+    the PyTorch reference on CPU.
 
     Args:
         x: (B, C, T) input in the compute dtype.
@@ -140,44 +149,38 @@ def causal_conv1d(x: torch.Tensor, conv: nn.Conv1d, conv_state: torch.Tensor | N
             (mamba_simple.py's layout); its padding is not used here.
         conv_state: optional (B, C, d_conv) window of the last d_conv inputs seen (fp32/fp64);
             updated in place to the last d_conv inputs including x.
+        activation: None or "silu", fused into the kernel.
 
     Returns:
-        (B, C, T) in x's dtype (no activation applied).
+        (B, C, T) in x's dtype.
     """
-    d_conv = conv.kernel_size[0]
-    if conv_state is None:
-        # Zero left-padding of d_conv - 1 makes the convolution causal.
-        x_padded = F.pad(x, (d_conv - 1, 0))  # (B, C, d_conv - 1 + T)
-    else:
-        # The oldest of the d_conv cached inputs is one step too far back to reach the first new token.
-        x_padded = torch.cat([conv_state[..., 1:].to(x.dtype), x], dim=-1)  # (B, C, d_conv - 1 + T)
-        # T >= 1, so the last d_conv inputs are all inside x_padded.
-        conv_state.copy_(x_padded[..., -d_conv:])
-    # The sum over the d_conv taps is the formula above, written out: d_conv elementwise
-    # multiply-adds. F.conv1d computes the same but its CPU depthwise path loops over channels in
-    # parallel regions (float64 falls back to a per-channel slow convolution), which costs
-    # milliseconds per call at test sizes; a fused causal-conv kernel replaces this on GPU later.
-    T = x.shape[-1]
     weight = conv.weight[:, 0]  # (C, d_conv)
-    out = sum(weight[:, i, None] * x_padded[..., i : i + T] for i in range(d_conv))  # (B, C, T)
-    return out if conv.bias is None else out + conv.bias[:, None]
+    if conv_state is None:
+        return kernels.causal_conv1d(x, weight, conv.bias, activation=activation)  # (B, C, T)
+    d_conv = conv.kernel_size[0]
+    # The oldest of the d_conv cached inputs is one step too far back to reach the first new token.
+    x_padded = torch.cat([conv_state[..., 1:].to(x.dtype), x], dim=-1)  # (B, C, d_conv - 1 + T)
+    # T >= 1, so the last d_conv inputs are all inside x_padded.
+    conv_state.copy_(x_padded[..., -d_conv:])
+    # The first d_conv - 1 outputs would see zeros before the cached inputs: dropped.
+    out = kernels.causal_conv1d(x_padded, weight, conv.bias, activation=activation)
+    return out[..., d_conv - 1 :]  # (B, C, T)
 
 
-def causal_conv1d_step(x: torch.Tensor, conv: nn.Conv1d, conv_state: torch.Tensor) -> torch.Tensor:
-    """One decode step of `causal_conv1d`: shift the cached window, append x, dot with the kernel.
+def causal_conv1d_step(
+    x: torch.Tensor, conv: nn.Conv1d, conv_state: torch.Tensor, activation: str | None = None
+) -> torch.Tensor:
+    """One decode step of `causal_conv1d`: shift the cached window, append x, dot with the kernel
+    (`kernels.causal_conv1d_update`: Triton for CUDA tensors, the reference on CPU).
 
     Args:
         x: (B, C) the new input in the compute dtype.
         conv: depthwise nn.Conv1d(C, C, d_conv, groups=C).
-        conv_state: (B, C, d_conv) window of the last d_conv inputs (fp32/fp64), updated in place.
+        conv_state: (B, C, d_conv) window of the last d_conv inputs (fp32/fp64), updated in place;
+            the sum accumulates in its (fp32 or fp64) precision.
+        activation: None or "silu", fused into the kernel.
 
     Returns:
-        (B, C) in x's dtype (no activation applied).
+        (B, C) in x's dtype.
     """
-    conv_state.copy_(torch.roll(conv_state, shifts=-1, dims=-1))
-    conv_state[:, :, -1] = x
-    # Accumulate in the state's (fp32 or fp64) precision, then return in the compute dtype.
-    out = torch.einsum("bcw,cw->bc", conv_state, conv.weight[:, 0].to(conv_state.dtype))  # (B, C)
-    if conv.bias is not None:
-        out = out + conv.bias.to(conv_state.dtype)
-    return out.to(x.dtype)
+    return kernels.causal_conv1d_update(x, conv_state, conv.weight[:, 0], conv.bias, activation=activation)

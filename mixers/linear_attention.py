@@ -197,11 +197,13 @@ class LinearAttention(nn.Module):
         qkv = self.qkv_proj(x)  # (B, T, C)
         if self.conv is not None:
             qkv = rearrange(qkv, "b t c -> b c t")
-            if decode:
-                qkv = causal_conv1d_step(qkv[..., 0], self.conv, cache.conv_state)[..., None]
+            if decode:  # silu fused into the conv kernels
+                qkv = causal_conv1d_step(qkv[..., 0], self.conv, cache.conv_state, activation="silu")
+                qkv = qkv[..., None]  # (B, C, 1)
             else:
-                qkv = causal_conv1d(qkv, self.conv, None if cache is None else cache.conv_state)
-            qkv = F.silu(rearrange(qkv, "b c t -> b t c"))  # (B, T, C)
+                conv_state = None if cache is None else cache.conv_state
+                qkv = causal_conv1d(qkv, self.conv, conv_state, activation="silu")
+            qkv = rearrange(qkv, "b c t -> b t c")  # (B, T, C)
         qk_dim = self.num_heads * self.feature_dim
         q, k, v = qkv.split([qk_dim, qk_dim, self.num_heads * self.head_dim], dim=-1)
         q = self.phi(rearrange(q, "b t (h d) -> b t h d", h=self.num_heads))  # (B, T, H, F)

@@ -10,8 +10,9 @@ Algorithm 2, with the semantics of the reference implementation's block (mamba_s
     h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t,  y_t = C_t h_t + D x_t      (eq. 2a-2b, ZOH for A)
     out = out_proj(y * silu(z))
 
-The scan runs in `kernels.selective_scan` (full forward and prefill) and a decode step in
-`kernels.selective_state_update`; both are looked up as module attributes so tests can count calls.
+The conv and its silu run in `kernels.causal_conv1d` / `kernels.causal_conv1d_update` (through
+`mixers.common`), the scan in `kernels.selective_scan` (full forward and prefill) and a decode step
+in `kernels.selective_state_update`; all are looked up as module attributes so tests can count calls.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import dataclasses
 import math
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
@@ -193,7 +193,8 @@ class Mamba(nn.Module):
         else:
             xz = rearrange(self.in_proj(x), "b l d -> b d l")  # (B, 2 d_inner, T)
             x, z = xz.chunk(2, dim=1)  # (B, d_inner, T) each
-            x = F.silu(causal_conv1d(x, self.conv1d, None if cache is None else cache.conv_state))
+            # silu fused into the conv kernel
+            x = causal_conv1d(x, self.conv1d, None if cache is None else cache.conv_state, activation="silu")
             dt, B, C, A, D, dt_bias = self._ssm_params(rearrange(x, "b d l -> b l d"))
             dt = rearrange(dt, "b l d -> b d l")  # (B, d_inner, T)
             B = rearrange(B, "b l n -> b n l")  # (B, N, T)
@@ -224,7 +225,7 @@ class Mamba(nn.Module):
         """One decode step: x (B, d_model) -> y (B, d_inner), updating the cache's conv window and SSM
         state in place (the recurrent form of the block, as mamba_simple.py's step)."""
         x, z = self.in_proj(x).chunk(2, dim=-1)  # (B, d_inner) each
-        x = F.silu(causal_conv1d_step(x, self.conv1d, cache.conv_state))  # (B, d_inner)
+        x = causal_conv1d_step(x, self.conv1d, cache.conv_state, activation="silu")  # (B, d_inner)
         dt, B, C, A, D, dt_bias = self._ssm_params(x)  # dt (B, d_inner), B and C (B, N)
         return kernels.selective_state_update(
             cache.ssm_state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=True

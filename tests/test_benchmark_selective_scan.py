@@ -8,8 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 from benchmarks import selective_scan as bench
+from kernels import reference
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,6 +98,52 @@ def test_table_row_and_verdicts_render_a_row():
         "  32x2048 fwd: 0.77x mamba_ssm's CUDA kernel (target >= 1.0): MISSED",
         "  32x2048 fwd: 33.3x the PyTorch reference (target >= 50): MISSED",
     ]
+
+
+def test_conv_speedups_and_table():
+    # Speedups are each baseline's time over the row's at the same shape and direction; the decode
+    # step's old-mixer baseline is the old step.
+    def row(provider, ms, direction="fwd", seqlen=2048):
+        return {"provider": provider, "batch": 32, "dim": 2048, "seqlen": seqlen, "width": 4,
+                "direction": direction, "ms": ms, "bytes_per_s": 4.0e11, "fraction_of_copy": 0.1,
+                "max_abs_err": None}  # fmt: skip
+
+    step = {"provider": "mixer_multiply_add_step", "batch": 8, "dim": 16, "width": 4, "direction": "step",
+            "ms": 0.4, "bytes_per_s": 1e11, "fraction_of_copy": 0.09, "max_abs_err": 0.0}  # fmt: skip
+    rows = [
+        row("torch_conv1d", 1.37), row("mixer_multiply_add", 2.8), row("triton_causal_conv1d", 0.137),
+        row("torch_conv1d", 2.56, "bwd"), row("triton_causal_conv1d", 0.5, "bwd"),
+        row("triton_causal_conv1d", 0.1, seqlen=1024), step,
+        {**step, "provider": "triton_causal_conv1d_update", "ms": 0.04},
+    ]  # fmt: skip
+    out = bench.add_conv_speedups(rows)
+    assert "speedup" not in rows[0]  # copies
+    assert out[2]["speedup"] == {
+        "vs_torch_conv1d": pytest.approx(10.0),
+        "vs_mixer_multiply_add": pytest.approx(2.8 / 0.137),
+    }
+    assert out[4]["speedup"] == {"vs_torch_conv1d": pytest.approx(5.12), "vs_mixer_multiply_add": None}
+    assert out[5]["speedup"] == {"vs_torch_conv1d": None, "vs_mixer_multiply_add": None}
+    assert out[7]["speedup"] == {"vs_torch_conv1d": None, "vs_mixer_multiply_add": pytest.approx(10.0)}
+    cells = dict(zip(bench.conv_table_header(), bench.conv_table_row(out[2]), strict=True))
+    assert (
+        cells["BxDxL"] == "32x2048x2048" and cells["x torch"] == "10.00x" and cells["x old mixer"] == "20.44x"
+    )
+    assert bench.conv_table_row(out[7])[1] == "8x16x1" and bench.conv_table_row(out[4])[7] == "-"
+
+
+def test_old_mixer_conv_baselines_compute_the_conv():
+    # The reproduced pre-kernel mixer path computes the same conv and step as the reference.
+    conv = nn.Conv1d(6, 6, 4, groups=6).double()
+    x = torch.randn(2, 6, 11, dtype=torch.float64)
+    want = reference.causal_conv1d(x, conv.weight[:, 0], conv.bias)
+    torch.testing.assert_close(bench.mixer_multiply_add(x, conv), want, rtol=1e-12, atol=1e-12)
+    state = torch.randn(2, 6, 4, dtype=torch.float64)
+    ref_state = state.clone()
+    got = bench.mixer_multiply_add_step(x[..., 0], conv, state)
+    want = reference.causal_conv1d_update(x[..., 0], ref_state, conv.weight[:, 0], conv.bias)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(state, ref_state)
 
 
 def test_formatting_helpers():

@@ -503,6 +503,10 @@ OP_CALLS = {
     "selective_state_update": lambda **kw: kernels.selective_state_update(
         rand(1, 2, 3), rand(1, 2), rand(1, 2), rand(2, 3), rand(1, 3), rand(1, 3), **kw
     ),
+    "causal_conv1d": lambda **kw: kernels.causal_conv1d(rand(1, 2, 5), rand(2, 4), rand(2), "silu", **kw),
+    "causal_conv1d_update": lambda **kw: kernels.causal_conv1d_update(
+        rand(1, 2), rand(1, 2, 4), rand(2, 4), rand(2), "silu", **kw
+    ),
     "linear_attention": lambda **kw: kernels.linear_attention(*linear_inputs(), **kw),
     "linear_attention_step": lambda **kw: kernels.linear_attention_step(
         rand(1, 1, 2), rand(1, 1, 2), rand(1, 1, 3), rand(1, 1, 2, 3), **kw
@@ -584,6 +588,37 @@ def test_selective_scan_errors():
         kernels.selective_scan(**inputs, initial_state=rand(2, 4, 3))
     with pytest.raises(ValueError, match="D must have shape"):
         kernels.selective_scan(**(inputs | {"D": rand(3)}))
+
+
+@pytest.mark.parametrize("width", [1, 2, 4])
+def test_causal_conv1d_is_padded_depthwise_conv(width):
+    # The reference's shifted multiply-adds are PyTorch's depthwise conv with width - 1 zeros on
+    # the left (cut to L outputs), then silu; gradients included.
+    x, weight, bias = rand(2, 3, 7, requires_grad=True), rand(3, width, requires_grad=True), rand(3)
+    y = reference.causal_conv1d(x, weight, bias, "silu")
+    want = torch.nn.functional.silu(
+        torch.nn.functional.conv1d(x, weight[:, None], bias, padding=width - 1, groups=3)[..., :7]
+    )
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    dy = rand(2, 3, 7)
+    got = torch.autograd.grad(y, (x, weight), dy)
+    for a, b in zip(got, torch.autograd.grad(want, (x, weight), dy), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_causal_conv1d_update_shifts_the_window():
+    # The window drops its oldest input and appends x; y is the dot of the new window with the taps.
+    x, state, weight = rand(2, 3), rand(2, 3, 4), rand(3, 4)
+    old = state.clone()
+    y = reference.causal_conv1d_update(x, state, weight)
+    assert torch.equal(state, torch.cat([old[..., 1:], x[..., None]], -1))
+    torch.testing.assert_close(y, (state * weight).sum(-1), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"conv_state must be \(batch, dim, width\)"):
+        reference.causal_conv1d_update(x, rand(2, 3, 3), weight)
+    with pytest.raises(ValueError, match="activation must be None or 'silu'"):
+        reference.causal_conv1d(rand(1, 3, 4), weight, activation="gelu")
+    with pytest.raises(TypeError, match="dtypes must match"):
+        reference.causal_conv1d(rand(1, 3, 4), weight, rand(3).float())
 
 
 def test_linear_attention_state_form_errors():
