@@ -153,7 +153,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         trainer.validate(lit, datamodule=dm, ckpt_path=best or None, verbose=False)
         metrics = dict(lit.val_metrics)  # exact (float64) values of the best checkpoint
         if trainer.is_global_zero:
-            _write_train_records(run_dir, lit, data_cfg, metrics, slice_seqlens)
+            _write_train_records(run_dir, lit, data_cfg, metrics, slice_seqlens, trainer.strategy.root_device)
             if not checkpoint_cb.best_model_path:
                 print(
                     "no validation ran during training (trainer.max_steps < trainer.val_check_interval): "
@@ -219,16 +219,19 @@ def _write_train_records(
     data_cfg: dict[str, Any],
     metrics: dict[str, float],
     slice_seqlens: dict[str, int],
+    device: torch.device,
 ) -> None:
+    # ``device`` is the one trained on: Lightning's teardown has moved ``lit`` back to the CPU by now.
     sha = git_sha()
     first = lit.slice_names[0]
 
-    def seqlen_of(metric: str) -> int:
+    def slice_of(metric: str) -> str:
         # per-slice metrics end in their slice name (val/acc_T128_kv8, val/loss_T1024); the
         # aggregates (val/acc, val/loss, val/ppl) are the first slice's
         name = metric.rpartition("/")[2].partition("_")[2]
-        return slice_seqlens.get(name, slice_seqlens[first])
+        return name if name in slice_seqlens else first
 
+    config = lit.model.config
     records = [
         make_record(
             run=run_dir.name,
@@ -236,12 +239,16 @@ def _write_train_records(
             task=data_cfg["name"],
             metric=name,
             value=value,
-            seqlen=seqlen_of(name),
-            device=lit.device,
+            seqlen=slice_seqlens[slice_of(name)],
+            device=device,
             sha=sha,
             split="val",
+            slice=slice_of(name),
             train_tokens=int(lit.tokens_seen),  # tokens the validated (best) checkpoint was trained on
-            lr=float(lit.optim["lr"]),  # so a learning-rate sweep can report its best run
+            # so a sweep can report its best run over learning rates per width (eval/report.py)
+            lr=float(lit.optim["lr"]),
+            d_model=config.d_model,
+            n_layers=config.n_layers,
         )
         for name, value in sorted(metrics.items())
     ]

@@ -4,10 +4,17 @@ Reads the result records (DESIGN.md, contract 5) under every directory of ``runs
 glob patterns, ``**`` recursing, or record files themselves) and draws, with matplotlib:
 
 - recall accuracy versus decode state bytes per sequence, one labelled point per run and mixer
-  (at ``seqlen``, or each run's shortest evaluated length), log x;
+  (at ``seqlen``, or each run's shortest evaluated length), log x; with ``best_over_lr=true`` (the
+  default) only the best run over learning rates of each group (see below), ``false`` every run;
 - recall accuracy versus sequence length (length generalisation), one line per run and mixer;
 - validation loss versus training tokens, one line per run;
 - decode tokens/s versus context length, one line per run, mixer and decode mode.
+
+The tables (:mod:`eval.report_tables`): the runs; Zoology's "best over learning rates" (Arora et
+al. 2024, Figure 2) -- runs of ``task`` that differ only in ``lr`` (same mixer, layout, ``d_model``,
+``n_layers``, params and main slice) grouped, a table of mixer x ``d_model`` holding each group's
+best accuracy (eval/recall.py's at the training length, else ``val/acc``), its ``lr`` and the number
+of learning rates tried, or ``not run``; and the results of every task and split.
 
 Outputs go to ``out``: one PNG per plot, ``report.md`` (the tables, the plots as links) and
 ``report.html`` (self-contained: plots embedded as base64 PNG, tables inline, no network), all
@@ -25,7 +32,10 @@ What is read:
   file; ``skip_invalid=true`` skips it with a warning and a note in the report instead.
 - recall accuracy: eval/recall.py's records (``metric: accuracy``, ``task``, ``seqlen``,
   ``state_bytes``, ``path``, ``checkpoint``, ``split: test``); for a run that has none, train.py's
-  validation records (``val/acc`` and ``val/acc_<slice>``, shown with a ``(val)`` label).
+  validation records (``val/acc`` and ``val/acc_<slice>``, shown with a ``(val)`` label; the slice
+  names of every task are folded, :data:`eval.report_tables.SLICE_NAME`).
+- learning rate and width: the ``lr``, ``d_model`` and ``n_layers`` of train.py's records, shared
+  with the eval/recall.py records of the same run and mixer.
 - validation loss: Lightning's ``metrics.csv`` (train.py's ``<run>/csv/metrics.csv``: ``step``,
   ``train/tokens`` and ``val/loss`` columns); else train.py's ``val/loss`` records carrying
   ``train_tokens``; else the ``val/loss`` and ``train/tokens`` of a W&B run's
@@ -48,7 +58,6 @@ import glob
 import html
 import io
 import json
-import math
 import os
 import re
 import warnings
@@ -65,11 +74,19 @@ from matplotlib.ticker import ScalarFormatter
 from omegaconf import DictConfig, OmegaConf
 
 from eval.cli import user_errors
+from eval.report_tables import (
+    Table,
+    best_lr_tables,
+    drop_worse_lrs,
+    format_value,
+    lr_groups,
+    run_scores,
+    summary_tables,
+)
 from models.checkpoint import atomic_write_bytes
 
 REQUIRED_KEYS = ("run", "mixer", "metric", "value")
 TRAIN_TOKENS, VAL_LOSS = "train/tokens", "val/loss"
-SLICE_SUFFIX = re.compile(r"_(T\d+_kv\d+)$")  # train.py's per-slice metric names: val/acc_T128_kv8
 LOOKED_FOR = (
     "*.json record lists (results/train.json, checkpoints/*.recall.json, decode-*.json), "
     "metrics.csv (Lightning CSVLogger) and wandb/*/files/wandb-summary.json"
@@ -158,15 +175,6 @@ class Sources:
     record_files: list[Path] = field(default_factory=list)
     ignored: list[Path] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Table:
-    """A table of the report: ``rows`` hold raw values (``None`` where a run has no such value)."""
-
-    title: str
-    columns: list[str]
-    rows: list[list[Any]]
 
 
 @dataclass
@@ -599,107 +607,6 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
     return fig
 
 
-def compact_layout(layout: list[str] | None) -> str:
-    """A layout list as text, runs of one mixer collapsed: ``mamba x4, attention, mamba x3``."""
-    parts: list[list[Any]] = []
-    for name in layout or []:
-        if parts and parts[-1][0] == name:
-            parts[-1][1] += 1
-        else:
-            parts.append([name, 1])
-    return ", ".join(name if n == 1 else f"{name} x{n}" for name, n in parts)
-
-
-def _metric_column(r: dict[str, Any]) -> str:
-    metric = SLICE_SUFFIX.sub("", r["metric"]) if r.get("split") == "val" else r["metric"]
-    variant = r.get("path") or r.get("mode")
-    return f"{metric} [{variant}]" if variant else metric
-
-
-def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
-    """The report's tables: ``Runs`` (one row per run and mixer: layout, params, tasks, record files)
-    and one table per task and split with a row per run, mixer, seqlen and record file: params,
-    state bytes (per sequence) and one column per metric (``accuracy [decode]``, ``decode_tokens_per_s
-    [eager]``; train.py's per-slice ``val/acc_<slice>`` folded into ``val/acc`` at the slice's seqlen).
-    """
-    runs: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in records:
-        row = runs.setdefault(
-            (r["run"], r["mixer"]),
-            {"layout": compact_layout(r.get("layout")), "params": r.get("params"), "tasks": {}, "files": {}},
-        )
-        task = r.get("task") or "?"
-        row["tasks"][f"{task} ({r['split']})" if r.get("split") else task] = None
-        row["files"][r["record_file"]] = None
-    tables = [
-        Table(
-            "Runs",
-            ["run", "mixer", "layout", "params", "tasks", "record files"],
-            [
-                [run, mixer, v["layout"], v["params"], ", ".join(v["tasks"]), len(v["files"])]
-                for (run, mixer), v in sorted(runs.items())
-            ],
-        )
-    ]
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in records:
-        task = r.get("task") or "?"
-        groups[f"{task} ({r['split']})" if r.get("split") else task].append(r)
-    for title, rows in sorted(groups.items()):
-        # eval/decode.py's state_bytes records fill the state bytes column, not a metric column of their own.
-        metrics = sorted({_metric_column(r) for r in rows if r["metric"] != "state_bytes"})
-        table_rows: dict[tuple, dict[str, Any]] = {}
-        for r in sorted(
-            rows,
-            key=lambda r: (
-                r["run"],
-                r["mixer"],
-                r.get("seqlen") or 0,
-                r.get("slice") or "",
-                r["record_file"],
-            ),
-        ):
-            # Slices of one length (perplexity's val and val_prefix<N>, copy's length bands) stay apart.
-            key = (r["run"], r["mixer"], r.get("seqlen"), r.get("slice"), r["record_file"])
-            row = table_rows.setdefault(key, {"params": r.get("params"), "state_bytes": r.get("state_bytes")})
-            if r["metric"] != "state_bytes":
-                row[_metric_column(r)] = r["value"]
-        tables.append(
-            Table(
-                f"Results: {title}",
-                ["run", "mixer", "params", "seqlen", "slice", "state bytes", *metrics, "record file"],
-                [
-                    [
-                        run,
-                        mixer,
-                        row["params"],
-                        seqlen,
-                        slice_name,
-                        row["state_bytes"],
-                        *(row.get(m) for m in metrics),
-                        file,
-                    ]
-                    for (run, mixer, seqlen, slice_name, file), row in table_rows.items()
-                ],
-            )
-        )
-    return tables
-
-
-def format_value(value: Any) -> str:
-    """A table cell as text: ``""`` for None, integers with thousands separators, floats to 4
-    significant digits (whole numbers at or above 1000 without decimals)."""
-    if value is None:
-        return ""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if math.isfinite(value) and abs(value) >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:.4g}"
-
-
 def render_markdown(
     report_title: str, figures: dict[str, str | None], tables: list[Table], notes: list[str], sources: Sources
 ) -> str:
@@ -825,18 +732,33 @@ def build_report(cfg: DictConfig) -> Report:
     Raises:
         FileNotFoundError: a ``runs`` entry that matches nothing, or no record file, metrics.csv or
             W&B summary under any of them (the message lists the paths searched and the files looked for).
-        ValueError: empty ``runs``, a bad ``recall_path`` or ``seqlen``, or an invalid record file,
-            metrics.csv or W&B summary (named; unless ``skip_invalid=true``).
+        ValueError: empty ``runs``, a bad ``recall_path``, ``seqlen`` or ``best_over_lr``, or an invalid
+            record file, metrics.csv or W&B summary (named; unless ``skip_invalid=true``).
     """
     if cfg.recall_path not in ("decode", "parallel"):
         raise ValueError(f"recall_path must be decode or parallel, got {cfg.recall_path!r}")
     if cfg.seqlen is not None and (not isinstance(cfg.seqlen, int) or cfg.seqlen < 1):
         raise ValueError(f"seqlen must be null or an integer >= 1, got {cfg.seqlen!r}")
+    if not isinstance(cfg.best_over_lr, bool):
+        raise ValueError(f"best_over_lr must be true or false, got {cfg.best_over_lr!r}")
     runs = cfg.runs if isinstance(cfg.runs, str) else list(cfg.runs)
     sources = find_files(expand_runs(runs))
     records = load_records(sources, bool(cfg.skip_invalid))
     accuracy = accuracy_points(records, cfg.task, cfg.recall_path)
-    recall, notes = recall_vs_state_points(accuracy, cfg.seqlen)
+    scores = run_scores(records, cfg.task, cfg.recall_path)
+    groups = lr_groups(scores)
+    shown, dropped = drop_worse_lrs(accuracy, groups) if cfg.best_over_lr else (accuracy, 0)
+    recall, notes = recall_vs_state_points(shown, cfg.seqlen)
+    if dropped:
+        notes.append(
+            f"Recall accuracy vs decode state: only the best learning rate of each group (best_over_lr=true): "
+            f"{dropped} of {len(scores)} runs left out"
+        )
+    if scores and not groups:
+        notes.append(
+            f"Best over learning rates: no table, no run of task={cfg.task} records its learning rate "
+            "(lr, which train.py writes to results/train.json)"
+        )
     if not accuracy:
         tasks = sorted({str(r["task"]) for r in records if r["metric"] == "accuracy" and r.get("task")})
         if tasks:
@@ -865,6 +787,7 @@ def build_report(cfg: DictConfig) -> Report:
         pngs[spec.name] = out / f"{spec.name}.png"
         atomic_write_bytes(pngs[spec.name], lambda f, data=png_bytes[spec.name]: f.write(data))
     tables = summary_tables(records)
+    tables[1:1] = best_lr_tables(groups)  # after Runs, before the per-task results
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     title = f"mixerlab report ({len(records)} records, {stamp})"
     markdown = render_markdown(title, {n: p.name for n, p in pngs.items()}, tables, notes, sources)

@@ -13,7 +13,9 @@ import pytest
 from helpers import REPO_ROOT, compose_eval
 from matplotlib.ticker import ScalarFormatter
 
+import data as data_lib
 from eval.report import build_report
+from eval.report_tables import fold_slice
 
 STATE = {  # decode-state bytes per sequence at a length, per mixer (made up, of the right shape)
     "attention": lambda t: 2048 * t,
@@ -387,3 +389,182 @@ def test_slices_of_one_length_get_their_own_rows(tmp_path):
     assert [(r["slice"], r["loss [parallel]"], r["perplexity [parallel]"]) for r in rows] == [
         ("val", 4.771, 118.0), ("val_prefix64", 4.753, None)
     ]  # fmt: skip
+
+
+# Best over learning rates (Zoology, Figure 2): a sweep of mixer x d_model x lr, as train.py writes it.
+
+LRS = (4.6e-4, 2.2e-3)
+GRID_ACC = {  # (mixer, d_model) -> val/acc per lr in LRS; mamba at 128 was not run
+    ("attention", 64): (0.8, 0.95),
+    ("attention", 128): (0.99, 0.9),
+    ("mamba", 64): (0.3, 0.6),
+}
+
+
+def sweep_records(run, mixer, d_model, lr, accs, task="mqar", params=None):
+    """train.py's results/train.json of one sweep run: ``accs`` maps slice name -> (seqlen, val
+    accuracy); per-slice val/acc and val/loss, the first slice's as val/acc and val/loss, each record
+    with the slice, lr, d_model and n_layers."""
+    common = {
+        "task": task, "split": "val", "lr": lr, "d_model": d_model, "n_layers": 2,
+        "params": params or PARAMS[mixer] * d_model // 64,
+    }  # fmt: skip
+    out = []
+    for i, (name, (t, acc)) in enumerate(accs.items()):
+        for suffix in (f"_{name}", "") if i == 0 else (f"_{name}",):
+            out += [
+                rec(run, mixer, f"val/acc{suffix}", acc, t, slice=name, **common),
+                rec(run, mixer, f"val/loss{suffix}", 1.0 - acc, t, slice=name, **common),
+            ]
+    return out
+
+
+@pytest.fixture
+def grid(tmp_path) -> Path:
+    root = tmp_path / "sweep"
+    for (mixer, d_model), accs in GRID_ACC.items():
+        for lr, acc in zip(LRS, accs, strict=True):
+            run = f"{mixer}-d{d_model}-lr{lr}"
+            write_json(root / run / "results" / "train.json",
+                       sweep_records(run, mixer, d_model, lr, {"T64_kv4": (64, acc)}))  # fmt: skip
+    return root
+
+
+def test_best_over_learning_rates_table(grid, tmp_path):
+    rep = make_report(f"[{grid}]", tmp_path / "out")
+    title = "Best over learning rates: mqar (val) at T64_kv4, 2 layers"
+    table = {t.title: t for t in rep.tables}[title]
+    assert table.columns == ["mixer", "d_model 64", "d_model 128"]
+    assert table.rows == [
+        ["attention", "0.950 (lr 2.2e-3, 2 lrs)", "0.990 (lr 4.6e-4, 2 lrs)"],
+        ["mamba", "0.600 (lr 2.2e-3, 2 lrs)", "not run"],
+    ]
+    assert [t.title for t in rep.tables][:2] == ["Runs", title]
+    assert "| attention | 0.950 (lr 2.2e-3, 2 lrs) | 0.990 (lr 4.6e-4, 2 lrs) |" in rep.markdown.read_text()
+    page = Page(rep.html.read_text())
+    assert title in page.h2 and ["mamba", "0.600 (lr 2.2e-3, 2 lrs)", "not run"] in page.tables[1]
+
+
+def test_best_over_lr_keeps_only_the_best_run_in_the_quality_vs_memory_plot(grid, tmp_path):
+    best = make_report(f"[{grid}]", tmp_path / "best")
+    shown = {p["run"]: p["accuracy"] for p in best.points["recall_vs_state_bytes"]}
+    assert shown == {
+        "attention-d64-lr0.0022": 0.95,
+        "attention-d128-lr0.00046": 0.99,
+        "mamba-d64-lr0.0022": 0.6,
+    }
+    assert any("3 of 6 runs left out" in n for n in best.notes)
+    every = make_report(f"[{grid}]", tmp_path / "every", "best_over_lr=false")
+    runs = {f"{mixer}-d{d_model}-lr{lr}" for mixer, d_model in GRID_ACC for lr in LRS}
+    assert sorted(p["run"] for p in every.points["recall_vs_state_bytes"]) == sorted(runs)
+    assert not any("left out" in n for n in every.notes)
+    assert [t.rows for t in every.tables if t.title.startswith("Best")] == [
+        t.rows for t in best.tables if t.title.startswith("Best")
+    ]
+    with pytest.raises(ValueError, match="best_over_lr must be true or false"):
+        make_report(f"[{grid}]", tmp_path / "bad", "best_over_lr=3")
+
+
+def test_best_over_lr_scores_recall_accuracy_at_the_training_length(tmp_path):
+    """eval/recall.py's accuracy wins over val/acc, at train_seqlen (not the shortest length), through
+    the preferred path (recall_path=decode)."""
+    for lr, val_acc, test_accs in ((1e-3, 0.9, [0.95, 0.5, 0.2]), (3e-3, 0.8, [0.9, 0.7, 0.2])):
+        run_dir = tmp_path / "runs" / f"attention-lr{lr}"
+        train = sweep_records(run_dir.name, "attention", 64, lr, {"T128_kv8": (128, val_acc)})
+        write_json(run_dir / "results" / "train.json", train)
+        recall = recall_records(run_dir.name, "attention", test_accs, ["parallel", "decode"])
+        write_json(
+            run_dir / "checkpoints" / "best.ckpt.recall.json", [r | {"train_seqlen": 128} for r in recall]
+        )
+    rep = make_report(f"[{tmp_path / 'runs'}]", tmp_path / "out")
+    (table,) = [t for t in rep.tables if t.title.startswith("Best over learning rates")]
+    assert table.title == "Best over learning rates: mqar (test) at T128_kv8, 2 layers"
+    assert table.rows == [["attention", "0.700 (lr 3e-3, 2 lrs)"]]  # decode path: parallel scores 0.69
+    rep = make_report(f"[{tmp_path / 'runs'}]", tmp_path / "out", "seqlen=256")  # both 0.2 at 256
+    (point,) = rep.points["recall_vs_state_bytes"]
+    assert point["run"] == "attention-lr0.003"  # the best at the training length, drawn at seqlen 256
+
+
+def test_equal_accuracies_pick_the_smaller_lr(tmp_path):
+    for lr in (1e-2, 1e-4, 1e-3):  # none learnt anything
+        run = f"mamba-lr{lr}"
+        write_json(tmp_path / run / "results" / "train.json",
+                   sweep_records(run, "mamba", 64, lr, {"T64_kv4": (64, 0.0)}))  # fmt: skip
+    rep = make_report(f"[{tmp_path}]", tmp_path / "out")
+    (table,) = [t for t in rep.tables if t.title.startswith("Best over learning rates")]
+    assert table.rows == [["mamba", "0.000 (lr 1e-4, 3 lrs)"]]
+    assert [p["run"] for p in rep.points["recall_vs_state_bytes"]] == ["mamba-lr0.0001"]
+
+
+def test_records_without_width_or_slice_still_group_by_lr(tmp_path):
+    """train.json written before train.py recorded d_model, n_layers and slice (lr only)."""
+    for lr, acc in ((1e-3, 0.4), (1e-2, 0.5)):
+        run = f"attention-lr{lr}"
+        old = [
+            {k: v for k, v in r.items() if k not in ("d_model", "n_layers", "slice")}
+            for r in sweep_records(run, "attention", 64, lr, {"T64_kv4": (64, acc)})
+        ]
+        write_json(tmp_path / run / "results" / "train.json", old)
+    rep = make_report(f"[{tmp_path}]", tmp_path / "out")
+    (table,) = [t for t in rep.tables if t.title.startswith("Best over learning rates")]
+    assert table.title == "Best over learning rates: mqar (val) at seqlen 64"
+    assert table.columns == ["mixer", "d_model ?"] and table.rows == [["attention", "0.500 (lr 1e-2, 2 lrs)"]]
+
+
+def test_runs_without_lr_get_no_best_lr_table(report):
+    assert not any(t.title.startswith("Best over learning rates") for t in report.tables)
+    assert any("no run of task=mqar records its learning rate" in n for n in report.notes)
+    assert len(report.points["recall_vs_state_bytes"]) == 3  # nothing left out
+
+
+INDUCTION_SLICES = {"T256": 256, "T64": 64, "T512": 512, "T1024": 1024, "T16384": 16384}
+
+
+def test_induction_slices_get_their_lengths_and_settings_stay_apart(tmp_path):
+    """induction_extrapolation's val slices (T64 ... T16384) fold into val/acc at their lengths; learned
+    and RoPE positions (different params) are two groups sharing a cell."""
+    for pos, params, accs in (("learned", 600_000, (0.9, 1.0)), ("rope", 500_000, (0.7, 0.6))):
+        for lr, acc in zip((2e-4, 1e-3), accs, strict=True):
+            run = f"attention-attn_{pos}-lr{lr}"
+            slices = {name: (t, acc if t <= 256 else acc / 2) for name, t in INDUCTION_SLICES.items()}
+            train = sweep_records(run, "attention", 64, lr, slices, task="induction_heads", params=params)
+            write_json(tmp_path / "runs" / run / "results" / "train.json", train)
+    rep = make_report(
+        f"[{tmp_path / 'runs'}]", tmp_path / "out", "task=induction_heads", "best_over_lr=false"
+    )
+    lines = {
+        line.get_label(): list(line.get_xdata())
+        for line in rep.figures["accuracy_vs_length"].axes[0].get_lines()
+    }
+    assert len(lines) == 4 and all(x == [64, 256, 512, 1024, 16384] for x in lines.values())
+    results = {t.title: t for t in rep.tables}["Results: induction_heads (val)"]
+    assert [c for c in results.columns if c.startswith("val/")] == ["val/acc", "val/loss"]
+    rows = [dict(zip(results.columns, row, strict=True)) for row in results.rows]
+    learned = [
+        (r["seqlen"], r["slice"], r["val/acc"]) for r in rows if r["run"] == "attention-attn_learned-lr0.001"
+    ]
+    assert learned == [(64, "T64", 1.0), (256, "T256", 1.0), (512, "T512", 0.5), (1024, "T1024", 0.5),
+                       (16384, "T16384", 0.5)]  # fmt: skip
+    (best,) = [t for t in rep.tables if t.title.startswith("Best over learning rates")]
+    assert best.title == "Best over learning rates: induction_heads (val) at T256, 2 layers"
+    assert best.rows == [
+        ["attention", "0.700 (lr 2e-4, 2 lrs, 500,000 params); 1.000 (lr 1e-3, 2 lrs, 600,000 params)"]
+    ]
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        data_lib.MQARDataModule,
+        data_lib.InductionHeadsDataModule,
+        data_lib.CopyDataModule,
+        data_lib.SelectiveCopyingDataModule,
+        data_lib.PasskeyDataModule,
+        data_lib.MultiKeyNeedleDataModule,
+    ],
+)
+def test_every_data_modules_slice_names_fold(module):
+    names = module().slice_names
+    assert names and all(fold_slice(f"val/acc_{n}") == ("val/acc", n) for n in names)
+    assert fold_slice("val/loss_text") == ("val/loss", "text")  # TextDataModule's one slice
+    assert fold_slice("val/acc") == ("val/acc", None) and fold_slice("loss") == ("loss", None)

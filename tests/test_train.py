@@ -58,6 +58,15 @@ def test_every_mixer_config_trains_20_steps(tmp_path, mixer):
     assert all(r["mixer"] == mixer and r["state_bytes"] == lit.model.state_size(r["seqlen"]) for r in records)
     seqlens = {r["metric"]: r["seqlen"] for r in records}
     assert seqlens["val/acc"] == seqlens["val/acc_T64_kv4"] == 64 and seqlens["val/acc_T256_kv16"] == 256
+    slices = {r["metric"]: r["slice"] for r in records}
+    assert (
+        slices["val/acc"] == slices["val/loss_T64_kv4"] == "T64_kv4"
+        and slices["val/acc_T256_kv16"] == "T256_kv16"
+    )
+    config = lit.model.config  # what eval/report.py groups a learning-rate sweep by
+    assert {(r["lr"], r["d_model"], r["n_layers"]) for r in records} == {
+        (3e-3, config.d_model, config.n_layers)
+    }
     assert (out["metrics"]["val/acc"] * 64 * 4).is_integer()  # exact counts over 64 examples x 4 queries
 
 

@@ -1,0 +1,343 @@
+"""The tables of ``eval/report.py``: runs, results per task and split, and the best run over learning rates.
+
+All of them are built from result records (DESIGN.md, contract 5, as ``eval/report.py`` reads them:
+each record carries ``record_file``):
+
+- ``Runs``: one row per run and mixer (layout, params, tasks, record files);
+- ``Results: <task> (<split>)``: a row per run, mixer, seqlen, slice and record file, a column per
+  metric; train.py's per-slice ``val/<metric>_<slice>`` records are folded into ``val/<metric>`` at
+  the slice's seqlen (slice names of every data module: :data:`SLICE_NAME`);
+- ``Best over learning rates: ...`` (Zoology, Arora et al. 2024, Figure 2): runs that differ only in
+  the learning rate form a group (:func:`lr_groups`); a table per task, split, main slice and depth
+  has a row per mixer and a column per ``d_model``, each cell the group's best accuracy with its
+  learning rate and the number of learning rates tried (``0.987 (lr 2.2e-3, 2 lrs)``), or ``not run``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SLICE_NAME = (
+    r"T\d+(?:_kv\d+|_data\d+|_depth\d+-\d+)?"  # mqar T256_kv16, induction_heads T256, selective_copying
+    # T64_data16, passkey / multikey_needle T512_depth0-25 (data/*.py: each module's slice_name)
+    r"|len\d+-\d+"  # copy: a band of string lengths, len21-40
+    r"|text"  # text: its one slice
+)
+"""The slice names of every data module (``slice_names`` of ``data/*.py``), as a regex."""
+
+PER_SLICE_METRIC = re.compile(rf"(val/[^/_]+)_({SLICE_NAME})")
+"""train.py's per-slice metric names, ``val/acc_T256`` -> (``val/acc``, ``T256``)."""
+
+NOT_RUN = "not run"
+
+
+@dataclass
+class Table:
+    """A table of the report: ``rows`` hold raw values (``None`` where a run has no such value)."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+def fold_slice(metric: str) -> tuple[str, str | None]:
+    """Split a train.py metric name into the metric and its slice: ``val/acc_T64_kv4`` -> (``val/acc``,
+    ``T64_kv4``), ``val/loss_len21-40`` -> (``val/loss``, ``len21-40``); a name without a slice
+    (``val/acc``, ``accuracy``) -> (the name, None)."""
+    match = PER_SLICE_METRIC.fullmatch(metric)
+    return (match.group(1), match.group(2)) if match else (metric, None)
+
+
+def compact_layout(layout: list[str] | None) -> str:
+    """A layout list as text, runs of one mixer collapsed: ``mamba x4, attention, mamba x3``."""
+    parts: list[list[Any]] = []
+    for name in layout or []:
+        if parts and parts[-1][0] == name:
+            parts[-1][1] += 1
+        else:
+            parts.append([name, 1])
+    return ", ".join(name if n == 1 else f"{name} x{n}" for name, n in parts)
+
+
+def format_value(value: Any) -> str:
+    """A table cell as text: ``""`` for None, integers with thousands separators, floats to 4
+    significant digits (whole numbers at or above 1000 without decimals)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if math.isfinite(value) and abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def format_lr(lr: float) -> str:
+    """A learning rate in short scientific notation: ``0.0022`` -> ``2.2e-3``, ``1e-4`` -> ``1e-4``."""
+    mantissa, exponent = f"{lr:.1e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def _metric_column(r: dict[str, Any]) -> str:
+    metric = fold_slice(r["metric"])[0] if r.get("split") == "val" else r["metric"]
+    variant = r.get("path") or r.get("mode")
+    return f"{metric} [{variant}]" if variant else metric
+
+
+def _task_title(r: dict[str, Any]) -> str:
+    task = r.get("task") or "?"
+    return f"{task} ({r['split']})" if r.get("split") else task
+
+
+def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
+    """The report's tables: ``Runs`` (one row per run and mixer: layout, params, tasks, record files)
+    and one table per task and split with a row per run, mixer, seqlen, slice and record file: params,
+    state bytes (per sequence) and one column per metric (``accuracy [decode]``, ``decode_tokens_per_s
+    [eager]``; train.py's per-slice ``val/acc_<slice>`` folded into ``val/acc`` at the slice's seqlen).
+    """
+    runs: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in records:
+        row = runs.setdefault(
+            (r["run"], r["mixer"]),
+            {"layout": compact_layout(r.get("layout")), "params": r.get("params"), "tasks": {}, "files": {}},
+        )
+        row["tasks"][_task_title(r)] = None
+        row["files"][r["record_file"]] = None
+    tables = [
+        Table(
+            "Runs",
+            ["run", "mixer", "layout", "params", "tasks", "record files"],
+            [
+                [run, mixer, v["layout"], v["params"], ", ".join(v["tasks"]), len(v["files"])]
+                for (run, mixer), v in sorted(runs.items())
+            ],
+        )
+    ]
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[_task_title(r)].append(r)
+    for title, rows in sorted(groups.items()):
+        # eval/decode.py's state_bytes records fill the state bytes column, not a metric column of their own.
+        metrics = sorted({_metric_column(r) for r in rows if r["metric"] != "state_bytes"})
+        table_rows: dict[tuple, dict[str, Any]] = {}
+        for r in sorted(
+            rows,
+            key=lambda r: (
+                r["run"],
+                r["mixer"],
+                r.get("seqlen") or 0,
+                r.get("slice") or "",
+                r["record_file"],
+            ),
+        ):
+            # Slices of one length (perplexity's val and val_prefix<N>, copy's length bands) stay apart.
+            key = (r["run"], r["mixer"], r.get("seqlen"), r.get("slice"), r["record_file"])
+            row = table_rows.setdefault(key, {"params": r.get("params"), "state_bytes": r.get("state_bytes")})
+            if r["metric"] != "state_bytes":
+                row[_metric_column(r)] = r["value"]
+        tables.append(
+            Table(
+                f"Results: {title}",
+                ["run", "mixer", "params", "seqlen", "slice", "state bytes", *metrics, "record file"],
+                [
+                    [
+                        run,
+                        mixer,
+                        row["params"],
+                        seqlen,
+                        slice_name,
+                        row["state_bytes"],
+                        *(row.get(m) for m in metrics),
+                        file,
+                    ]
+                    for (run, mixer, seqlen, slice_name, file), row in table_rows.items()
+                ],
+            )
+        )
+    return tables
+
+
+@dataclass(frozen=True)
+class RunScore:
+    """One run's accuracy at its task's main slice, and what it was trained with.
+
+    Attributes:
+        split: ``test`` (eval/recall.py's accuracy) or ``val`` (train.py's ``val/acc``).
+        seqlen, slice: the main slice (``slice`` is None where the records do not name it).
+        lr, d_model, n_layers: from any record of the run (train.py writes them); None where none has it.
+    """
+
+    run: str
+    mixer: str
+    task: str
+    split: str
+    accuracy: float
+    seqlen: int | None
+    slice: str | None
+    lr: float | None
+    d_model: int | None
+    n_layers: int | None
+    params: int | None
+    layout: tuple[str, ...]
+
+    def group_key(self) -> tuple:
+        """What runs that differ only in the learning rate share: everything but run, lr and accuracy."""
+        return (
+            self.task,
+            self.split,
+            self.n_layers,
+            self.seqlen,
+            self.slice,
+            self.mixer,
+            self.layout,
+            self.d_model,
+            self.params,
+        )
+
+
+def run_scores(records: list[dict[str, Any]], task: str, path: str) -> list[RunScore]:
+    """The accuracy of every run (run and mixer) of ``task`` at the task's main slice.
+
+    A run with eval/recall.py records (``metric: accuracy`` with a ``seqlen``) is scored on them, at
+    its training length (``train_seqlen``; else its shortest length), through ``path`` where both
+    decode paths ran and of ``best.ckpt`` where several checkpoints were evaluated. A run without
+    them is scored on train.py's ``val/acc`` (the first validation slice, which train.py's configs
+    make the training length). ``lr``, ``d_model`` and ``n_layers`` come from any record of the run
+    (run and mixer, as in the rest of the report): recall records get them from train.py's.
+    """
+    info: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
+    test: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    val: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in records:
+        key = (r["run"], r["mixer"])
+        for field in ("lr", "d_model", "n_layers"):
+            if r.get(field) is not None:
+                info[key].setdefault(field, r[field])
+        if r.get("task") != task:
+            continue
+        if r["metric"] == "accuracy" and r.get("seqlen"):
+            test[key].append(r)
+        elif r["metric"] == "val/acc":
+            val.setdefault(key, r)
+    scores = []
+    for key in dict.fromkeys([*test, *val]):
+        if key in test:
+            r = _main_test_record(test[key], path)
+            split = str(r.get("split") or "test")
+        else:
+            r, split = val[key], "val"
+        scores.append(
+            RunScore(
+                run=r["run"],
+                mixer=r["mixer"],
+                task=task,
+                split=split,
+                accuracy=float(r["value"]),
+                seqlen=r.get("seqlen"),
+                slice=r.get("slice"),
+                lr=info[key].get("lr"),
+                d_model=info[key].get("d_model"),
+                n_layers=info[key].get("n_layers"),
+                params=r.get("params"),
+                layout=tuple(r.get("layout") or ()),
+            )
+        )
+    return scores
+
+
+def _main_test_record(rows: list[dict[str, Any]], path: str) -> dict[str, Any]:
+    main = [r for r in rows if r.get("train_seqlen") and r["seqlen"] == r["train_seqlen"]]
+    if not main:
+        shortest = min(r["seqlen"] for r in rows)
+        main = [r for r in rows if r["seqlen"] == shortest]
+    return min(
+        main, key=lambda r: (r.get("path") != path, Path(r.get("checkpoint") or "").name != "best.ckpt")
+    )
+
+
+@dataclass(frozen=True)
+class LrGroup:
+    """Runs that differ only in the learning rate (their :meth:`RunScore.group_key` is equal)."""
+
+    runs: tuple[RunScore, ...]
+
+    @property
+    def best(self) -> RunScore:
+        """The run of highest accuracy; on a tie the smaller learning rate, then the run name."""
+        return min(self.runs, key=lambda s: (-s.accuracy, s.lr, s.run))
+
+    @property
+    def lrs(self) -> list[float]:
+        """The distinct learning rates tried, ascending."""
+        return sorted({s.lr for s in self.runs})
+
+    def cell(self, with_params: bool = False) -> str:
+        """``0.987 (lr 2.2e-3, 2 lrs)``; with ``with_params`` the group's parameter count is added."""
+        best, n = self.best, len(self.lrs)
+        params = f", {best.params:,} params" if with_params and best.params is not None else ""
+        return f"{best.accuracy:.3f} (lr {format_lr(best.lr)}, {n} lr{'s' if n != 1 else ''}{params})"
+
+
+def lr_groups(scores: list[RunScore]) -> list[LrGroup]:
+    """Group the scores of runs that record their learning rate by everything else they record
+    (:meth:`RunScore.group_key`: task, split, depth, main slice, mixer, layout, width, params).
+
+    Settings that none of these reflect (e.g. attention heads, dropout, training length in steps)
+    are not told apart: report such sweeps from separate ``runs=``. Runs without ``lr`` form no group.
+    """
+    groups: dict[tuple, list[RunScore]] = defaultdict(list)
+    for s in scores:
+        if s.lr is not None:
+            groups[s.group_key()].append(s)
+    return [LrGroup(tuple(sorted(runs, key=lambda s: (s.lr, s.run)))) for runs in groups.values()]
+
+
+def best_lr_tables(groups: list[LrGroup]) -> list[Table]:
+    """One ``Best over learning rates`` table per task, split, main slice and ``n_layers``: a row per
+    mixer, a column per ``d_model`` (``d_model ?`` for runs whose records lack it), each cell
+    :meth:`LrGroup.cell` or ``not run``. Where several groups of one mixer share a cell (a setting
+    that changes the parameter count, such as learned versus RoPE positions), the cell lists each
+    with its parameter count, separated by ``;``."""
+    tables: dict[tuple, list[LrGroup]] = defaultdict(list)
+    for g in groups:
+        s = g.best
+        tables[(s.task, s.split, s.seqlen or 0, s.slice or "", s.n_layers or 0)].append(g)
+    out = []
+    for (task, split, seqlen, slice_name, n_layers), members in sorted(tables.items()):
+        widths = sorted({g.best.d_model for g in members}, key=lambda d: (d is None, d or 0))
+        cells: dict[tuple[str, int | None], list[LrGroup]] = defaultdict(list)
+        for g in members:
+            cells[(g.best.mixer, g.best.d_model)].append(g)
+        where = slice_name or f"seqlen {seqlen}"
+        depth = f", {n_layers} layers" if n_layers else ""
+        out.append(
+            Table(
+                f"Best over learning rates: {task} ({split}) at {where}{depth}",
+                ["mixer", *(f"d_model {d if d is not None else '?'}" for d in widths)],
+                [
+                    [mixer, *(_cell(cells.get((mixer, d), [])) for d in widths)]
+                    for mixer in sorted({g.best.mixer for g in members})
+                ],
+            )
+        )
+    return out
+
+
+def _cell(groups: list[LrGroup]) -> str:
+    if not groups:
+        return NOT_RUN
+    ordered = sorted(groups, key=lambda g: g.best.params or 0)
+    return "; ".join(g.cell(with_params=len(groups) > 1) for g in ordered)
+
+
+def drop_worse_lrs(points: list[dict[str, Any]], groups: list[LrGroup]) -> tuple[list[dict[str, Any]], int]:
+    """``points`` (dicts with ``run`` and ``mixer``) without those of runs that are not their
+    group's best; runs outside every group are kept. Returns ``(points, number of runs dropped)``."""
+    dropped = {(s.run, s.mixer) for g in groups for s in g.runs if s is not g.best}
+    return [p for p in points if (p["run"], p["mixer"]) not in dropped], len(dropped)
