@@ -176,7 +176,7 @@ def table_row(row: dict[str, Any]) -> list[str]:
     (their time over ours), the normalised-over-raw time, max abs errors (``!``: ours suspect)."""
 
     def cell(p: str) -> str:
-        status = row["status"][p]
+        status = row["status"].get(p, "n/a (not asked for: --providers)")
         if status == "ok":
             return fmt_ms(row["ms"][p])
         return "n/a" if status.startswith("n/a") else "fail"

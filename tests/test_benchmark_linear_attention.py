@@ -114,6 +114,11 @@ def test_table_row_renders_a_result_row():
     missing["k_dim"] = 273
     got = dict(zip(header, table_row(missing), strict=True))
     assert got["fla ms"] == "n/a" and got["x fla"] == "-" and got["shape"] == "B2 T1024 H16 K273 V128"
+    # --providers ours ours_norm: the rows hold no status for the providers not asked for
+    subset = _row("shape", 8192, "fwd", 1.0, 0.5, norm=1.1)
+    del subset["status"]["fla"], subset["status"]["flash"]
+    got = dict(zip(header, table_row(subset), strict=True))
+    assert got["fla ms"] == "n/a" and got["flash ms"] == "n/a" and got["ours_norm ms"] == "1.100"
 
 
 def test_parse_args_defaults_and_quick():
