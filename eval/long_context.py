@@ -160,18 +160,27 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         raise ValueError(f"num_depth_buckets must be null or an integer >= 1, got {buckets!r}")
     # The task's settings: the checkpoint's when it trained on this task, else the task's defaults.
     data_cfg = ctx.data if ctx.task == task else {"name": task, "seqlen": lengths[0]}
-    dm = build_datamodule(
-        data_cfg,
-        test_configs=_test_grid(lengths, buckets),
-        num_test_examples=cfg.num_examples,
-        batch_size=cfg.batch_size,
-    )
-    dm.setup("test")
+    length_option = "seqlens" if cfg.seqlens is not None else "length_multipliers"
+    try:
+        dm = build_datamodule(
+            data_cfg,
+            test_configs=_test_grid(lengths, buckets),
+            num_test_examples=cfg.num_examples,
+            batch_size=cfg.batch_size,
+        )
+        dm.setup("test")
+    except ValueError as exc:
+        # The data module speaks of its own settings (test_configs, seqlen): say which of this
+        # evaluation's options they come from.
+        raise ValueError(
+            f"eval/long_context.py: the lengths {lengths} (from {length_option}) x "
+            f"num_depth_buckets={buckets} do not fit the {task} task: {exc}. Here the data module's "
+            f"test_configs are those lengths times the depth buckets and its seqlen is each length: "
+            f"lower num_depth_buckets or use longer {length_option}"
+        ) from exc
 
     records, rows = [], []
-    check_position_limit(
-        ctx.model, max(lengths), "seqlens" if cfg.seqlens is not None else "length_multipliers"
-    )
+    check_position_limit(ctx.model, max(lengths), length_option)
     for seqlen in lengths:
         cells = [s for s in dm.test_sets if s.seqlen == seqlen]
         common = {"task": task, "seqlen": seqlen, "length_multiplier": seqlen / train_seqlen}

@@ -250,8 +250,13 @@ def test_long_context_on_byte_level_text(text_run, tmp_path):
     assert all(r["train_seqlen"] == 32 and r["length_multiplier"] == 4.0 for r in records)
     with pytest.raises(ValueError, match="pass task=passkey or task=multikey_needle"):
         evaluate_with(long_context_eval, "long_context", text_run, tmp_path)
-    with pytest.raises(ValueError, match="use seqlen >= "):
+    with pytest.raises(
+        ValueError, match=r"from length_multipliers\) x num_depth_buckets=4 do not fit.*use seqlen >= "
+    ):
         evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=passkey")  # 32 bytes
+    with pytest.raises(ValueError, match=r"num_depth_buckets=600 do not fit.*lower num_depth_buckets"):
+        evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=passkey", "seqlens=[512]",
+                      "num_depth_buckets=600")  # fmt: skip
 
 
 # --- eval/perplexity.py --------------------------------------------------------------------------
