@@ -142,9 +142,18 @@ def _bucket(n: int) -> int:
     return min(max(triton.next_power_of_2(max(n, 1)), 64), 8192)
 
 
-def _register_window(*tensors: torch.Tensor) -> bool:
-    """Whether the register-window algorithm serves these (batch, dim, L) tensors: all contiguous
-    along time (or one step long). Otherwise the shifted-load algorithm runs."""
+# Widest taps the register window takes: its tap tile is (W_PAD, BLOCK_T, BLOCK_T, BLOCK_D) with
+# BLOCK_T >= width, so it grows as width^2 (past 32 taps it even exceeds Triton's largest tensor).
+# Wider convs run the shifted loads, whose cost is linear in the width.
+MAX_REGISTER_WINDOW_WIDTH = 8
+
+
+def _register_window(width: int, *tensors: torch.Tensor) -> bool:
+    """Whether the register-window algorithm serves these (batch, dim, L) tensors: at most
+    MAX_REGISTER_WINDOW_WIDTH taps and all contiguous along time (or one step long). Otherwise the
+    shifted-load algorithm runs."""
+    if width > MAX_REGISTER_WINDOW_WIDTH:
+        return False
     return all(t.shape[-1] <= 1 or t.stride(-1) == 1 for t in tensors)
 
 
@@ -462,7 +471,7 @@ def _launch_meta(x: torch.Tensor, width: int, *others: torch.Tensor) -> dict:
     """Algorithm, chunk and segment of a (batch, dim, L) launch (``others``: more (batch, dim, L)
     tensors the kernel walks, e.g. dy)."""
     batch, dim, seqlen = x.shape
-    reg_window = _register_window(x, *others)
+    reg_window = _register_window(width, x, *others)
     block_t = _block_t(x.dtype, width, reg_window)
     seg = _segment_steps(batch, dim, seqlen, block_t)
     return dict(
@@ -554,7 +563,8 @@ def causal_conv1d(
 
     Args:
         x: (batch, dim, L) input, float16 / bfloat16 / float32 / float64, any strides (contiguous
-            along time runs the register-window algorithm, anything else the shifted loads).
+            along time with at most MAX_REGISTER_WINDOW_WIDTH taps runs the register-window
+            algorithm, anything else the shifted loads).
         weight: (dim, width) taps, width >= 1 (one kernel is compiled per width; Mamba uses 2-4),
             any floating dtype.
         bias: (dim,) in weight's dtype, or None.
@@ -607,9 +617,9 @@ def causal_conv1d_update(
 
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor or non-floating inputs,
-        bias of another dtype than weight; ValueError: wrong ndim or shapes, width 0, an unknown
-        activation), and, for this backend only, ValueError for inputs on different devices or CPU
-        inputs without ``TRITON_INTERPRET=1``, and RuntimeError when called with grad mode on and
+        bias of another dtype than weight; ValueError: wrong ndim or shapes, width 0, an expanded
+        conv_state, an unknown activation), and, for this backend only, ValueError for inputs on
+        different devices or CPU inputs without ``TRITON_INTERPRET=1``, and RuntimeError when called with grad mode on and
         an input that requires grad (use torch.no_grad(), or backend='reference').
     """
     batch, dim, width = _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation)

@@ -763,6 +763,12 @@ def _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation):
             f"conv_state must be (batch, dim, width) = {(batch, dim, width)} for x (batch, dim) = "
             f"{(batch, dim)} and weight (dim, width) = {tuple(weight.shape)}, got {tuple(conv_state.shape)}"
         )
+    for axis, (size, stride) in enumerate(zip(conv_state.shape, conv_state.stride(), strict=True)):
+        if size > 1 and stride == 0:
+            raise ValueError(
+                f"conv_state is updated in place, so its elements must not share memory: it is an expanded "
+                f"view (stride 0 along dim {axis}); pass conv_state.clone()"
+            )
     _check_conv_activation(activation)
     return batch, dim, width
 
@@ -852,7 +858,8 @@ def causal_conv1d_update(
     Raises:
         TypeError: non-tensor or non-floating inputs, bias of another dtype than weight.
         ValueError: wrong ndim, weight not (dim, width) or with width 0, bias not (dim,),
-            conv_state not (batch, dim, width), an activation other than None / "silu".
+            conv_state not (batch, dim, width) or an expanded view (stride 0: its rows would share
+            memory), an activation other than None / "silu".
     """
     _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation)
 

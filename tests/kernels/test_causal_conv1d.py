@@ -505,14 +505,46 @@ def _update_args(**overrides):
         _update_args(weight=_t(4, 0), conv_state=_t(2, 4, 0)),
         _update_args(bias=_t(4, dtype=torch.float16)),
         _update_args(activation="gelu"),
+        _update_args(conv_state=_t(1, 4, 3).expand(2, 4, 3)),  # rows sharing memory
     ],
-    ids=["x3d", "state2d", "state-width", "state-batch", "state-int", "wdim", "w0", "bdtype", "gelu"],
+    ids=[
+        "x3d",
+        "state2d",
+        "state-width",
+        "state-batch",
+        "state-int",
+        "wdim",
+        "w0",
+        "bdtype",
+        "gelu",
+        "expanded",
+    ],
 )
 def test_update_errors_identical_to_reference(kwargs):
     triton_error = _call("causal_conv1d_update", "triton", **kwargs)
     reference_error = _call("causal_conv1d_update", "reference", **kwargs)
     assert reference_error is not None
     assert triton_error == reference_error
+
+
+def test_wide_taps_run_the_shifted_loads():
+    # Past MAX_REGISTER_WINDOW_WIDTH taps a time-contiguous x takes the shifted loads (the register
+    # window's tap tile grows as width^2; at 33 taps it exceeded Triton's largest tensor).
+    width = 33
+    assert not cc._register_window(width, _t(1, 4, 20)) and cc._register_window(4, _t(1, 4, 20))
+    x, w, b = (
+        _t(2, 4, 40, dtype=F64).requires_grad_(),
+        _t(4, width, dtype=F64).requires_grad_(),
+        _t(4, dtype=F64),
+    )
+    y = kernels.causal_conv1d(x, w, b, activation="silu", backend="triton")
+    y_ref = kernels.causal_conv1d(x, w, b, activation="silu", backend="reference")
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, w), dy)
+    grads_ref = torch.autograd.grad(y_ref, (x, w), dy)
+    for got, want in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_backend_specific_errors():
