@@ -754,13 +754,21 @@ def build_report(cfg: DictConfig) -> Report:
             f"Recall accuracy vs decode state: only the best learning rate of each group (best_over_lr=true): "
             f"{dropped} of {len(scores)} runs left out"
         )
+    without_lr = sorted({s.run for s in scores if s.lr is None})
     if scores and not groups:
         notes.append(
             f"Best over learning rates: no table, no run of task={cfg.task} records its learning rate "
             "(lr, which train.py writes to results/train.json)"
         )
+    elif without_lr:
+        notes.append(
+            f"Best over learning rates: {len(without_lr)} run(s) of task={cfg.task} record no learning rate "
+            f"and are left out of the table: {', '.join(without_lr)}"
+        )
     if not accuracy:
-        tasks = sorted({str(r["task"]) for r in records if r["metric"] == "accuracy" and r.get("task")})
+        tasks = sorted(
+            {str(r["task"]) for r in records if r["metric"] in ("accuracy", "val/acc") and r.get("task")}
+        )
         if tasks:
             notes.append(f"no accuracy records for task={cfg.task}; the records hold task={', '.join(tasks)}")
     val_loss, csv_notes = val_loss_points(records, sources, bool(cfg.skip_invalid))

@@ -217,8 +217,15 @@ def run_scores(records: list[dict[str, Any]], task: str, path: str) -> list[RunS
     for r in records:
         key = (r["run"], r["mixer"])
         for field in ("lr", "d_model", "n_layers"):
-            if r.get(field) is not None:
-                info[key].setdefault(field, r[field])
+            value = r.get(field)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(
+                    f"run {r['run']!r}: its records give {field} = {value!r}, which is not a number "
+                    f"(train.py writes {field} as a number to results/train.json); fix or remove the field"
+                )
+            info[key].setdefault(field, value)
         if r.get("task") != task:
             continue
         if r["metric"] == "accuracy" and r.get("seqlen"):
@@ -269,8 +276,11 @@ class LrGroup:
 
     @property
     def best(self) -> RunScore:
-        """The run of highest accuracy; on a tie the smaller learning rate, then the run name."""
-        return min(self.runs, key=lambda s: (-s.accuracy, s.lr, s.run))
+        """The run of highest accuracy; on a tie the smaller learning rate, then the run name. A NaN
+        accuracy (a diverged run) ranks below every number."""
+        return min(
+            self.runs, key=lambda s: (-s.accuracy if not math.isnan(s.accuracy) else math.inf, s.lr, s.run)
+        )
 
     @property
     def lrs(self) -> list[float]:

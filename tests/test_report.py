@@ -465,6 +465,35 @@ def test_best_over_lr_keeps_only_the_best_run_in_the_quality_vs_memory_plot(grid
         make_report(f"[{grid}]", tmp_path / "bad", "best_over_lr=3")
 
 
+def test_best_over_lr_with_bad_or_missing_learning_rates(grid, tmp_path):
+    # A diverged run (NaN accuracy) never wins its group.
+    run = "mamba-d64-lr0.0022"
+    records = sweep_records(run, "mamba", 64, 2.2e-3, {"T64_kv4": (64, float("nan"))})
+    write_json(grid / run / "results" / "train.json", records)
+    rep = make_report(f"[{grid}]", tmp_path / "nan")
+    table = next(t for t in rep.tables if t.title.startswith("Best"))
+    assert table.rows[1] == ["mamba", "0.300 (lr 4.6e-4, 2 lrs)", "not run"]
+    # A run without lr is left out of its group, and the report says so.
+    write_json(
+        grid / run / "results" / "train.json", [{k: v for k, v in r.items() if k != "lr"} for r in records]
+    )
+    rep = make_report(f"[{grid}]", tmp_path / "nolr")
+    table = next(t for t in rep.tables if t.title.startswith("Best"))
+    assert table.rows[1] == ["mamba", "0.300 (lr 4.6e-4, 1 lr)", "not run"]
+    assert any("1 run(s) of task=mqar record no learning rate" in n and run in n for n in rep.notes)
+    # An lr that is not a number is an error naming the run, not a crash in the sort.
+    write_json(grid / run / "results" / "train.json", [r | {"lr": "2.2e-3"} for r in records])
+    with pytest.raises(
+        ValueError, match=f"run '{run}': its records give lr = '2.2e-3', which is not a number"
+    ):
+        make_report(f"[{grid}]", tmp_path / "strlr")
+
+
+def test_unknown_task_is_noted_with_the_tasks_present(grid, tmp_path):
+    rep = make_report(f"[{grid}]", tmp_path / "out", "task=MQAR")
+    assert any("no accuracy records for task=MQAR; the records hold task=mqar" in n for n in rep.notes)
+
+
 def test_best_over_lr_scores_recall_accuracy_at_the_training_length(tmp_path):
     """eval/recall.py's accuracy wins over val/acc, at train_seqlen (not the shortest length), through
     the preferred path (recall_path=decode)."""
