@@ -877,7 +877,7 @@ def linear_attention(
         devices or CPU tensors without ``TRITON_INTERPRET=1``.
     """
     # The reference's validation: same checks, order and messages.
-    batch, _, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(q, k, v, scale)
+    batch, _, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(q, k, v, scale, normalize, eps)
     kv0 = z0 = None
     if initial_state is not None:
         kv0, z0 = _split_linear_state(initial_state, normalize, batch, num_heads, k_dim, v_dim)
@@ -929,7 +929,7 @@ def linear_attention_step(
         for this backend only, ValueError for tensors on different devices or CPU tensors without
         ``TRITON_INTERPRET=1``.
     """
-    scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale)
+    scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps)
     _check_backend("linear_attention_step", {"q": q, "k": k, "v": v, "state": state, "z_state": z_state})
     batch, num_heads, k_dim = q.shape
     v_dim = v.shape[2]

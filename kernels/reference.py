@@ -98,6 +98,18 @@ def _check_scale(scale) -> None:
         raise ValueError(f"scale must be finite, got {scale}")
 
 
+def _check_eps(eps) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a Python float, got {eps!r}; pass float(eps)")
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be finite and >= 0 (it is added to the normaliser), got {eps}")
+
+
+def _check_normalize(normalize) -> None:
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be True or False, got {normalize!r}")
+
+
 def _check_heads(num_heads: int, num_kv_heads: int) -> None:
     if num_heads % num_kv_heads != 0:
         raise ValueError(
@@ -918,8 +930,9 @@ def _split_linear_state(initial_state, normalize: bool, batch: int, num_heads: i
     return kv, z
 
 
-def _check_linear_attention_args(q, k, v, scale):
-    """Validate linear_attention's q, k, v and scale (shared by the reference and the Triton backend).
+def _check_linear_attention_args(q, k, v, scale, normalize=True, eps=1e-10):
+    """Validate linear_attention's q, k, v, scale, normalize and eps (shared by the reference and the
+    Triton backend).
 
     Returns ``(batch, seqlen, num_heads, k_dim, v_dim, scale)`` with the default scale
     ``k_dim ** -0.5`` filled in. The initial state is checked by :func:`_split_linear_state`.
@@ -929,6 +942,8 @@ def _check_linear_attention_args(q, k, v, scale):
     _check_tensor("v", v, 4)
     _check_same_dtype(q=q, k=k, v=v)
     _check_scale(scale)
+    _check_normalize(normalize)
+    _check_eps(eps)
     if k.shape != q.shape:
         raise ValueError(
             f"q and k must have the same shape (B, T, H, K), got {tuple(q.shape)} and {tuple(k.shape)}"
@@ -944,7 +959,7 @@ def _check_linear_attention_args(q, k, v, scale):
     return batch, seqlen, num_heads, k_dim, v_dim, scale
 
 
-def _check_linear_attention_step_args(q, k, v, state, z_state, scale):
+def _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps=1e-10):
     """Validate linear_attention_step's arguments (shared by the reference and the Triton backend).
 
     Returns the scale, with the default ``k_dim ** -0.5`` filled in.
@@ -955,6 +970,7 @@ def _check_linear_attention_step_args(q, k, v, state, z_state, scale):
     _check_tensor("state", state, 4)
     _check_same_dtype(q=q, k=k, v=v)
     _check_scale(scale)
+    _check_eps(eps)
     if k.shape != q.shape or v.shape[:2] != q.shape[:2]:
         raise ValueError(
             f"q, k must be (B, H, K) and v (B, H, V) with equal (B, H), got {tuple(q.shape)}, "
@@ -1010,10 +1026,13 @@ def linear_attention(
 
     Raises:
         TypeError: non-tensor / non-floating inputs, mismatched dtypes, the wrong state form for
-            ``normalize`` (e.g. a bare tensor with normalize=True).
-        ValueError: wrong ndim or mismatched shapes.
+            ``normalize`` (e.g. a bare tensor with normalize=True), a scale or eps that is not a
+            number, a normalize that is not a bool.
+        ValueError: wrong ndim or mismatched shapes, a non-finite scale, eps < 0 or not finite.
     """
-    batch, seqlen, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(q, k, v, scale)
+    batch, seqlen, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(
+        q, k, v, scale, normalize, eps
+    )
 
     dtype = _compute_dtype(q.dtype)
     if initial_state is None:
@@ -1081,10 +1100,11 @@ def linear_attention_step(
         (B, H, V) in q's dtype.
 
     Raises:
-        TypeError: non-tensor / non-floating inputs or mismatched q / k / v dtypes.
-        ValueError: wrong ndim or mismatched shapes.
+        TypeError: non-tensor / non-floating inputs or mismatched q / k / v dtypes, a scale or eps
+            that is not a number.
+        ValueError: wrong ndim or mismatched shapes, a non-finite scale, eps < 0 or not finite.
     """
-    scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale)
+    scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps)
 
     dtype = torch.float64 if torch.float64 in (q.dtype, state.dtype) else torch.float32
     qs = q.to(dtype) * scale

@@ -671,6 +671,10 @@ QKV = (_t(1, 4, 2, 8), _t(1, 4, 2, 8), _t(1, 4, 2, 6))
         (QKV, {"normalize": False, "initial_state": (_t(1, 2, 8, 6), _t(1, 2, 8))}),
         (QKV, {"normalize": False, "initial_state": _t(2, 8, 6)}),
         (QKV, {"normalize": False, "initial_state": torch.ones(1, 2, 8, 6, dtype=torch.int32)}),
+        (QKV, {"normalize": "false"}),  # a truthy string must not mean True
+        (QKV, {"eps": -1.0}),
+        (QKV, {"eps": float("nan")}),
+        (QKV, {"eps": "1e-6"}),
     ],
 )
 def test_errors_identical_to_reference(args, kwargs):
@@ -696,6 +700,7 @@ STEP_ARGS = (_t(2, 3, 8), _t(2, 3, 8), _t(2, 3, 6), _t(2, 3, 8, 6))
         (STEP_ARGS, {"z_state": _t(2, 3, 6)}),
         (STEP_ARGS, {"z_state": torch.zeros(2, 3, 8, dtype=torch.int64)}),
         (STEP_ARGS, {"scale": [0.5]}),
+        (STEP_ARGS, {"eps": -1e-3}),
     ],
 )
 def test_step_errors_identical_to_reference(args, kwargs):
