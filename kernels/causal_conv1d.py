@@ -20,10 +20,11 @@ The backward recomputes p from x (the pre-activation is never stored).
 
 Layout. A program owns ``BLOCK_D`` channels of one sequence and a segment of ``SEG_STEPS`` steps,
 walked in chunks of ``BLOCK_T`` steps; grid (segments x batch, channel blocks). Two algorithms,
-picked on the host from the strides (both are correct for any strides; only speed differs):
+picked on the host from the strides and the width (both are correct for any strides; only speed
+differs):
 
 - **Register window** (``REG_WINDOW``; x, and dy in the backward, contiguous along time: the
-  layout of ``(batch, dim, L)`` tensors). A chunk is a ``(BLOCK_T, BLOCK_D)`` tile with each
+  layout of ``(batch, dim, L)`` tensors; at most ``MAX_REGISTER_WINDOW_WIDTH`` taps). A chunk is a ``(BLOCK_T, BLOCK_D)`` tile with each
   thread holding its channel's BLOCK_T steps (one 16-byte access: BLOCK_T = 8 for 16-bit inputs,
   4 for fp32), and the previous chunk stays in registers, so every input is read once (plus one
   chunk per segment). The W taps are applied as one banded product: for output step i and input
@@ -37,7 +38,7 @@ picked on the host from the strides (both are correct for any strides; only spee
   one chunk ahead (g of the next chunk feeds dx of this one: ``dx[r] = sum_i taps[i, r] g[i]``,
   the same bands read the other way) and accumulates ``g[i] window[i, r]`` on the bands, folded
   into the W taps once at the end.
-- **Shifted loads** (anything else, e.g. the ``(batch, L, dim)`` buffers the mixers' in_proj makes,
+- **Shifted loads** (anything else: wider taps, or other strides, e.g. the ``(batch, L, dim)`` buffers the mixers' in_proj makes,
   viewed as ``(batch, dim, L)``: channels contiguous). Tap k is a load of the tile shifted k steps
   back; the shifts move along the strided axis, so every load stays coalesced along the channels
   and the overlap is served from L1. The backward recomputes p at the W steps ahead (W^2 loads
