@@ -68,14 +68,13 @@ likewise give each thread a run of contiguous steps and fetch the W - 1 previous
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from kernels._host import INTERPRET as _INTERPRET
+from kernels._host import check_devices, device_guard, strides
 from kernels.reference import (
     _check_causal_conv1d_args,
     _check_causal_conv1d_update_args,
@@ -83,9 +82,6 @@ from kernels.reference import (
 )
 
 __all__ = ["causal_conv1d", "causal_conv1d_update"]
-
-# Read once at import, like Triton itself (``triton.jit`` picks the interpreter at decoration time).
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -447,27 +443,6 @@ def causal_conv1d_update_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def _strides(t: torch.Tensor | None, ndim: int) -> tuple[int, ...]:
-    """Strides of an optional tensor (zeros for an absent one, whose pointer is never read)."""
-    return tuple(t.stride()) if t is not None else (0,) * ndim
-
-
-def _check_devices(op: str, *tensors: torch.Tensor | None) -> None:
-    devices = {t.device for t in tensors if t is not None}
-    if len(devices) > 1:
-        raise ValueError(f"{op}: all tensors must be on one device, got {sorted(map(str, devices))}")
-    device = devices.pop()
-    if device.type != "cuda" and not _INTERPRET:
-        raise ValueError(
-            f"the Triton {op} needs CUDA tensors (got {device}); on CPU set TRITON_INTERPRET=1 "
-            "before importing kernels, or use backend='reference'"
-        )
-
-
-def _device(t: torch.Tensor):
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
-
-
 def _launch_meta(x: torch.Tensor, width: int, *others: torch.Tensor) -> dict:
     """Algorithm, chunk and segment of a (batch, dim, L) launch (``others``: more (batch, dim, L)
     tensors the kernel walks, e.g. dy)."""
@@ -497,7 +472,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
         return (n_seg * batch, triton.cdiv(dim, meta["BLOCK_D"]))
 
     causal_conv1d_fwd_kernel[grid](
-        x, weight, bias, y, *x.stride(), *weight.stride(), *_strides(bias, 1),
+        x, weight, bias, y, *x.stride(), *weight.stride(), *strides(bias, 1),
         dim, seqlen, n_seg, _bucket(dim), HAS_BIAS=bias is not None, SILU=silu, **launch["meta"],
     )  # fmt: skip
     return y
@@ -523,7 +498,7 @@ def _backward(dy, x, weight, bias, silu: bool):
 
     causal_conv1d_bwd_kernel[grid](
         x, weight, bias, dy, dx, dw_part, db_part,
-        *x.stride(), *weight.stride(), *_strides(bias, 1), *dy.stride(), *dx.stride(),
+        *x.stride(), *weight.stride(), *strides(bias, 1), *dy.stride(), *dx.stride(),
         dim, seqlen, n_seg, _bucket(dim), HAS_BIAS=bias is not None, SILU=silu, **launch["meta"],
     )  # fmt: skip
     dweight = dw_part.sum((0, 1)).to(weight.dtype)
@@ -536,7 +511,7 @@ class _CausalConv1dFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, silu):
-        with _device(x):
+        with device_guard(x):
             y = _forward(x, weight, bias, silu)
         ctx.save_for_backward(x, weight, bias)
         ctx.silu = silu
@@ -546,7 +521,7 @@ class _CausalConv1dFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         x, weight, bias = ctx.saved_tensors
-        with _device(x):
+        with device_guard(x):
             grads = _backward(dy, x, weight, bias, ctx.silu)
         return *(g if need else None for g, need in zip(grads, ctx.needs_input_grad, strict=False)), None
 
@@ -583,11 +558,11 @@ def causal_conv1d(
         inputs without ``TRITON_INTERPRET=1``.
     """
     _check_causal_conv1d_args(x, weight, bias, activation)
-    _check_devices("causal_conv1d", x, weight, bias)
+    check_devices("causal_conv1d", x, weight, bias)
     silu = activation == "silu"
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return _CausalConv1dFunction.apply(x, weight, bias, silu)
-    with _device(x):  # inference (prefill): no graph
+    with device_guard(x):  # inference (prefill): no graph
         return _forward(x, weight, bias, silu)
 
 
@@ -625,7 +600,7 @@ def causal_conv1d_update(
     """
     batch, dim, width = _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation)
     tensors = (x, conv_state, weight, bias)
-    _check_devices("causal_conv1d_update", *tensors)
+    check_devices("causal_conv1d_update", *tensors)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         raise RuntimeError(
             "the Triton causal_conv1d_update is not differentiable (it is the decode path); call it "
@@ -636,10 +611,10 @@ def causal_conv1d_update(
     if y.numel() == 0:
         return y
     block_d = min(UPDATE_BLOCK_D, max(triton.next_power_of_2(dim), 32 if not _INTERPRET else 1))
-    with _device(x):
+    with device_guard(x):
         causal_conv1d_update_kernel[(triton.cdiv(dim, block_d), triton.cdiv(batch, UPDATE_ROWS))](
             x, conv_state, weight, bias, y,
-            *x.stride(), *conv_state.stride(), *weight.stride(), *_strides(bias, 1),
+            *x.stride(), *conv_state.stride(), *weight.stride(), *strides(bias, 1),
             batch, dim,
             WIDTH=width, W_PAD=triton.next_power_of_2(width), HAS_BIAS=bias is not None,
             SILU=activation == "silu", FP64=fp64, ROWS=UPDATE_ROWS, BLOCK_D=block_d, num_warps=UPDATE_WARPS,

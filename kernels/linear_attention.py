@@ -68,14 +68,13 @@ way (and ``z += k``, ``q . z`` when normalising): each state byte is read and wr
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from kernels._host import INTERPRET as _INTERPRET
+from kernels._host import device_guard, strides
 from kernels.reference import (
     _check_linear_attention_args,
     _check_linear_attention_step_args,
@@ -85,8 +84,6 @@ from kernels.reference import (
 
 __all__ = ["linear_attention", "linear_attention_step"]
 
-# Read once at import, like Triton itself (``triton.jit`` picks the interpreter at decoration time).
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 # ----------------------------------------------------------------------------------------------
 # Chunk size and autotune configs
@@ -663,14 +660,6 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
 
 
-def _strides(x: torch.Tensor | None, ndim: int) -> tuple[int, ...]:
-    return tuple(x.stride()) if x is not None else (0,) * ndim
-
-
-def _device_guard(x: torch.Tensor):
-    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
-
-
 def _scan(x, y, w, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool, scale: float):
     """Launch the state scan over (B, T, H, D) x and (B, T, H, E) y; returns
     (states (B, H, n_chunks, D, E) in x's dtype, zstates (B, H, n_chunks, D) or None,
@@ -700,7 +689,7 @@ def _scan(x, y, w, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool, sc
         x, y, w if w is not None else s_out, s_in if s_in is not None else s_out,
         z_in if z_in is not None else s_out, states, zstates if normalize else s_out, s_out,
         z_out if normalize else s_out,
-        *x.stride(), *y.stride(), *_strides(s_in, 4), *_strides(z_in, 3),
+        *x.stride(), *y.stride(), *strides(s_in, 4), *strides(z_in, 3),
         num_heads, seqlen, d_dim, e_dim, *_scale_args(scale, fp64), _pad(d_dim), _pad(e_dim), _bucket(bh),
         HAS_S_IN=s_in is not None, HAS_Z_IN=z_in is not None, HAS_Z=normalize,
         REVERSE=reverse, FP64=fp64, DOT_PRECISION=_dot_precision(x.dtype), BLOCK_T=chunk,
@@ -792,7 +781,7 @@ class _LinearAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, kv0, z0, scale, normalize, eps):
-        with _device_guard(q):
+        with device_guard(q):
             o, kv, z, states, zstates, den = _forward(q, k, v, kv0, z0, scale, normalize, eps)
         ctx.save_for_backward(q, k, v, o if normalize else None, states, zstates, den)
         ctx.scale, ctx.normalize = scale, normalize
@@ -805,7 +794,7 @@ class _LinearAttentionFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, do, dkv, dz):
         q, k, v, o, states, zstates, den = ctx.saved_tensors
-        with _device_guard(q):
+        with device_guard(q):
             dq, dk, dv, dkv0, dz0 = _backward(
                 do, dkv, dz, q, k, v, o, states, zstates, den, ctx.scale, ctx.normalize
             )
@@ -941,10 +930,10 @@ def linear_attention_step(
     block_e = max(1, triton.next_power_of_2(v_dim))
     # (BLOCK_D, BLOCK_E) tiles of at most 4096 elements: 32 fp32 registers a thread at 4 warps.
     block_d = min(triton.next_power_of_2(k_dim), max(1, 4096 // block_e))
-    with _device_guard(q):
+    with device_guard(q):
         linear_attention_step_kernel[(batch * num_heads,)](
             q, k, v, state, z_state if z_state is not None else state, out,
-            *q.stride(), *k.stride(), *v.stride(), *state.stride(), *_strides(z_state, 3),
+            *q.stride(), *k.stride(), *v.stride(), *state.stride(), *strides(z_state, 3),
             num_heads, k_dim, v_dim, *_scale_args(float(scale), fp64), float(eps),
             HAS_Z=z_state is not None, FP64=fp64, BLOCK_D=block_d,
             BLOCK_E=block_e, num_warps=4,

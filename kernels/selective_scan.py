@@ -66,14 +66,13 @@ sequence (dA, dD, d delta_bias) add per-chunk sums with Kahan's compensated summ
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from kernels._host import INTERPRET as _INTERPRET
+from kernels._host import check_devices, device_guard, strides
 from kernels.reference import (
     _check_selective_scan_args,
     _check_selective_state_update_args,
@@ -81,9 +80,6 @@ from kernels.reference import (
 )
 
 __all__ = ["selective_scan", "selective_state_update"]
-
-# Read once at import, like Triton itself (``triton.jit`` picks the interpreter at decoration time).
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -631,28 +627,11 @@ def selective_state_update_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def _strides(t: torch.Tensor | None, ndim: int) -> tuple[int, ...]:
-    """Strides of an optional tensor (zeros for an absent one, whose pointer is never read)."""
-    return tuple(t.stride()) if t is not None else (0,) * ndim
-
-
 def _grouped(t: torch.Tensor, dtype: torch.dtype, grouped_ndim: int) -> torch.Tensor:
     """B or C in the compute dtype with a group dim: (batch, G, N, L) for the scan
     (``grouped_ndim=4``), (batch, G, N) for the decode step (``grouped_ndim=3``)."""
     t = t.to(dtype)
     return t if t.ndim == grouped_ndim else t.unsqueeze(1)
-
-
-def _check_devices(op: str, *tensors: torch.Tensor | None) -> None:
-    devices = {t.device for t in tensors if t is not None}
-    if len(devices) > 1:
-        raise ValueError(f"{op}: all tensors must be on one device, got {sorted(map(str, devices))}")
-    device = devices.pop()
-    if device.type != "cuda" and not _INTERPRET:
-        raise ValueError(
-            f"the Triton {op} needs CUDA tensors (got {device}); on CPU set TRITON_INTERPRET=1 "
-            "before importing kernels, or use backend='reference'"
-        )
 
 
 def _forward(u, delta, A, B, C, D, z, delta_bias, h0, softplus: bool, store_ckpt: bool):
@@ -677,7 +656,7 @@ def _forward(u, delta, A, B, C, D, z, delta_bias, h0, softplus: bool, store_ckpt
     selective_scan_fwd_kernel[grid](
         u, delta, A, B, C, D, z, delta_bias, h0, y, last, ckpt,
         *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(),
-        *_strides(D, 1), *_strides(delta_bias, 1), *_strides(z, 3), *_strides(h0, 3), *y.stride(),
+        *strides(D, 1), *strides(delta_bias, 1), *strides(z, 3), *strides(h0, 3), *y.stride(),
         dim, P, d_state, seqlen, n_ckpt, _bucket(seqlen), min(triton.next_power_of_2(P), 128),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=softplus,
         HAS_H0=h0 is not None, STORE_CKPT=store_ckpt, FP64=dtype == torch.float64,
@@ -723,7 +702,7 @@ def _backward(dy, dlast, u, delta, A, B, C, D, z, delta_bias, ckpt, softplus: bo
             u, delta, A, Bg, Cg, D, z, delta_bias, ckpt, dy, dlast, scratch,
             du, ddelta, dz, db_part, dc_part, da_part, dd_part, dbias_part, dh0,
             *u.stride(), *delta.stride(), *A.stride(), *Bg.stride(), *Cg.stride(),
-            *_strides(D, 1), *_strides(delta_bias, 1), *_strides(z, 3), *dy.stride(), *_strides(dlast, 3),
+            *strides(D, 1), *strides(delta_bias, 1), *strides(z, 3), *dy.stride(), *strides(dlast, 3),
             dim, P, d_state, seqlen, n_ckpt, n_blocks, slots, _bucket(seqlen),
             HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None,
             SOFTPLUS=softplus, HAS_DLAST=dlast is not None, FP64=dtype == torch.float64,
@@ -749,7 +728,7 @@ class _SelectiveScanFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, initial_state, softplus):
-        with torch.cuda.device(u.device) if u.is_cuda else contextlib.nullcontext():
+        with device_guard(u):
             y, last, ckpt = _forward(u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, True)
         ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, ckpt)
         ctx.softplus = softplus
@@ -762,7 +741,7 @@ class _SelectiveScanFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy, dlast):
         u, delta, A, B, C, D, z, delta_bias, ckpt = ctx.saved_tensors
-        with torch.cuda.device(u.device) if u.is_cuda else contextlib.nullcontext():
+        with device_guard(u):
             du, ddelta, dA, dB, dC, dD, dz, dbias, dh0 = _backward(
                 dy, dlast, u, delta, A, B, C, D, z, delta_bias, ckpt, ctx.softplus
             )
@@ -821,11 +800,11 @@ def selective_scan(
     """
     _check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias, initial_state)
     tensors = (u, delta, A, B, C, D, z, delta_bias, initial_state)
-    _check_devices("selective_scan", *tensors)
+    check_devices("selective_scan", *tensors)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         y, last = _SelectiveScanFunction.apply(*tensors, bool(delta_softplus))
     else:  # inference (prefill): no graph, no checkpoints
-        with torch.cuda.device(u.device) if u.is_cuda else contextlib.nullcontext():
+        with device_guard(u):
             y, last, _ = _forward(*tensors, bool(delta_softplus), False)
     return (y, last) if return_last_state else y
 
@@ -872,7 +851,7 @@ def selective_state_update(
     """
     batch, dim, d_state, groups = _check_selective_state_update_args(state, x, dt, A, B, C, D, z, dt_bias)
     tensors = (state, x, dt, A, B, C, D, z, dt_bias)
-    _check_devices("selective_state_update", *tensors)
+    check_devices("selective_state_update", *tensors)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         raise RuntimeError(
             "the Triton selective_state_update is not differentiable (it is the decode path); call it "
@@ -890,11 +869,11 @@ def selective_state_update(
         max(1, DECODE_BLOCK_ELEMENTS // block_n),
         INTERPRET_BLOCK_D if _INTERPRET else DECODE_BLOCK_ELEMENTS,
     )
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+    with device_guard(x):
         selective_state_update_kernel[(triton.cdiv(P, block_d), groups, batch)](
             state, x, dt, A, Bg, Cg, D, z, dt_bias, y,
             *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *Bg.stride(), *Cg.stride(),
-            *_strides(D, 1), *_strides(dt_bias, 1), *_strides(z, 2),
+            *strides(D, 1), *strides(dt_bias, 1), *strides(z, 2),
             dim, P, d_state,
             HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus),
             FP64=dtype == torch.float64, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=DECODE_WARPS,
