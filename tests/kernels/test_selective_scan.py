@@ -38,6 +38,7 @@ import sys
 
 import pytest
 import torch
+from helpers import mixer_runs_with_reference_ops
 
 import kernels
 from kernels import reference
@@ -745,23 +746,14 @@ def test_gpu_mamba_mixer_matches_reference_backend(monkeypatch, settings, dtype)
 
     mixer = build_mixer("mamba", 256, **settings).to(DEVICE, dtype)
     x = torch.randn(2, 300, 256, device=DEVICE, dtype=dtype)
-    results = []
-    for backend in ("triton", "reference"):
-        if backend == "reference":
-            for op in ("selective_scan", "selective_state_update"):
-                monkeypatch.setattr(kernels, op, functools.partial(getattr(kernels, op), backend="reference"))
-        mixer.zero_grad()
-        y = mixer(x)
-        y.float().square().mean().backward()
-        with torch.no_grad():
-            cache = mixer.allocate_cache(2, 300)
-            decoded = [mixer(x[:, :280], cache=cache)] + [
-                mixer(x[:, t : t + 1], cache=cache) for t in range(280, 300)
-            ]
-        results.append(
-            (y.float(), [p.grad.float().clone() for p in mixer.parameters()], torch.cat(decoded, 1).float(),
-             cache.ssm_state.clone(), cache.conv_state.clone())
-        )  # fmt: skip
+    results = mixer_runs_with_reference_ops(
+        monkeypatch,
+        mixer,
+        x,
+        ("selective_scan", "selective_state_update"),
+        ("ssm_state", "conv_state"),
+        prefill=280,
+    )
     (y_tr, g_tr, dec_tr, ssm_tr, conv_tr), (y_ref, g_ref, dec_ref, ssm_ref, conv_ref) = results
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
     torch.testing.assert_close(y_tr, y_ref, **tol)
