@@ -1,0 +1,40 @@
+"""Host-side helpers shared by the Triton kernel modules (launch arguments, device checks)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+# Read once at import, like Triton itself (``triton.jit`` picks the interpreter at decoration time).
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+def strides(t: torch.Tensor | None, ndim: int) -> tuple[int, ...]:
+    """Strides of an optional tensor (zeros for an absent one, whose pointer is never read)."""
+    return tuple(t.stride()) if t is not None else (0,) * ndim
+
+
+def device_guard(t: torch.Tensor):
+    """``torch.cuda.device`` of a CUDA tensor (launches go to its GPU); a no-op context otherwise."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def check_devices(op: str, *tensors: torch.Tensor | None) -> None:
+    """A Triton op's own limits: its tensors (None ones skipped) on one device, and that device CUDA
+    or the CPU under ``TRITON_INTERPRET=1``.
+
+    Raises:
+        ValueError: tensors on several devices, or CPU tensors without the interpreter (the message
+            says to set TRITON_INTERPRET=1 or use backend='reference').
+    """
+    devices = {t.device for t in tensors if t is not None}
+    if len(devices) > 1:
+        raise ValueError(f"{op}: all tensors must be on one device, got {sorted(map(str, devices))}")
+    device = devices.pop()
+    if device.type != "cuda" and not INTERPRET:
+        raise ValueError(
+            f"the Triton {op} needs CUDA tensors (got {device}); on CPU set TRITON_INTERPRET=1 "
+            "before importing kernels, or use backend='reference'"
+        )
