@@ -31,7 +31,8 @@ Four parts, bf16 unless ``--dtype``, in one process on one GPU:
    ``selective_state_update``, counted on the state bytes read and written, against the copy
    bandwidth of a same-size copy (target >= 70%).
 4. **Conv** (``--conv-width``, default 4): the block's causal depthwise conv1d on (batch, dim, L) at
-   each scan shape, forward and backward, and its decode update at the decode shape, each as
+   each scan shape, in both input layouts (``contiguous``, time fastest, and ``channel_last``, the
+   transposed (batch, L, dim) view the mamba mixer passes), forward and backward, and its decode update at the decode shape, each as
    bandwidth against copy and as speedups over the baselines (``x torch``, ``x old mixer``: their
    time over the row's). Providers: ``triton_causal_conv1d`` / ``triton_causal_conv1d_update``
    (``kernels.causal_conv1d`` / ``kernels.causal_conv1d_update``, backend="triton": the Triton
@@ -60,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import math
 import sys
 import time
@@ -587,17 +589,22 @@ def conv_providers(conv: nn.Conv1d) -> dict[str, Callable]:
     }
 
 
+def _conv_key(row: dict[str, Any]) -> tuple:
+    """What two conv rows must share to be compared: shape, width, layout and direction."""
+    return (row["batch"], row["dim"], row.get("seqlen", 1), row["width"], row.get("layout"), row["direction"])
+
+
 def add_conv_speedups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Copies of the conv rows with ``speedup``: for each baseline in ``CONV_BASELINES`` its time
-    over the row's, at the same shape and direction (None where that baseline did not run; a decode
+    over the row's, at the same shape, layout and direction (None where that baseline did not run; a decode
     step's old-mixer baseline is ``mixer_multiply_add_step``)."""
     times = {}
     for r in rows:
         provider = r["provider"].removesuffix("_step")
-        times[(provider, r["batch"], r["dim"], r.get("seqlen", 1), r["width"], r["direction"])] = r["ms"]
+        times[(provider, *_conv_key(r))] = r["ms"]
     out = []
     for r in rows:
-        key = (r["batch"], r["dim"], r.get("seqlen", 1), r["width"], r["direction"])
+        key = _conv_key(r)
         speedup = {name: ratio(times.get((base, *key)), r["ms"]) for base, name in CONV_BASELINES.items()}
         out.append({**r, "speedup": speedup})
     return out
@@ -608,6 +615,7 @@ def conv_table_row(row: dict[str, Any]) -> list[str]:
     return [
         row["provider"],
         f"{row['batch']}x{row['dim']}x{row.get('seqlen', 1)}",
+        row.get("layout", "-"),
         row["direction"],
         fmt_ms(row["ms"]),
         fmt_rate(row["bytes_per_s"]),
@@ -620,17 +628,45 @@ def conv_table_row(row: dict[str, Any]) -> list[str]:
 
 def conv_table_header() -> list[str]:
     """Column names of the conv table."""
-    return ["provider", "BxDxL", "dir", "ms", "TB/s", "of copy", "x torch", "x old mixer", "err"]
+    return ["provider", "BxDxL", "layout", "dir", "ms", "TB/s", "of copy", "x torch", "x old mixer", "err"]
+
+
+# Memory layouts of the conv's (batch, dim, L) input: ``contiguous`` (time fastest) and
+# ``channel_last``, the transposed view of a (batch, L, dim) tensor that the mamba mixer passes (its
+# in_proj output, channels fastest).
+CONV_LAYOUTS = ("contiguous", "channel_last")
+
+
+def conv_input(batch: int, dim: int, seqlen: int, dtype: torch.dtype, layout: str) -> torch.Tensor:
+    """A random (batch, dim, seqlen) leaf tensor requiring grad, in one of ``CONV_LAYOUTS``.
+
+    Raises:
+        ValueError: unknown ``layout``.
+    """
+    if layout == "contiguous":
+        x = torch.randn(batch, dim, seqlen, device=DEVICE, dtype=dtype)
+    elif layout == "channel_last":
+        x = torch.randn(batch, seqlen, dim, device=DEVICE, dtype=dtype).transpose(1, 2)
+    else:
+        raise ValueError(f"unknown conv layout {layout!r}; use one of {CONV_LAYOUTS}")
+    return x.requires_grad_()
 
 
 def run_conv(
-    batch: int, seqlen: int, dim: int, width: int, dtype: torch.dtype, copy_bytes_per_s: float
+    batch: int,
+    seqlen: int,
+    dim: int,
+    width: int,
+    dtype: torch.dtype,
+    copy_bytes_per_s: float,
+    layout: str = "contiguous",
 ) -> list[dict[str, Any]]:
-    """Forward and backward of each causal-conv implementation at one shape; bytes = x read and y
-    written (forward), x and dy read and dx written (backward). Forward rows carry the max abs error
-    of y on the first sequence against the float64 reference."""
+    """Forward and backward of each causal-conv implementation at one shape and input layout (one
+    of ``CONV_LAYOUTS``); bytes = x read and y written (forward), x and dy read and dx written
+    (backward). Forward rows carry the max abs error of y on the first sequence against the float64
+    reference."""
     conv = nn.Conv1d(dim, dim, width, groups=dim, device=DEVICE, dtype=dtype)
-    x = torch.randn(batch, dim, seqlen, device=DEVICE, dtype=dtype, requires_grad=True)
+    x = conv_input(batch, dim, seqlen, dtype, layout)
     dy = torch.randn_like(x)
     with torch.no_grad():
         want = reference.causal_conv1d(x[:1].double(), conv.weight[:, 0].double(), conv.bias.double())
@@ -651,7 +687,7 @@ def run_conv(
             nbytes = moved * batch * dim * seqlen * itemsize
             bps = per_second(nbytes, ms)
             rows.append({"provider": name, "batch": batch, "seqlen": seqlen, "dim": dim, "width": width,
-                         "direction": direction, "bytes": nbytes, "ms": ms, "bytes_per_s": bps,
+                         "layout": layout, "direction": direction, "bytes": nbytes, "ms": ms, "bytes_per_s": bps,
                          "fraction_of_copy": ratio(bps, copy_bytes_per_s),
                          "max_abs_err": err if direction == "fwd" else None})  # fmt: skip
         del y
@@ -793,9 +829,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload["decode"] = run_decode(args.decode, dtype, ceilings["copy"]["bytes_per_s"])
         write_json(path, payload)
     if not args.no_conv:
-        for batch, seqlen in args.shapes:
+        for (batch, seqlen), layout in itertools.product(args.shapes, CONV_LAYOUTS):
             payload["conv_rows"] += run_conv(batch, seqlen, args.dim, args.conv_width, dtype,
-                                             ceilings["copy"]["bytes_per_s"])  # fmt: skip
+                                             ceilings["copy"]["bytes_per_s"], layout)  # fmt: skip
         payload["conv_rows"] += run_conv_step(
             args.decode, args.conv_width, dtype, ceilings["copy"]["bytes_per_s"]
         )

@@ -101,11 +101,11 @@ def test_table_row_and_verdicts_render_a_row():
 
 
 def test_conv_speedups_and_table():
-    # Speedups are each baseline's time over the row's at the same shape and direction; the decode
-    # step's old-mixer baseline is the old step.
-    def row(provider, ms, direction="fwd", seqlen=2048):
+    # Speedups are each baseline's time over the row's at the same shape, layout and direction; the
+    # decode step's old-mixer baseline is the old step.
+    def row(provider, ms, direction="fwd", seqlen=2048, layout="contiguous"):
         return {"provider": provider, "batch": 32, "dim": 2048, "seqlen": seqlen, "width": 4,
-                "direction": direction, "ms": ms, "bytes_per_s": 4.0e11, "fraction_of_copy": 0.1,
+                "layout": layout, "direction": direction, "ms": ms, "bytes_per_s": 4.0e11, "fraction_of_copy": 0.1,
                 "max_abs_err": None}  # fmt: skip
 
     step = {"provider": "mixer_multiply_add_step", "batch": 8, "dim": 16, "width": 4, "direction": "step",
@@ -115,6 +115,7 @@ def test_conv_speedups_and_table():
         row("torch_conv1d", 2.56, "bwd"), row("triton_causal_conv1d", 0.5, "bwd"),
         row("triton_causal_conv1d", 0.1, seqlen=1024), step,
         {**step, "provider": "triton_causal_conv1d_update", "ms": 0.04},
+        row("torch_conv1d", 2.55, layout="channel_last"), row("triton_causal_conv1d", 0.255, layout="channel_last"),
     ]  # fmt: skip
     out = bench.add_conv_speedups(rows)
     assert "speedup" not in rows[0]  # copies
@@ -125,11 +126,24 @@ def test_conv_speedups_and_table():
     assert out[4]["speedup"] == {"vs_torch_conv1d": pytest.approx(5.12), "vs_mixer_multiply_add": None}
     assert out[5]["speedup"] == {"vs_torch_conv1d": None, "vs_mixer_multiply_add": None}
     assert out[7]["speedup"] == {"vs_torch_conv1d": None, "vs_mixer_multiply_add": pytest.approx(10.0)}
+    # The channel-last rows compare with each other only.
+    assert out[9]["speedup"] == {"vs_torch_conv1d": pytest.approx(10.0), "vs_mixer_multiply_add": None}
     cells = dict(zip(bench.conv_table_header(), bench.conv_table_row(out[2]), strict=True))
+    assert cells["BxDxL"] == "32x2048x2048" and cells["layout"] == "contiguous"
+    assert cells["x torch"] == "10.00x" and cells["x old mixer"] == "20.44x"
+    assert bench.conv_table_row(out[7])[1] == "8x16x1" and bench.conv_table_row(out[7])[2] == "-"
     assert (
-        cells["BxDxL"] == "32x2048x2048" and cells["x torch"] == "10.00x" and cells["x old mixer"] == "20.44x"
+        dict(zip(bench.conv_table_header(), bench.conv_table_row(out[4]), strict=True))["x old mixer"] == "-"
     )
-    assert bench.conv_table_row(out[7])[1] == "8x16x1" and bench.conv_table_row(out[4])[7] == "-"
+
+
+def test_conv_input_layouts(monkeypatch):
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    for layout, fastest in (("contiguous", 2), ("channel_last", 1)):
+        x = bench.conv_input(2, 3, 5, torch.float32, layout)
+        assert x.shape == (2, 3, 5) and x.requires_grad and x.is_leaf and x.stride(fastest) == 1
+    with pytest.raises(ValueError, match="unknown conv layout"):
+        bench.conv_input(2, 3, 5, torch.float32, "sideways")
 
 
 def test_old_mixer_conv_baselines_compute_the_conv():

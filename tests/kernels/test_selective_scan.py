@@ -330,9 +330,11 @@ def nan_filled(factory):
 
 
 def test_outputs_fully_written_and_deterministic(monkeypatch):
-    # Every buffer the kernels allocate (outputs, checkpoints, scratch, partials) starts as NaN: an
-    # element a program forgot to store would surface as NaN. No atomics, so results are bitwise
-    # equal run to run and to the un-poisoned run.
+    # Every buffer the kernels allocate with torch.empty (outputs, checkpoints, scratch, partials)
+    # starts as NaN: an element a program forgot to store would surface as NaN. Under PyTorch's
+    # deterministic mode (per-block dB / dC partials, no atomics) results are bitwise equal run to
+    # run and to the un-poisoned run.
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
     inputs = make_inputs(2, 10, 21, 4, torch.float32, groups=2, extras=ALL, init=True)
     weights = (torch.randn(2, 10, 21, device=DEVICE), torch.randn(2, 10, 4, device=DEVICE))
     clean = run("triton", inputs, True, weights)
@@ -349,6 +351,30 @@ def test_outputs_fully_written_and_deterministic(monkeypatch):
         for name in inputs:
             assert torch.equal(results[2][name], clean[2][name]), name
     assert all(torch.isfinite(g).all() for g in clean[2].values())
+
+
+def test_atomic_dB_dC_equal_the_deterministic_partials(monkeypatch):
+    # By default each channel block adds its share of dB / dC atomically (several blocks per group
+    # here: 48 channels per group); the sums match the deterministic per-block partials up to the
+    # rounding of fp32 adds in another order: n_blocks - 1 adds, each rounding by at most eps times
+    # a running sum bounded by the sum of |partials| (at most n_blocks times the largest one, which
+    # is of the size of the largest total), hence n_blocks^2 eps max|total|. Every other gradient
+    # is bitwise the same.
+    inputs = make_inputs(1, 96, 13, 4, torch.float32, groups=2, extras=ALL, init=True)
+    weights = (torch.randn(1, 96, 13, device=DEVICE), torch.randn(1, 96, 4, device=DEVICE))
+    results = {}
+    for deterministic in (False, True):
+        monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda d=deterministic: d)
+        results[deterministic] = run("triton", inputs, True, weights)
+    atomic, partials = results[False], results[True]
+    assert torch.equal(atomic[0], partials[0]) and torch.equal(atomic[1], partials[1])
+    n_blocks = math.ceil(48 / ss.BWD_BLOCK_D)
+    for name in inputs:
+        if name in ("B", "C"):
+            atol = n_blocks**2 * torch.finfo(torch.float32).eps * partials[2][name].abs().max().item()
+            torch.testing.assert_close(atomic[2][name], partials[2][name], rtol=0, atol=atol)
+        else:
+            assert torch.equal(atomic[2][name], partials[2][name]), name
 
 
 @pytest.mark.parametrize("layout", ["transposed", "sliced"])
