@@ -459,9 +459,10 @@ def selective_scan_fwd_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-@triton.autotune(
-    configs=_bwd_configs(), key=["BLOCK_N", "BLOCK_D", "L_BUCKET", "ATOMIC"], reset_to_zero=["DB_PART", "DC_PART"]
-)
+# ATOMIC is left out of the key: both modes run the config tuned first, so they differ only in the
+# order of the dB / dC adds (a different chunk length would also change every other gradient's
+# rounding).
+@triton.autotune(configs=_bwd_configs(), key=["BLOCK_N", "BLOCK_D", "L_BUCKET"], reset_to_zero=["DB_PART", "DC_PART"])
 @triton.jit(do_not_specialize=_BWD_RUNTIME_INTS)
 def selective_scan_bwd_kernel(
     U, DELTA, A, B, C, D, Z, DELTA_BIAS, CKPT, DOUT, DLAST, SCRATCH,
