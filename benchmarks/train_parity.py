@@ -1,8 +1,13 @@
 """Training parity: a model trained on mixerlab's Triton kernels against the same model trained on the
 PyTorch references, loss curve by loss curve.
 
-    python benchmarks/train_parity.py mixer=mamba model=small data=text data.path=.../tiny_shakespeare.txt trainer=gpu
+    # the recorded H200 run (benchmarks/results/2026-12-01-nvidia-h200-train-parity.json):
+    python benchmarks/train_parity.py mixer=mamba model.d_model=256 model.n_layers=4 data=text \
+        data.path=.../tiny_shakespeare.txt data.seqlen=256 data.batch_size=32 trainer=gpu
     python benchmarks/train_parity.py --steps 50 trainer=gpu          # mamba on the default MQAR task
+    # CPU smoke run (the Triton interpreter: tiny sizes only)
+    python benchmarks/train_parity.py --steps 3 --out-dir /tmp/tp model.n_layers=1 model.d_model=16 \
+        data.seqlen=16 data.num_kv_pairs=2 data.batch_size=2
 
 What is compared: ``train.train(cfg)`` run twice on one composed config (``conf/train.yaml`` with
 ``mixer=mamba`` unless an override names another mixer, then the command line's Hydra overrides), so
@@ -15,7 +20,8 @@ machine without CUDA, "triton" is the Triton interpreter (``TRITON_INTERPRET=1``
 any kernel module is imported, as tests/conftest.py does): slow, for tiny smoke runs only.
 
 How: each run trains ``--steps`` optimizer steps (default 200) with ``trainer.max_steps`` set to it,
-``trainer.log_every_n_steps=1``, the CSV logger on and W&B off, in its own run directory (under
+``trainer.log_every_n_steps=1``, one batch per validation slice (``trainer.limit_val_batches=1``:
+validation is not compared), the CSV logger on and W&B off, in its own run directory (under
 ``--runs-dir`` if given, else a temporary folder removed at exit; checkpoints included). Its
 per-step ``train/loss`` is read back from ``<run_dir>/csv/metrics.csv``, the curves are aligned
 on Lightning's logged step (0-based), and each step's relative gap is ``|ours - ref| / |ref|``.
@@ -58,6 +64,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.errors import HydraException  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 import kernels  # noqa: E402
@@ -103,17 +110,33 @@ def forced_backend(backend: str) -> Iterator[None]:
 def compose_config(overrides: Sequence[str], steps: int, run_dir: Path) -> DictConfig:
     """``conf/train.yaml`` composed with :data:`DEFAULT_OVERRIDES`, then ``overrides``, then this
     benchmark's own settings (later overrides of a key win): ``steps`` optimizer steps, train/loss
-    logged every step to CSV only, and ``run_dir`` (``${hydra:runtime.output_dir}`` does not resolve
-    outside ``@hydra.main``)."""
+    logged every step to CSV only, one batch per validation slice (validation is not compared, and
+    a full one through the Triton interpreter takes minutes on a CPU), and ``run_dir``
+    (``${hydra:runtime.output_dir}`` does not resolve outside ``@hydra.main``).
+
+    Raises:
+        ValueError: an override Hydra rejects (unknown group option or key, bad syntax), with
+            Hydra's message; a trainer of more than one process (both runs must share this one).
+    """
     forced = [
         "logger.wandb.enabled=false",
         "logger.csv.enabled=true",
         f"trainer.max_steps={steps}",
         "trainer.log_every_n_steps=1",
+        "trainer.limit_val_batches=1",
         f"run_dir={run_dir}",
     ]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=[*DEFAULT_OVERRIDES, *overrides, *forced])
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=[*DEFAULT_OVERRIDES, *overrides, *forced])
+    except HydraException as err:
+        raise ValueError(f"bad override: {err}") from None
+    if str(cfg.trainer.strategy) != "auto" or str(cfg.trainer.devices) != "1":
+        raise ValueError(
+            f"trainer.strategy={cfg.trainer.strategy} trainer.devices={cfg.trainer.devices}: this benchmark "
+            "runs both trainings in one process on one device; use trainer=gpu (or trainer=cpu)"
+        )
+    return cfg
 
 
 def read_losses(metrics_csv: str | os.PathLike) -> dict[int, float]:

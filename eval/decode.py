@@ -323,7 +323,9 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
             xs, ys = zip(*sorted(points), strict=True)
             ax.plot(xs, ys, marker="o", label=mixer)
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        values = [y for points in by_mixer.values() for _, y in points]
+        # Log only where the values span a factor of 10 (a log axis over 350-361 shows no labels).
+        ax.set_yscale("log" if values and min(values) > 0 and max(values) >= 10 * min(values) else "linear")
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel(label)
         ax.legend()

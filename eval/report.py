@@ -69,6 +69,7 @@ from typing import Any
 import hydra
 import numpy as np
 import yaml
+from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 from omegaconf import DictConfig, OmegaConf
@@ -484,6 +485,7 @@ def decode_points(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "mode": r.get("mode"),
             "seqlen": r["seqlen"],
             "tokens_per_s": r["value"],
+            "linestyle": "--" if r.get("mode") == "eager" else "-",
         }
         for key, r in zip(keys, rows, strict=True)
     ]
@@ -563,25 +565,32 @@ def _hparams_mixer(path: Path) -> str:
 
 
 def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
-    """Draw ``points`` (dicts with ``series``, ``spec.x`` and ``spec.y``; ``label`` annotates markers)
-    as one line or marker set per series, legend in series order; ``None`` when there are no points.
+    """Draw ``points`` (dicts with ``series``, ``spec.x`` and ``spec.y``; ``label`` annotates markers,
+    ``linestyle`` styles a series' line) as one line or marker set per series, legend in series
+    order; ``None`` when there are no points.
 
+    Past 10 series the colours come from the 20-colour ``tab20`` map (the default cycle repeats
+    after 10) and past 6 the legend moves beside the axes. A ``log`` y axis whose data span less
+    than a factor of 10 is drawn linear (a log axis over 350-361 only has unreadable minor ticks);
+    x axes keep their scale (decode state bytes are compared on a log axis whatever their span).
     The figure is a standalone :class:`matplotlib.figure.Figure` (no pyplot state to close).
     """
     if not points:
         return None
-    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
-    ax = fig.subplots()
     by_series: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in points:
         by_series[p["series"]].append(p)
-    for series, pts in sorted(by_series.items()):
+    many = len(by_series) > 6
+    fig = Figure(figsize=(11.5 if many else 7.5, 4.8), layout="constrained")
+    ax = fig.subplots()
+    colors = colormaps["tab20"].colors if len(by_series) > 10 else [None] * len(by_series)
+    for color, (series, pts) in zip(colors, sorted(by_series.items()), strict=False):
         pts = sorted(pts, key=lambda p: p[spec.x])
         xs, ys = [p[spec.x] for p in pts], [p[spec.y] for p in pts]
         if spec.lines:
-            ax.plot(xs, ys, marker="o", label=series)
+            ax.plot(xs, ys, marker="o", label=series, color=color, linestyle=pts[0].get("linestyle", "-"))
             continue
-        ax.scatter(xs, ys, label=series)
+        ax.scatter(xs, ys, label=series, color=color)
         for p in pts:
             ax.annotate(
                 p.get("label", series),
@@ -590,21 +599,35 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
                 xytext=(5, 5),
                 fontsize=8,
             )
-    for axis, set_scale, scale in (
-        (ax.xaxis, ax.set_xscale, spec.xscale),
-        (ax.yaxis, ax.set_yscale, spec.yscale),
+    labels = {}
+    for axis, set_scale, scale, key, label in (
+        (ax.xaxis, ax.set_xscale, spec.xscale, spec.x, spec.xlabel),
+        (ax.yaxis, ax.set_yscale, spec.yscale, spec.y, spec.ylabel),
     ):
+        labels[key] = label
         if scale == "log2":
             set_scale("log", base=2)
             axis.set_major_formatter(ScalarFormatter())  # 64, 128, ... rather than 2^6, 2^7
+        elif scale == "log" and axis is ax.yaxis and _narrow([p[key] for p in points]):
+            set_scale("linear")
+            labels[key] = label.replace(", log scale", "").replace(" (log scale)", "")
         else:
             set_scale(scale)
-    ax.set_xlabel(spec.xlabel)
-    ax.set_ylabel(spec.ylabel)
+    ax.set_xlabel(labels[spec.x])
+    ax.set_ylabel(labels[spec.y])
     ax.set_title(spec.title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+    if many:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize="small")
     return fig
+
+
+def _narrow(values: list[float]) -> bool:
+    """Whether positive ``values`` span less than a factor of 10 (or hold a value <= 0)."""
+    positive = [v for v in values if v is not None and v > 0]
+    return len(positive) < len(values) or max(positive) < 10 * min(positive)
 
 
 def render_markdown(

@@ -125,6 +125,17 @@ def test_triton_on_a_cpu_trainer_without_the_interpreter_asks_for_trainer_gpu(tm
     assert not list(tmp_path.iterdir())
 
 
+def test_bad_overrides_and_multi_process_trainers_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="bad override: .*mixer/nosuch"):
+        bench.compose_config(["mixer=nosuch"], 2, tmp_path)
+    with pytest.raises(ValueError, match=r"bad override: Could not override 'model.bogus'"):
+        bench.compose_config(["model.bogus=3"], 2, tmp_path)
+    with pytest.raises(ValueError, match="one process on one device; use trainer=gpu"):
+        bench.compose_config(["trainer=ddp"], 2, tmp_path)
+    # Validation is not compared: one batch per slice, whatever the command line says.
+    assert bench.compose_config(["trainer.limit_val_batches=1.0"], 2, tmp_path).trainer.limit_val_batches == 1
+
+
 def test_fewer_than_two_steps_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--steps", "1", "--out-dir", str(tmp_path)])

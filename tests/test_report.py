@@ -14,7 +14,7 @@ from helpers import REPO_ROOT, compose_eval
 from matplotlib.ticker import ScalarFormatter
 
 import data as data_lib
-from eval.report import build_report
+from eval.report import PLOTS, build_report, plot_points
 from eval.report_tables import fold_slice
 
 STATE = {  # decode-state bytes per sequence at a length, per mixer (made up, of the right shape)
@@ -223,14 +223,38 @@ def test_val_loss_vs_tokens_plot(report):
 
 def test_decode_throughput_plot(report):
     ax = report.figures["decode_tokens_per_s"].axes[0]
-    assert ax.get_yscale() == "log" and "context length" in ax.get_xlabel() and "tokens/s" in ax.get_ylabel()
+    # 200-900 tokens/s span less than 10x: a linear y axis, labelled without "log scale".
+    assert ax.get_yscale() == "linear" and "log" not in ax.get_ylabel()
+    assert "context length" in ax.get_xlabel() and "tokens/s" in ax.get_ylabel()
     lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
     assert lines == {
         "attention [decode-attention-tiny] cuda_graph": [900.0, 400.0],
         "attention [decode-attention-tiny] eager": [500.0, 200.0],
         "mamba [decode-mamba-tiny]": [800.0, 800.0],
     }
+    styles = {line.get_label(): line.get_linestyle() for line in ax.get_lines()}
+    assert (
+        styles["attention [decode-attention-tiny] eager"] == "--"
+        and styles["mamba [decode-mamba-tiny]"] == "--"
+    )
+    assert styles["attention [decode-attention-tiny] cuda_graph"] == "-"
     assert all(list(line.get_xdata()) == [1024, 4096] for line in ax.get_lines())
+
+
+def test_plot_points_log_axes_colours_and_legend():
+    spec = next(p for p in PLOTS if p.name == "decode_tokens_per_s")  # log2 x, log y
+    wide = [
+        {"series": f"s{i}", "seqlen": 2**k, "tokens_per_s": 10.0 ** (k / 4)}
+        for i in range(12)
+        for k in (6, 10)
+    ]
+    fig = plot_points(wide, spec)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log" and "log scale" in ax.get_ylabel()  # 10^1.5 .. 10^2.5: 10x
+    colours = {tuple(line.get_color()) for line in ax.get_lines()}
+    assert len(colours) == 12  # tab20 past 10 series: no colour repeats
+    assert ax.get_legend().get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1  # beside the axes
 
 
 def test_tables(report):
