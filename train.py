@@ -119,13 +119,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     check_learned_positions(lit.model, max([int(data_cfg["seqlen"]), *slice_seqlens.values()]))
 
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    # best.ckpt: the callback, on each validation that improves the monitor. last.ckpt: written
+    # after fit (below), because Lightning's save_last only refreshes it together with a new best,
+    # so it would hold the best weights rather than the final ones.
     checkpoint_cb = ModelCheckpoint(
         dirpath=str(run_dir / "checkpoints"),
         filename="best",
         monitor=data_cfg["monitor"],
         mode=data_cfg["monitor_mode"],
         save_top_k=1,
-        save_last=True,
         auto_insert_metric_name=False,
         enable_version_counter=False,
     )
@@ -147,8 +149,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 f"params={lit.model.num_params():,} data={data_cfg['name']} run_dir={run_dir}"
             )
         trainer.fit(lit, datamodule=dm)
-        # Read the paths now: validating from best.ckpt restores the callback's state saved in it.
-        last = checkpoint_cb.last_model_path
+        last = str(run_dir / "checkpoints" / "last.ckpt")
+        trainer.save_checkpoint(last)  # every rank calls it; rank 0 writes (atomically: AtomicCheckpointIO)
+        # Read the path now: validating from best.ckpt restores the callback's state saved in it.
         best = checkpoint_cb.best_model_path or last
         trainer.validate(lit, datamodule=dm, ckpt_path=best or None, verbose=False)
         metrics = dict(lit.val_metrics)  # exact (float64) values of the best checkpoint

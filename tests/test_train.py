@@ -70,6 +70,19 @@ def test_every_mixer_config_trains_20_steps(tmp_path, mixer):
     assert (out["metrics"]["val/acc"] * 64 * 4).is_integer()  # exact counts over 64 examples x 4 queries
 
 
+def test_last_checkpoint_holds_the_final_weights_and_best_the_best(tmp_path):
+    # 7 steps validated at step 5 only: best.ckpt is step 5's, last.ckpt the weights after step 7
+    # (Lightning's own save_last would refresh last.ckpt only together with a new best).
+    out = run_train(tmp_path, ["mixer=attention", "trainer.max_steps=7", "trainer.val_check_interval=5"])
+    assert read_checkpoint(out["best_ckpt"])["global_step"] == 5
+    last = read_checkpoint(out["last_ckpt"])
+    assert last["global_step"] == 7 and Path(out["last_ckpt"]).name == "last.ckpt"
+    with torch.no_grad():
+        final = {k: v.clone() for k, v in load_model(out["last_ckpt"]).state_dict().items()}
+        best = load_model(out["best_ckpt"]).state_dict()
+    assert any(not torch.equal(final[k], best[k]) for k in final)
+
+
 @pytest.fixture(scope="module")
 def jamba_run(tmp_path_factory):
     return run_train(tmp_path_factory.mktemp("jamba"), ["mixer=hybrid_jamba", "logger=wandb"])
