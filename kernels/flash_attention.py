@@ -41,22 +41,19 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from kernels._host import INTERPRET as _INTERPRET
 from kernels.reference import (
     _check_attention_args,
     _compute_dtype,
 )
 
 __all__ = ["flash_attention"]
-
-# Read once at import, like Triton itself (``triton.jit`` picks the interpreter at decoration time).
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 _MAX_HEAD_DIM = 256
 _LOG2E = math.log2(math.e)

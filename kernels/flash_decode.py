@@ -53,18 +53,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels._host import INTERPRET as _INTERPRET
 from kernels.reference import _check_decode_args
 
 __all__ = ["flash_decode", "num_splits_heuristic"]
-
-# Read once at import, like Triton itself (``triton.jit`` picks the interpreter at decoration time).
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 _MAX_HEAD_DIM = 256
 _MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2
