@@ -1,10 +1,14 @@
-"""Shared test helpers: composing the shipped Hydra configs; a mixer run against forced reference ops."""
+"""Shared test helpers: composing the shipped Hydra configs; a mixer run against forced reference ops;
+the GPU marker, dtype ids and forced autotune configs of the kernel tests."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
@@ -13,6 +17,30 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 MIXER_CONFIGS = sorted(p.stem for p in (CONF_DIR / "mixer").glob("*.yaml"))
 SHAKESPEARE = REPO_ROOT.parent / "shared" / "data" / "tiny_shakespeare.txt"
+
+# The GPU suite's tests also carry this skip, so `pytest -m gpu` on a machine without CUDA skips them.
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    """Test id of a dtype: ``"bfloat16"`` for ``torch.bfloat16``."""
+    return str(dtype).removeprefix("torch.")
+
+
+@contextlib.contextmanager
+def forced_config(tuners: Sequence, index: int) -> Iterator[None]:
+    """Each Triton autotuner in ``tuners`` restricted to its ``index``-th config (the last one if it
+    has fewer), with its autotune cache emptied; restored on exit. A single config skips autotuning."""
+    saved = []
+    try:
+        for tuner in tuners:
+            saved.append((tuner, tuner.configs, tuner.cache))
+            tuner.configs = [tuner.configs[min(index, len(tuner.configs) - 1)]]
+            tuner.cache = {}
+        yield
+    finally:
+        for tuner, configs, cache in saved:
+            tuner.configs, tuner.cache = configs, cache
 
 
 def compose_train(overrides: list[str]) -> DictConfig:

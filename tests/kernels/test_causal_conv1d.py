@@ -40,7 +40,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import mixer_runs_with_reference_ops
+from helpers import dtype_id, forced_config, gpu, mixer_runs_with_reference_ops
 from torch import nn
 
 import kernels
@@ -55,16 +55,6 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F64 = torch.float64
 F32 = torch.float32
 F16 = torch.float16
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def dtype_id(dtype):
-    return str(dtype).removeprefix("torch.")
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -609,29 +599,13 @@ def test_gpu_float64_and_wide_taps():
         assert_conv_accuracy(make_inputs(2, 64, seqlen, width, F64), "silu", layout=LAYOUTS[layout])
 
 
-@contextlib.contextmanager
-def forced_config(index):
-    """Both conv kernels restricted to their ``index``-th CUDA config, with the autotune cache
-    emptied; restored on exit."""
-    saved = []
-    try:
-        for tuner in (cc.causal_conv1d_fwd_kernel, cc.causal_conv1d_bwd_kernel):
-            saved.append((tuner, tuner.configs, tuner.cache))
-            tuner.configs = [tuner.configs[min(index, len(tuner.configs) - 1)]]
-            tuner.cache = {}
-        yield
-    finally:
-        for tuner, configs, cache in saved:
-            tuner.configs, tuner.cache = configs, cache
-
-
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, F32], ids=dtype_id)
 def test_gpu_every_autotune_config(dtype):
     # A config the autotuner may pick on another shape or run must be correct too.
     for index in range(len(cc.causal_conv1d_fwd_kernel.configs)):
-        with forced_config(index):
+        with forced_config((cc.causal_conv1d_fwd_kernel, cc.causal_conv1d_bwd_kernel), index):
             for seqlen, layout in [(1000, "contiguous"), (777, "channel_last")]:
                 inputs = make_inputs(2, 640, seqlen, 4, dtype, param_dtype=F32)
                 try:

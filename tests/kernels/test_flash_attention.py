@@ -34,6 +34,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from helpers import dtype_id, gpu
 
 import kernels
 from kernels.flash_attention import _kv_tile_bounds, _q_tile_bounds
@@ -44,16 +45,6 @@ fa = sys.modules["kernels.flash_attention"]
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F64 = torch.float64
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def dtype_id(dtype):
-    return str(dtype).removeprefix("torch.")
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
 
 
 # ----------------------------------------------------------------------------------------------

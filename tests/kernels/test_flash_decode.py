@@ -28,6 +28,7 @@ import sys
 
 import pytest
 import torch
+from helpers import gpu
 
 import kernels
 from kernels import reference
@@ -38,13 +39,7 @@ fd = sys.modules["kernels.flash_decode"]
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F64 = torch.float64
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SEQLENS = [1, 17, 0, 65, 127]
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
 
 
 # ----------------------------------------------------------------------------------------------

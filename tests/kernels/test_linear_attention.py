@@ -32,7 +32,6 @@ unmarked tests run on the GPU too.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import math
@@ -42,6 +41,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import triton
+from helpers import dtype_id, forced_config, gpu
 
 import kernels
 from kernels import reference
@@ -52,16 +52,6 @@ la = sys.modules["kernels.linear_attention"]
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F64 = torch.float64
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def dtype_id(dtype):
-    return str(dtype).removeprefix("torch.")
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -783,23 +773,6 @@ def test_gpu_realistic_shapes(dtype, normalize, batch, seqlen, num_heads, k_dim,
     assert_linear_accuracy(q, k, v, state, normalize=normalize)
 
 
-@contextlib.contextmanager
-def forced_config(index):
-    """Every autotuned kernel restricted to its ``index``-th CUDA config (the last one if it has
-    fewer), with the autotune cache emptied; restored on exit. A single config skips autotuning."""
-    saved = []
-    try:
-        for name in AUTOTUNED:
-            tuner = getattr(la, name)
-            saved.append((tuner, tuner.configs, tuner.cache))
-            tuner.configs = [tuner.configs[min(index, len(tuner.configs) - 1)]]
-            tuner.cache = {}
-        yield
-    finally:
-        for tuner, configs, cache in saved:
-            tuner.configs, tuner.cache = configs, cache
-
-
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
@@ -810,7 +783,7 @@ def test_gpu_every_autotune_config(dtype, normalize):
     # tile / warp choices only. Each config of every kernel in turn, at chunks of 64, vs float64.
     n_configs = max(len(getattr(la, name).configs) for name in AUTOTUNED)
     for index in range(n_configs):
-        with forced_config(index):
+        with forced_config([getattr(la, name) for name in AUTOTUNED], index):
             for batch, seqlen, num_heads, k_dim, v_dim in [(2, 1024, 4, 128, 128), (2, 777, 4, 64, 64),
                                                          (1, 500, 2, 273, 64)]:  # fmt: skip
                 q, k, v, state = make_inputs(

@@ -21,11 +21,6 @@ def rand(*shape, dtype=F64, requires_grad=False, positive=False):
     return x.requires_grad_(requires_grad)
 
 
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
-
-
 # ----------------------------------------------------------------------------------------------
 # flash_attention
 # ----------------------------------------------------------------------------------------------

@@ -30,7 +30,6 @@ the GPU too.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import math
@@ -38,7 +37,7 @@ import sys
 
 import pytest
 import torch
-from helpers import mixer_runs_with_reference_ops
+from helpers import dtype_id, forced_config, gpu, mixer_runs_with_reference_ops
 
 import kernels
 from kernels import reference
@@ -49,17 +48,7 @@ ss = sys.modules["kernels.selective_scan"]
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F64 = torch.float64
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
-
-
-def dtype_id(dtype):
-    return str(dtype).removeprefix("torch.")
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -690,22 +679,6 @@ def test_gpu_float64():
         assert_scan_accuracy(make_inputs(2, 64, seqlen, 16, F64, groups=groups, extras=ALL, init=True))
 
 
-@contextlib.contextmanager
-def forced_config(index):
-    """Both scan kernels restricted to their ``index``-th CUDA config (the last one if they have
-    fewer), with the autotune cache emptied; restored on exit."""
-    saved = []
-    try:
-        for tuner in (ss.selective_scan_fwd_kernel, ss.selective_scan_bwd_kernel):
-            saved.append((tuner, tuner.configs, tuner.cache))
-            tuner.configs = [tuner.configs[min(index, len(tuner.configs) - 1)]]
-            tuner.cache = {}
-        yield
-    finally:
-        for tuner, configs, cache in saved:
-            tuner.configs, tuner.cache = configs, cache
-
-
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
@@ -713,7 +686,7 @@ def test_gpu_every_autotune_config(dtype):
     # A config the autotuner may pick on another shape or run must be correct too.
     n_configs = max(len(ss.selective_scan_fwd_kernel.configs), len(ss.selective_scan_bwd_kernel.configs))
     for index in range(n_configs):
-        with forced_config(index):
+        with forced_config((ss.selective_scan_fwd_kernel, ss.selective_scan_bwd_kernel), index):
             for seqlen, groups in [(1000, None), (777, 2)]:
                 inputs = make_inputs(2, 256, seqlen, 16, dtype, groups=groups, extras=ALL, init=True,
                                      param_dtype=torch.float32)  # fmt: skip
