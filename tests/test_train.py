@@ -239,3 +239,29 @@ def test_ddp_on_two_cpu_processes_leaves_one_run_dir(tmp_path):
     assert load_model(run_dir / "checkpoints" / "last.ckpt").model.config.name == "hybrid_jamba"
     tokens = logged(str(run_dir), "train/tokens")
     assert tokens[-1] == 20 * 32 * 64 * 2  # 20 steps x batch 32 x seqlen 64 x 2 processes
+
+
+def test_joblib_launcher_runs_a_sweep_in_parallel_processes(tmp_path):
+    # Three jobs on two worker processes: one worker runs two jobs in turn, so state left over from
+    # a job (seeds, the Lightning trainer, the run dir's logging) must not leak into the next.
+    sweep = tmp_path / "multirun"
+    args = [
+        str(REPO_ROOT / "train.py"),
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        f"hydra.sweep.dir={sweep}",
+        "mixer=attention,linear_attention,mamba",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=4",
+    ]
+    result = cli(args + TINY[:1] + TINY[3:] + MQAR_TINY, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert runs == ["0-attention-mqar", "1-linear_attention-mqar", "2-mamba-mqar"]
+    assert "Joblib.Parallel(n_jobs=2" in result.stdout + result.stderr
+    for run in runs:
+        records = json.loads((sweep / run / "results" / "train.json").read_text())
+        assert {r["mixer"] for r in records} == {run.split("-")[1]}
+        assert load_model(sweep / run / "checkpoints" / "last.ckpt").model.config.name == run.split("-")[1]
+        assert logged(str(sweep / run), "train/tokens")[-1] == 4 * 32 * 64
