@@ -3,6 +3,7 @@
     python benchmarks/decode.py                 # full sweep: batch 1 and 8, KV length 2k..128k
     python benchmarks/decode.py --quick         # smoke run: batch 1, KV length 8k and 32k
     python benchmarks/decode.py --batches 1 --seqlens 8192 32768 --page-size 16
+    python benchmarks/decode.py --batches 1 --seqlens 8192 --num-splits 16 32 60 96 128  # split sweep
 
 The issue's setting (issue 6): one query token per sequence, 32 query heads over 8 KV heads, head
 dim 128, bf16, every sequence of the batch at the full KV length. Providers, all in this process,
@@ -17,6 +18,9 @@ warm-up call that also autotunes:
   backend choice, and ``sdpa_flash`` with the flash backend pinned (``sdpa_kernel``);
 - ``sdpa_repeat``: SDPA after ``repeat_interleave`` of the KV heads (the copy is timed: it is what a
   caller without GQA support pays);
+- ``ours_splits<N>`` (with ``--num-splits N ...``): ``ours`` with ``num_splits=N`` forced instead of
+  :func:`kernels.flash_decode.num_splits_heuristic`'s choice, to tune the heuristic against SDPA
+  in the same process;
 - ``read``: one ``copy_`` of the K and V caches, timed as the HBM floor: its bandwidth (bytes read +
   written over time) is the copy bandwidth the kernels' KV-read bandwidth is compared with.
 
@@ -123,6 +127,12 @@ def make_provider(name: str, x: dict) -> Callable[[], torch.Tensor]:
         return lambda: kernels.flash_decode(
             x["q"], x["k"], x["v"], x["contiguous_table"], x["seqlens"], check_values=False, backend="triton"
         )
+    if name.startswith("ours_splits") and name[len("ours_splits"):].isdigit():
+        num_splits = int(name[len("ours_splits"):])
+        return lambda: kernels.flash_decode(
+            x["q"], x["k"], x["v"], x["contiguous_table"], x["seqlens"], num_splits=num_splits,
+            check_values=False, backend="triton",
+        )  # fmt: skip
     if name == "ours_paged":
         return lambda: kernels.flash_decode(
             x["q"], x["k_pool"], x["v_pool"], x["table"], x["seqlens"], check_values=False, backend="triton"
@@ -151,7 +161,7 @@ def make_provider(name: str, x: dict) -> Callable[[], torch.Tensor]:
             return v_dst.copy_(x["v"])
 
         return read
-    raise ValueError(f"unknown provider {name!r}; choose from {PROVIDERS}")
+    raise ValueError(f"unknown provider {name!r}; choose from {PROVIDERS} or ours_splits<N>")
 
 
 def run_config(batch: int, seqlen: int, providers: Sequence[str], page_size: int, dtype: torch.dtype) -> dict:
@@ -235,6 +245,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--page-size", type=int, default=PAGE_SIZE, help="tokens per page of ours_paged")
     parser.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
     parser.add_argument(
+        "--num-splits", type=int, nargs="+", default=[],
+        help="also time ours with each of these forced split counts (providers ours_splits<N>)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=RESULTS_DIR, help="results folder (default benchmarks/results)"
     )
     parser.add_argument("--name", help="results name (default decode, decode-quick with --quick)")
@@ -247,6 +261,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(f"{name}: values must be positive, got {values}")
     if args.page_size <= 0:
         parser.error("--page-size must be positive")
+    if any(n <= 0 for n in args.num_splits):
+        parser.error(f"--num-splits: values must be positive, got {args.num_splits}")
     return args
 
 
@@ -254,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the sweep, print the table, write the JSON; returns the exit status."""
     args = parse_args(argv)
     require_cuda("benchmarks/decode.py")
-    providers = list(dict.fromkeys(args.providers))
+    providers = list(dict.fromkeys(args.providers + [f"ours_splits{n}" for n in args.num_splits]))
     path = results_path(args.name, args.out)
     info = versions()
     print(

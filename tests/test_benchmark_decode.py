@@ -28,6 +28,8 @@ def test_paged_inputs_hold_the_contiguous_cache_and_providers_agree():
     want = reference.flash_decode(x["q"], x["k"], x["v"], x["contiguous_table"], x["seqlens"])
     for name in ("ours", "ours_paged", "sdpa_gqa", "sdpa_repeat"):
         torch.testing.assert_close(bench.make_provider(name, x)(), want, rtol=1e-5, atol=1e-5)
+    for splits in (1, 3, 40):  # forced split counts: one chunk, uneven chunks, one key per split
+        torch.testing.assert_close(bench.make_provider(f"ours_splits{splits}", x)(), want, rtol=1e-5, atol=1e-5)
     assert torch.equal(bench.make_provider("read", x)(), x["v"])
     with pytest.raises(ValueError, match="unknown provider"):
         bench.make_provider("flashinfer", x)
@@ -40,6 +42,9 @@ def test_parse_args_and_table_row():
     assert args.batches == [1, 8] and args.seqlens == [2048, 8192, 32768, 131072] and args.page_size == 64
     with pytest.raises(SystemExit):
         bench.parse_args(["--seqlens", "0"])
+    assert bench.parse_args(["--num-splits", "16", "60"]).num_splits == [16, 60]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--num-splits", "0"])
     row = {
         "batch": 1, "seqlen": 8192, "page_size": 64, "kv_bytes": 33_554_432,
         "us": {"ours": 10.0, "sdpa_gqa": 22.5, "read": 16.0}, "tb_s": {"ours": 3.36, "sdpa_gqa": 1.49, "read": 2.1},
