@@ -7,8 +7,9 @@ was trained on (``data.name`` of the checkpoint), at the training seqlen and at 
 - ``mqar``: multi-query associative recall (Arora et al. 2024, "Zoology", Sec. 3), with
   proportionally more key-value pairs at longer lengths; accuracy over all query positions.
 - ``induction_heads``: induction heads (Gu & Dao 2023, "Mamba", Sec. 4.1.2 and App. E.1; Olsson et
-  al. 2022); accuracy of the one answer at the last position (the paper tests up to 2^20 tokens:
-  pass e.g. ``length_multipliers=[1,4,16]``).
+  al. 2022); accuracy of the one answer at the last position (the paper tests from 2^6 up to 2^20
+  tokens: pass e.g. ``length_multipliers=[1,4,16]``, or absolute lengths, shorter than the
+  training length too, with ``seqlens=[64,128,256,1024]``).
 
 Twice per slice (``decode_paths``):
 
@@ -82,7 +83,10 @@ def _mqar_slices(ctx: EvalContext, cfg: DictConfig) -> tuple[Any, list[dict[str,
 def _induction_slices(ctx: EvalContext, cfg: DictConfig) -> tuple[Any, list[dict[str, Any]]]:
     """The induction-heads data module with one test slice per multiplier, and per slice
     ``{seqlen, prefill_len, extra}``."""
-    seqlens = [int(ctx.data["seqlen"]) * m for m in cfg.length_multipliers]
+    if cfg.seqlens is not None:
+        seqlens = check_lengths(cfg.seqlens, "seqlens")
+    else:
+        seqlens = [int(ctx.data["seqlen"]) * m for m in cfg.length_multipliers]
     dm = build_datamodule(
         ctx.data,
         test_configs=[{"seqlen": n} for n in seqlens],
@@ -103,12 +107,20 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         FileNotFoundError: missing checkpoint.
         ValueError: corrupt checkpoint, a checkpoint not trained on a recall task (the message
             names the supported tasks and the script for the checkpoint's), or invalid settings
-            (unknown decode path, a longer MQAR slice that the vocabulary cannot hold).
+            (unknown decode path, a longer MQAR slice that the vocabulary cannot hold, ``seqlens``
+            for an MQAR checkpoint).
     """
     check_settings(cfg)
     check_lengths(cfg.length_multipliers, "length_multipliers")
+    if cfg.seqlens is not None:
+        check_lengths(cfg.seqlens, "seqlens")
     device = resolve_device(cfg.device)
     ctx = load_checkpoint(cfg.ckpt, device, TASKS, "eval/recall.py")
+    if ctx.task == "mqar" and cfg.seqlens is not None:
+        raise ValueError(
+            "seqlens is for induction_heads checkpoints; an MQAR slice scales its key-value pairs "
+            "with the length, so give length_multipliers instead (e.g. length_multipliers=[1,2,4])"
+        )
     dm, slices = (_mqar_slices if ctx.task == "mqar" else _induction_slices)(ctx, cfg)
     check_position_limit(ctx.model, max(test["seqlen"] for test in slices), "length_multipliers")
     dm.setup("test")

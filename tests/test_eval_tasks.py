@@ -197,6 +197,12 @@ def test_recall_eval_on_induction_heads(tmp_path_factory, tmp_path, capsys):
         assert r["value"] == table["accuracy", slice_name, "parallel"]["value"]
         assert r["scored_positions"] == 8  # one answer per example
     assert "induction-heads accuracy" in capsys.readouterr().out
+    # Absolute lengths, shorter than the training length too (the Mamba paper tests from 2^6).
+    records, _ = evaluate_with(recall_eval, "recall", run, tmp_path, "num_examples=8", "batch_size=8",
+                               "seqlens=[8,24]", "decode_paths=[parallel]")  # fmt: skip
+    assert sorted((r["slice"], r["seqlen"]) for r in records) == [("T24", 24), ("T8", 8)]
+    with pytest.raises(ValueError, match=r"seqlens must be a list of integers >= 1"):
+        evaluate_with(recall_eval, "recall", run, tmp_path, "seqlens=[0]")
 
 
 # --- eval/long_context.py ------------------------------------------------------------------------

@@ -180,6 +180,8 @@ def test_recall_eval_rejects_bad_settings(jamba_run):
         recall_eval(compose_eval("recall", [ckpt, "length_multipliers=[1,8]"]))
     with pytest.raises(ValueError, match="unknown decode_paths"):
         recall_eval(compose_eval("recall", [ckpt, "decode_paths=[parallel,beam]"]))
+    with pytest.raises(ValueError, match="seqlens is for induction_heads checkpoints.*length_multipliers"):
+        recall_eval(compose_eval("recall", [ckpt, "seqlens=[64,128]"]))
 
 
 def test_atomic_checkpoint_write_keeps_the_old_file_on_failure(tmp_path):
