@@ -105,7 +105,9 @@ def versions() -> dict[str, Any]:
 def results_path(
     name: str, out_dir: str | os.PathLike = RESULTS_DIR, *, gpu: str | None = None, date: str | None = None
 ) -> Path:
-    """``<out_dir>/<date>-<gpu slug>-<name>.json`` (DESIGN.md's naming).
+    """``<out_dir>/<date>-<gpu slug>-<name>.json`` (DESIGN.md's naming), or, when a run of the same
+    day already wrote that file, the first free ``...-<name>-2.json``, ``-3``, ...: a second run
+    never overwrites the first's results.
 
     Args:
         name: the benchmark, e.g. ``"attention"``.
@@ -115,7 +117,12 @@ def results_path(
     """
     gpu = gpu if gpu is not None else gpu_name()
     date = date if date is not None else today()
-    return Path(out_dir) / f"{date}-{slugify(gpu)}-{slugify(name)}.json"
+    stem = f"{date}-{slugify(gpu)}-{slugify(name)}"
+    path, n = Path(out_dir) / f"{stem}.json", 1
+    while path.exists():
+        n += 1
+        path = Path(out_dir) / f"{stem}-{n}.json"
+    return path
 
 
 def _jsonable(value: Any) -> Any:

@@ -122,6 +122,12 @@ def test_slugify_and_results_path(tmp_path):
     assert common.slugify("  ") == "unknown"
     path = common.results_path("attention", tmp_path, gpu="NVIDIA H200", date="2026-01-02")
     assert path == tmp_path / "2026-01-02-nvidia-h200-attention.json"
+    # A second run of the same day keeps the first's file.
+    path.write_text("[]")
+    second = common.results_path("attention", tmp_path, gpu="NVIDIA H200", date="2026-01-02")
+    assert second == tmp_path / "2026-01-02-nvidia-h200-attention-2.json"
+    second.write_text("[]")
+    assert common.results_path("attention", tmp_path, gpu="NVIDIA H200", date="2026-01-02").name.endswith("-3.json")
     assert common.results_path("x", gpu="A100").parent == common.RESULTS_DIR
     assert common.results_path("x", gpu="A100").name.startswith(common.today())
 
