@@ -4,7 +4,9 @@ Hydra composes the config (``conf/train.yaml`` and its groups), :func:`train` ru
 Lightning: one run directory per run (also under DDP, whose launcher re-runs this command line
 with the same ``hydra.run.dir``), checkpoints ``best.ckpt`` and ``last.ckpt`` written atomically,
 W&B (offline by default) and CSV logs, optional early stopping (``early_stopping``: the arguments of
-Lightning's ``EarlyStopping``), and result records of the final validation.
+Lightning's ``EarlyStopping``), and result records of the final validation. ``resume=<ckpt>``
+continues an earlier run (weights, optimizer, schedule, step and token counts) in a new run
+directory, e.g. a long run cut by ``trainer.max_time`` into several sessions.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from data.mqar import parse_slice_name
 from eval.cli import user_errors
 from eval.records import git_sha, make_record, write_records
 from models import ModelConfig
-from models.checkpoint import AtomicCheckpointIO
+from models.checkpoint import AtomicCheckpointIO, read_checkpoint
 from models.lit import LitLM
 
 MODEL_KEYS = ("d_model", "n_layers", "mlp", "mlp_ratio", "norm_eps", "embed_dropout", "resid_dropout")
@@ -117,6 +119,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         tokenizer_config=tokenizer.to_config() if tokenizer is not None else None,
     )
     check_learned_positions(lit.model, max([int(data_cfg["seqlen"]), *slice_seqlens.values()]))
+    resume = check_resume(cfg.get("resume"), model_config)
 
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     # best.ckpt: the callback, on each validation that improves the monitor. last.ckpt: written
@@ -148,7 +151,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 f"mixerlab: {model_config['name']} layout={ModelConfig.from_dict(model_config).layout} "
                 f"params={lit.model.num_params():,} data={data_cfg['name']} run_dir={run_dir}"
             )
-        trainer.fit(lit, datamodule=dm)
+        trainer.fit(lit, datamodule=dm, ckpt_path=resume)
         last = str(run_dir / "checkpoints" / "last.ckpt")
         trainer.save_checkpoint(last)  # every rank calls it; rank 0 writes (atomically: AtomicCheckpointIO)
         # Read the path now: validating from best.ckpt restores the callback's state saved in it.
@@ -214,6 +217,42 @@ def check_learned_positions(model, longest: int) -> None:
             "the training length stay untrained, which is what a length-extrapolation test of learned "
             "positions measures) or drop the longer slices from data.test_configs"
         )
+
+
+def check_resume(resume: str | None, model_config: dict[str, Any]) -> str | None:
+    """The checkpoint path to continue from (``resume=``), checked before training starts.
+
+    Args:
+        resume: a ``.ckpt`` written by train.py, or None (a new run).
+        model_config: this run's model config (:func:`build_model_config`).
+
+    Returns:
+        The path as an absolute string, or None.
+
+    Raises:
+        FileNotFoundError / ValueError: a missing, corrupt or non-mixerlab checkpoint
+            (:func:`models.checkpoint.read_checkpoint`), or one without the trainer state to resume
+            (a weights-only file); ValueError: the checkpoint's model differs from this run's,
+            naming the first differing key.
+    """
+    if resume is None:
+        return None
+    checkpoint = read_checkpoint(resume)
+    if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
+        raise ValueError(
+            f"resume={resume} holds no trainer state (optimizer, loops) to continue from; give a "
+            "checkpoint written by train.py (checkpoints/last.ckpt or best.ckpt)"
+        )
+    saved = ModelConfig.from_dict(checkpoint["hyper_parameters"]["model"]).to_dict()
+    current = ModelConfig.from_dict(model_config).to_dict()
+    for key in sorted(set(saved) | set(current)):
+        if saved.get(key) != current.get(key):
+            raise ValueError(
+                f"resume={resume} was trained with model {key}={saved.get(key)!r}, this run has "
+                f"{current.get(key)!r}; resume with the checkpoint's model settings (its run directory's "
+                ".hydra/overrides.yaml lists them)"
+            )
+    return str(Path(resume).resolve())
 
 
 def _write_train_records(

@@ -132,6 +132,21 @@ class LitLM(L.LightningModule):
             # of equal values) only keeps Lightning from warning about unsynchronised epoch metrics.
             self.log(key, value, prog_bar=key in ("val/loss", "val/acc"), sync_dist=True)
 
+    def on_train_start(self) -> None:
+        """Set the learning rate from this run's schedule at the current step.
+
+        A run resumed from a checkpoint (``train.py resume=...``) gets its optimizer's learning
+        rate as last set, under the earlier run's schedule; when the resume raises
+        ``trainer.max_steps`` the schedule is longer, so its first step would use the old value.
+        Re-evaluating the schedule here makes every step's rate the one an uninterrupted run with
+        the new settings uses (on a fresh run it is the rate already set).
+        """
+        for config in self.trainer.lr_scheduler_configs:
+            sched = config.scheduler
+            if isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
+                for group, base_lr, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
+                    group["lr"] = base_lr * fn(sched.last_epoch)
+
     def configure_optimizers(self):
         decay, no_decay = [], []
         for p in self.model.parameters():

@@ -267,3 +267,52 @@ def test_joblib_launcher_runs_a_sweep_in_parallel_processes(tmp_path):
         assert {r["mixer"] for r in records} == {run.split("-")[1]}
         assert load_model(sweep / run / "checkpoints" / "last.ckpt").model.config.name == run.split("-")[1]
         assert logged(str(sweep / run), "train/tokens")[-1] == 4 * 32 * 64
+
+
+def metrics_rows(run_dir: str) -> list[dict[str, str]]:
+    with open(Path(run_dir) / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_resume_continues_steps_tokens_and_schedule(tmp_path):
+    # Reference: 30 uninterrupted steps. Resumed: 20 steps, then 10 more from last.ckpt in a new run dir.
+    full = run_train(tmp_path / "full", ["trainer.max_steps=30", "trainer.val_check_interval=10"])
+    part = run_train(tmp_path / "part", ["trainer.max_steps=20", "trainer.val_check_interval=10"])
+    resumed = run_train(
+        tmp_path / "resumed",
+        ["trainer.max_steps=30", "trainer.val_check_interval=10", f"resume={part['last_ckpt']}"],
+    )
+    state = read_checkpoint(resumed["last_ckpt"])
+    assert state["global_step"] == 30
+    adam_steps = {float(s["step"]) for s in state["optimizer_states"][0]["state"].values()}
+    assert adam_steps == {30.0}  # the optimizer's moments were restored, not restarted
+    rows = metrics_rows(resumed["run_dir"])
+    # Ten more steps, logged after the first run's (a fresh run labels its steps 0..29; Lightning
+    # labels a resumed run's one higher, 21..30).
+    steps = [int(r["step"]) for r in rows if r.get("train/tokens")]
+    assert len(steps) == 10 and min(steps) > max(int(r["step"]) for r in metrics_rows(part["run_dir"]))
+    assert logged(resumed["run_dir"], "train/tokens") == [n * 32 * 64 for n in range(21, 31)]
+    # The warmup + cosine schedule, over the new 30 steps, continues at step 21: the lr of each of
+    # the ten steps is the uninterrupted run's (the first too, though the checkpoint's optimizer
+    # held the rate of a 20-step schedule's end).
+    lr_key = next(k for k in rows[0] if k.startswith("lr-"))
+    lrs = [float(r[lr_key]) for r in sorted(rows, key=lambda r: int(r["step"])) if r.get(lr_key)]
+    full_rows = sorted(metrics_rows(full["run_dir"]), key=lambda r: int(r["step"]))
+    full_lrs = [float(r[lr_key]) for r in full_rows if r.get(lr_key)]
+    assert len(full_lrs) == 30 and lrs == pytest.approx(full_lrs[20:], rel=1e-12)
+    records = json.loads((Path(resumed["run_dir"]) / "results" / "train.json").read_text())
+    # Its one validation (step 30) is its best: the records count the tokens of all 30 steps.
+    assert {r["train_tokens"] for r in records} == {30 * 32 * 64}
+
+
+def test_resume_rejects_missing_weights_only_and_mismatched_checkpoints(tmp_path):
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        run_train(tmp_path / "a", [f"resume={tmp_path / 'nope.ckpt'}"])
+    part = run_train(tmp_path / "part", ["trainer.max_steps=2", "trainer.val_check_interval=2"])
+    with pytest.raises(ValueError, match=r"model d_model=32.*this run has 64.*overrides.yaml"):
+        run_train(tmp_path / "b", [f"resume={part['last_ckpt']}", "model.d_model=64"])
+    weights_only = tmp_path / "weights.ckpt"
+    state = read_checkpoint(part["last_ckpt"])
+    torch.save({"state_dict": state["state_dict"], "hyper_parameters": state["hyper_parameters"]}, weights_only)
+    with pytest.raises(ValueError, match="holds no trainer state"):
+        run_train(tmp_path / "c", [f"resume={weights_only}"])
