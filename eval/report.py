@@ -416,9 +416,11 @@ def accuracy_points(records: list[dict[str, Any]], task: str, path: str) -> list
         and (r["run"], r["mixer"]) not in tested
     ]
     chosen: dict[tuple, dict[str, Any]] = {}
+    # One series per checkpoint: evaluations of it at other lengths written to other files
+    # (output=...) extend its curve; at a length evaluated twice the first file read is kept.
     for r, split in [(r, str(r.get("split") or "test")) for r in test] + [(r, "val") for r in val]:
         checkpoint = Path(r["checkpoint"]).name if r.get("checkpoint") else ""
-        key = (r["mixer"], r["run"], (checkpoint, split, r["record_file"]))
+        key = (r["mixer"], r["run"], (checkpoint, split))
         slot = (key, r["seqlen"])
         if slot not in chosen or (r.get("path") == path and chosen[slot].get("path") != path):
             chosen[slot] = r

@@ -621,3 +621,24 @@ def test_every_data_modules_slice_names_fold(module):
     assert names and all(fold_slice(f"val/acc_{n}") == ("val/acc", n) for n in names)
     assert fold_slice("val/loss_text") == ("val/loss", "text")  # TextDataModule's one slice
     assert fold_slice("val/acc") == ("val/acc", None) and fold_slice("loss") == ("loss", None)
+
+
+def test_evaluations_of_one_checkpoint_in_several_files_make_one_curve(tmp_path):
+    # eval/recall.py run twice on one checkpoint (short lengths, then long ones with output=...),
+    # and best.ckpt beside last.ckpt: one curve per checkpoint, a length evaluated twice drawn once.
+    run_dir = tmp_path / "mamba-run"
+    short = recall_records("mamba-run", "mamba", [1.0, 1.0, 0.9], ["parallel"])  # scored 0.01 lower
+    long = [r | {"seqlen": r["seqlen"] * 16, "value": 0.5} for r in short[1:]]
+    again = [short[0] | {"value": 0.0}]  # 64 tokens once more, in a later file: the first read stays
+    best = [r | {"checkpoint": r["checkpoint"].replace("last", "best"), "value": 0.2} for r in short]
+    write_json(run_dir / "checkpoints" / "a-short.json", short)
+    write_json(run_dir / "checkpoints" / "b-long.json", long)
+    write_json(run_dir / "checkpoints" / "c-again.json", again)
+    write_json(run_dir / "checkpoints" / "d-best.json", best)
+    rep = make_report(f"[{run_dir}]", tmp_path / "out")
+    ax = rep.figures["accuracy_vs_length"].axes[0]
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+    assert lines == {
+        "mamba [mamba-run] last.ckpt": ([64, 128, 256, 2048, 4096], pytest.approx([0.99, 0.99, 0.89, 0.5, 0.5])),
+        "mamba [mamba-run] best.ckpt": ([64, 128, 256], pytest.approx([0.2, 0.2, 0.2])),
+    }
