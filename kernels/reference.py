@@ -501,6 +501,8 @@ def _check_scan_params(
     dim: int, d_state: int, A, B, C, D, delta_bias, *, bc_ndims: tuple[int, ...], batch: int
 ):
     """Validate the shared selective-scan parameters; returns the number of B/C groups."""
+    if d_state < 1:
+        raise ValueError(f"d_state (A's second dim, the state size N) must be >= 1, got {d_state}")
     _check_tensor("A", A, 2)
     if A.shape[0] != dim:
         raise ValueError(f"A must be (dim, d_state) with dim = {dim}, got {tuple(A.shape)}")
@@ -570,6 +572,12 @@ def _check_selective_state_update_args(state, x, dt, A, B, C, D, z, dt_bias):
                 raise ValueError(
                     f"{name} must be (batch, dim) = {(batch, dim)} like state, got {tuple(t.shape)}"
                 )
+    for axis, (size, stride) in enumerate(zip(state.shape, state.stride(), strict=True)):
+        if size > 1 and stride == 0:
+            raise ValueError(
+                f"state is updated in place, so its elements must not share memory: it is an expanded "
+                f"view (stride 0 along dim {axis}); pass state.clone()"
+            )
     _check_tensor("A", A, 2)
     if A.shape[1] != d_state:
         raise ValueError(f"A must be (dim, d_state) = {(dim, d_state)} like state, got {tuple(A.shape)}")

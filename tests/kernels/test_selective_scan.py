@@ -582,6 +582,7 @@ def _scan_args(**overrides):
         _scan_args(z=_t(2, 4, 5)),
         _scan_args(delta_bias=_t(4, 1)),
         _scan_args(initial_state=_t(2, 4, 2)),
+        _scan_args(A=_t(4, 0), B=_t(2, 0, 6), C=_t(2, 0, 6)),
     ],
 )
 def test_errors_identical_to_reference(kwargs):
@@ -607,6 +608,8 @@ def _step_args(**overrides):
         _step_args(z=_t(4)),
         _step_args(D=_t(5)),
         _step_args(state=torch.ones(2, 4, 3, dtype=torch.int32, device=DEVICE)),
+        _step_args(state=_t(1, 4, 3).expand(2, 4, 3)),
+        _step_args(state=_t(2, 4, 0), A=_t(4, 0), B=_t(2, 0), C=_t(2, 0)),
     ],
 )
 def test_step_errors_identical_to_reference(kwargs):
@@ -614,6 +617,14 @@ def test_step_errors_identical_to_reference(kwargs):
     reference_error = _call("selective_state_update", "reference", **kwargs)
     assert reference_error is not None
     assert triton_error == reference_error
+
+
+def test_shared_state_memory_and_empty_state_are_refused():
+    # An expanded state would be updated in place through aliased rows: silently wrong numbers.
+    with pytest.raises(ValueError, match=r"expanded view \(stride 0 along dim 0\); pass state.clone\(\)"):
+        kernels.selective_state_update(**_step_args(state=_t(1, 4, 3).expand(2, 4, 3)), backend="triton")
+    with pytest.raises(ValueError, match="d_state .* must be >= 1, got 0"):
+        kernels.selective_scan(**_scan_args(A=_t(4, 0), B=_t(2, 0, 6), C=_t(2, 0, 6)), backend="triton")
 
 
 def test_backend_specific_errors():
