@@ -30,7 +30,11 @@ Three parts, each in bf16 unless ``--dtype fp16``, on one process and GPU:
    ``dst.copy_(src)`` measured in the same run (the issue's target: at least 70%).
 
 Timing follows benchmarks/attention.py (DESIGN.md "Measuring"): ``triton.testing.do_bench`` median
-with the L2 flushed, after a warm-up call that also autotunes / compiles; the backward is timed
+with the L2 flushed, after a warm-up call that also autotunes / compiles; every provider and
+direction of a row is warmed up and checked first, then timed in ``--rounds`` interleaved rounds
+(default 3) and reported as the median over rounds (every round in the JSON's ``ms_rounds``),
+because timings of the same code drifted between runs far more than the gaps being measured
+(:func:`time_rounds`); the backward is timed
 alone, ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)`` on one forward; forwards
 are timed with inputs that require grad. q and k are positive feature maps (elu + 1 of a Gaussian,
 the mixer's default), so normalising is well defined; v is Gaussian.
@@ -50,6 +54,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import statistics
 import sys
 import time
 import warnings
@@ -94,6 +99,7 @@ DIRECTIONS = ("fwd", "bwd")
 SUSPECT_FACTOR = {"fwd": 2.0, "bwd": 3.0}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 COPY_TARGET = 0.7  # the issue's decode target: fraction of the copy bandwidth
+ROUNDS = 3  # interleaved timing rounds per row (time_rounds)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -292,11 +298,14 @@ class Check:
         return math.nan if any(math.isnan(e) for e in errs) else max(errs)
 
 
-def _measure(name: str, fn: Callable, direction: str, qkv, dout, check: Check) -> tuple[float, float, float]:
-    """Warm up, check and time one provider in one direction (see benchmarks/attention.py).
+def _prepare(
+    name: str, fn: Callable, direction: str, qkv, dout, check: Check
+) -> tuple[float, Callable, float]:
+    """Warm up (autotune, compile) and check one provider in one direction.
 
     Returns:
-        (max abs error vs the reference, median ms, seconds of the warm-up call).
+        (max abs error vs the reference, the callable to time, seconds of the warm-up call).
+        The backward's callable reuses one forward's graph (``retain_graph=True``).
     """
     t0 = time.perf_counter()
     out = fn(*qkv)
@@ -310,8 +319,47 @@ def _measure(name: str, fn: Callable, direction: str, qkv, dout, check: Check) -
         err = check.max_abs_err(grads, want_grads)
         del grads
         timed = functools.partial(torch.autograd.grad, out, qkv, dout, retain_graph=True)
-    warm = time.perf_counter() - t0
-    return err, bench_ms(timed), warm
+    return err, timed, time.perf_counter() - t0
+
+
+def time_rounds(
+    timed: dict[Any, Callable[[], Any]],
+    rounds: int,
+    bench: Callable[[Callable[[], Any]], float] | None = None,
+) -> tuple[dict[Any, list[float]], dict[Any, Exception]]:
+    """Time every callable of ``timed`` once per round, the rounds interleaved (a, b, c, a, b, c, ...).
+
+    Why: the same kernel's do_bench median moved by up to 50% between runs on the H200
+    (2026-12-01), so every provider of a row is measured in each round and a provider's figure is
+    the median over rounds: a drift in clocks or in a neighbour's load then shifts all providers
+    of a round alike instead of whichever happened to run during it.
+
+    Args:
+        timed: key -> zero-argument callable (already warmed up).
+        rounds: number of rounds (>= 1).
+        bench: ``fn -> ms`` (default :func:`benchmarks.common.bench_ms`).
+
+    Returns:
+        (key -> per-round times in ms, in round order; key -> the exception that stopped it). A key
+        whose call raises is left out of the later rounds and keeps the times measured before.
+
+    Raises:
+        ValueError: rounds < 1.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    bench = bench or bench_ms
+    times: dict[Any, list[float]] = {key: [] for key in timed}
+    errors: dict[Any, Exception] = {}
+    for _ in range(rounds):
+        for key, fn in timed.items():
+            if key in errors:
+                continue
+            try:
+                times[key].append(bench(fn))
+            except Exception as exc:  # noqa: BLE001 - reported per key by the caller
+                errors[key] = exc
+    return times, errors
 
 
 def make_inputs(batch: int, seqlen: int, heads: int, k_dim: int, v_dim: int, dtype: torch.dtype):
@@ -328,13 +376,20 @@ def make_inputs(batch: int, seqlen: int, heads: int, k_dim: int, v_dim: int, dty
 
 
 def run_config(
-    part: str, shape: tuple[int, int, int, int, int], *, providers: Sequence[str], dtype: torch.dtype
+    part: str,
+    shape: tuple[int, int, int, int, int],
+    *,
+    providers: Sequence[str],
+    dtype: torch.dtype,
+    rounds: int = 1,
 ) -> list[dict[str, Any]]:
-    """Check and time every provider on one (B, T, H, K, V); returns the fwd and bwd rows."""
+    """Check every provider on one (B, T, H, K, V), then time them in ``rounds`` interleaved rounds
+    (:func:`time_rounds`); returns the fwd and bwd rows, ``ms`` the median over rounds."""
     batch, seqlen, heads, k_dim, v_dim = shape
     q, k, v, dout = make_inputs(batch, seqlen, heads, k_dim, v_dim, dtype)
     check = Check(q, k, v, dout)
-    res = {d: {"ms": {}, "status": {}, "err": {}, "warmup_s": {}} for d in DIRECTIONS}
+    res = {d: {"ms": {}, "rounds": {}, "status": {}, "err": {}, "warmup_s": {}} for d in DIRECTIONS}
+    timed: dict[tuple[str, str], Callable[[], Any]] = {}
     for name in providers:
         try:
             fn = make_provider(name, k_dim, v_dim)
@@ -347,17 +402,28 @@ def run_config(
             try:
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    err, ms, warm = _measure(name, fn, direction, (q, k, v), dout, check)
+                    err, timed[(name, direction)], warm = _prepare(
+                        name, fn, direction, (q, k, v), dout, check
+                    )
                 res[direction]["err"][name] = err
-                res[direction]["ms"][name] = ms
                 res[direction]["warmup_s"][name] = warm
-                res[direction]["status"][name] = "ok"
             except Exception as exc:  # noqa: BLE001 - recorded in the row, the run goes on
                 res[direction]["status"][name] = "failed: " + short_reason(
                     exc, [str(w.message) for w in caught]
                 )
-            finally:
-                torch.cuda.empty_cache()
+    times, errors = time_rounds(timed, rounds)
+    for (name, direction), exc in errors.items():
+        res[direction]["status"][name] = "failed: " + short_reason(exc, [])
+    for (name, direction), per_round in times.items():
+        if per_round and (name, direction) not in errors:
+            res[direction]["rounds"][name] = per_round
+    for direction in DIRECTIONS:
+        r = res[direction]
+        for name, per_round in r["rounds"].items():
+            r["ms"][name] = statistics.median(per_round)
+            r["status"][name] = "ok"
+    timed.clear()
+    torch.cuda.empty_cache()
 
     rows = []
     for direction in DIRECTIONS:
@@ -378,6 +444,7 @@ def run_config(
                 "dtype": str(dtype).removeprefix("torch."),
                 "direction": direction,
                 "ms": ms,
+                "ms_rounds": {p: r["rounds"].get(p) for p in providers},
                 "status": {p: r["status"].get(p, "not run") for p in providers},
                 # ours' speedup over X is X's time over ours'; norm_over_raw is a slowdown
                 "speedup": {
@@ -459,6 +526,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument(
+        "--rounds", type=int, default=ROUNDS,
+        help=f"interleaved timing rounds per row, the median reported (default {ROUNDS})",
+    )  # fmt: skip
+    parser.add_argument(
         "--out", type=Path, default=RESULTS_DIR, help="results folder (default benchmarks/results)"
     )
     parser.add_argument(
@@ -480,6 +551,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(f"--seqlens: {t} is not positive")
     if args.sweep_heads <= 0 or args.sweep_dim <= 0:
         parser.error("--sweep-heads and --sweep-dim must be positive")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     args.providers = list(dict.fromkeys(args.providers))
     args.name = args.name or ("linear-attention-quick" if args.quick else "linear-attention")
     return args
@@ -524,6 +597,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "return_mode": "median",
             "warmup_ms": DO_BENCH_WARMUP_MS,
             "rep_ms": DO_BENCH_REP_MS,
+            "rounds": args.rounds,
+            "ms": "median over the rounds of each provider's do_bench median (ms_rounds: every round)",
         },
         "check": "max abs error vs the fp32 reference of each provider's op on (last batch, heads 0 and H-1)",
         "speedup": "X's ms over ours' ms (> 1: ours faster); norm_over_raw = ours_norm ms / ours ms",
@@ -538,7 +613,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     for i, (part, shape) in enumerate(configs, 1):
         t0 = time.perf_counter()
-        new = run_config(part, shape, providers=args.providers, dtype=dtype)
+        new = run_config(part, shape, providers=args.providers, dtype=dtype, rounds=args.rounds)
         rows += new
         times = "  ".join(f"{p} {fmt_ms(new[0]['ms'][p])}/{fmt_ms(new[1]['ms'][p])}" for p in args.providers)
         errs = "  ".join(

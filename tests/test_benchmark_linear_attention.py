@@ -20,6 +20,7 @@ from benchmarks.linear_attention import (
     sweep_crossovers,
     table_header,
     table_row,
+    time_rounds,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -141,6 +142,28 @@ def test_parse_args_defaults_and_quick():
         parse_args(["--shapes", "1x2x3"])
     with pytest.raises(SystemExit):
         parse_args(["--seqlens", "0"])
+    assert full.rounds == 3 and parse_args(["--rounds", "5"]).rounds == 5
+    with pytest.raises(SystemExit):
+        parse_args(["--rounds", "0"])
+
+
+def test_time_rounds_interleaves_and_isolates_failures():
+    calls = []
+
+    def bench(fn):
+        calls.append(fn())
+        if calls[-1] == "bad" and calls.count("bad") == 2:
+            raise RuntimeError("out of memory")
+        return float(len(calls))
+
+    timed = {"a": lambda: "a", "b": lambda: "bad", "c": lambda: "c"}
+    times, errors = time_rounds(timed, 3, bench=bench)
+    # round-robin order, and "b" is dropped after its failure in round 2 (keeping round 1's time)
+    assert calls == ["a", "bad", "c", "a", "bad", "c", "a", "c"]
+    assert times == {"a": [1.0, 4.0, 7.0], "b": [2.0], "c": [3.0, 6.0, 8.0]}
+    assert list(errors) == ["b"] and "out of memory" in str(errors["b"])
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        time_rounds(timed, 0, bench=bench)
 
 
 def test_script_without_gpu_exits_with_clear_message():
