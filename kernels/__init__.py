@@ -104,6 +104,8 @@ def flash_attention(q, k, v, *, causal=True, window=None, scale=None, return_lse
     ``backend``: None (the Triton FlashAttention-2 kernel, :mod:`kernels.flash_attention`, for CUDA
     tensors; the reference for CPU tensors), "reference", "triton" (CUDA tensors, or CPU tensors
     under ``TRITON_INTERPRET=1``); anything else is a ValueError.
+    The Triton kernel is differentiable once: no double backward (a gradient taken through it with
+    ``torch.autograd.grad(..., create_graph=True)`` cannot be differentiated again).
     """
     impl = _dispatch("flash_attention", backend, q)
     return impl(q, k, v, causal=causal, window=window, scale=scale, return_lse=return_lse)
@@ -169,6 +171,8 @@ def selective_scan(
     ``backend``: None (the Triton kernel, :mod:`kernels.selective_scan`, for CUDA tensors; the
     reference for CPU tensors), "reference", "triton" (CUDA tensors, or CPU tensors under
     ``TRITON_INTERPRET=1``); anything else is a ValueError.
+    Differentiable once, on both backends: no double backward (a gradient taken through it with
+    ``torch.autograd.grad(..., create_graph=True)`` cannot be differentiated again).
     """
     impl = _dispatch("selective_scan", backend, u)
     return impl(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial_state)
@@ -201,6 +205,8 @@ def causal_conv1d(x, weight, bias=None, activation=None, *, backend=None):
     ``backend``: None (the Triton kernel, :mod:`kernels.causal_conv1d`, for CUDA tensors; the
     reference for CPU tensors), "reference", "triton" (CUDA tensors, or CPU tensors under
     ``TRITON_INTERPRET=1``); anything else is a ValueError.
+    The Triton kernel is differentiable once: no double backward (a gradient taken through it with
+    ``torch.autograd.grad(..., create_graph=True)`` cannot be differentiated again).
     """
     impl = _dispatch("causal_conv1d", backend, x)
     return impl(x, weight, bias, activation)
@@ -241,6 +247,8 @@ def linear_attention(
     ``backend``: None (the chunked Triton kernel, :mod:`kernels.linear_attention`, for CUDA tensors;
     the reference for CPU tensors), "reference", "triton" (CUDA tensors, or CPU tensors under
     ``TRITON_INTERPRET=1``); anything else is a ValueError.
+    The Triton kernel is differentiable once: no double backward (a gradient taken through it with
+    ``torch.autograd.grad(..., create_graph=True)`` cannot be differentiated again).
     """
     impl = _dispatch("linear_attention", backend, q)
     return impl(

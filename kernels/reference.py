@@ -105,9 +105,10 @@ def _check_eps(eps) -> None:
         raise ValueError(f"eps must be finite and >= 0 (it is added to the normaliser), got {eps}")
 
 
-def _check_normalize(normalize) -> None:
-    if not isinstance(normalize, bool):
-        raise TypeError(f"normalize must be True or False, got {normalize!r}")
+def _check_bool(name: str, value) -> None:
+    # A string such as "False" is truthy: taking it as a flag would silently do the opposite.
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}; pass a bool")
 
 
 def _check_heads(num_heads: int, num_kv_heads: int) -> None:
@@ -498,9 +499,20 @@ class _SelectiveScanRecurrence(torch.autograd.Function):
 
 
 def _check_scan_params(
-    dim: int, d_state: int, A, B, C, D, delta_bias, *, bc_ndims: tuple[int, ...], batch: int
+    dim: int,
+    d_state: int,
+    A,
+    B,
+    C,
+    D,
+    bias,
+    *,
+    bc_ndims: tuple[int, ...],
+    batch: int,
+    bias_name: str = "delta_bias",
 ):
-    """Validate the shared selective-scan parameters; returns the number of B/C groups."""
+    """Validate the shared selective-scan parameters; returns the number of B/C groups. ``bias_name``
+    is the op's name for the dt bias (``delta_bias`` or ``dt_bias``), for the error messages."""
     if d_state < 1:
         raise ValueError(f"d_state (A's second dim, the state size N) must be >= 1, got {d_state}")
     _check_tensor("A", A, 2)
@@ -519,7 +531,7 @@ def _check_scan_params(
         )
     if groups < 1 or dim % groups != 0:
         raise ValueError(f"the number of B/C groups ({groups}) must divide dim ({dim})")
-    for name, t in (("D", D), ("delta_bias", delta_bias)):
+    for name, t in (("D", D), (bias_name, bias)):
         if t is not None:
             _check_tensor(name, t, 1)
             if t.shape[0] != dim:
@@ -527,11 +539,15 @@ def _check_scan_params(
     return groups
 
 
-def _check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias, initial_state):
+def _check_selective_scan_args(
+    u, delta, A, B, C, D, z, delta_bias, initial_state, delta_softplus=False, return_last_state=False
+):
     """Validate selective_scan's arguments (shared by the reference and the Triton backend).
 
     Returns ``(batch, dim, seqlen, d_state, groups)``.
     """
+    _check_bool("delta_softplus", delta_softplus)
+    _check_bool("return_last_state", return_last_state)
     _check_tensor("u", u, 3)
     batch, dim, seqlen = u.shape
     _check_tensor("delta", delta, 3)
@@ -558,11 +574,12 @@ def _check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias, initial_stat
     return batch, dim, seqlen, d_state, groups
 
 
-def _check_selective_state_update_args(state, x, dt, A, B, C, D, z, dt_bias):
+def _check_selective_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus=False):
     """Validate selective_state_update's arguments (shared by the reference and the Triton backend).
 
     Returns ``(batch, dim, d_state, groups)``.
     """
+    _check_bool("dt_softplus", dt_softplus)
     _check_tensor("state", state, 3)
     batch, dim, d_state = state.shape
     for name, t in (("x", x), ("dt", dt), ("z", z)):
@@ -580,8 +597,15 @@ def _check_selective_state_update_args(state, x, dt, A, B, C, D, z, dt_bias):
             )
     _check_tensor("A", A, 2)
     if A.shape[1] != d_state:
-        raise ValueError(f"A must be (dim, d_state) = {(dim, d_state)} like state, got {tuple(A.shape)}")
-    groups = _check_scan_params(dim, d_state, A, B, C, D, dt_bias, bc_ndims=(2, 3), batch=batch)
+        raise ValueError(
+            f"state is (batch, dim, d_state) = {tuple(state.shape)} with d_state {d_state}, but A is "
+            f"(dim, d_state) = {tuple(A.shape)} with d_state {A.shape[1]}; A sets the state size: "
+            f"pass a state of shape (batch, dim, {A.shape[1]}) (e.g. a cache allocated by the mixer "
+            "that owns A)"
+        )
+    groups = _check_scan_params(
+        dim, d_state, A, B, C, D, dt_bias, bc_ndims=(2, 3), batch=batch, bias_name="dt_bias"
+    )
     return batch, dim, d_state, groups
 
 
@@ -629,11 +653,11 @@ def selective_scan(
         (batch, dim, d_state) in the compute dtype.
 
     Raises:
-        TypeError: non-tensor or non-floating inputs.
+        TypeError: non-tensor or non-floating inputs; delta_softplus or return_last_state not a bool.
         ValueError: wrong ndim or any shape mismatch, G not dividing dim.
     """
     batch, dim, _, d_state, groups = _check_selective_scan_args(
-        u, delta, A, B, C, D, z, delta_bias, initial_state
+        u, delta, A, B, C, D, z, delta_bias, initial_state, delta_softplus, return_last_state
     )
 
     dtype = _compute_dtype(u.dtype)
@@ -704,10 +728,13 @@ def selective_state_update(
         y (batch, dim) in x's dtype.
 
     Raises:
-        TypeError: non-tensor or non-floating inputs.
-        ValueError: wrong ndim or any shape mismatch, G not dividing dim.
+        TypeError: non-tensor or non-floating inputs; dt_softplus not a bool.
+        ValueError: wrong ndim or any shape mismatch (a state whose d_state is not A's names both),
+            G not dividing dim.
     """
-    batch, dim, d_state, groups = _check_selective_state_update_args(state, x, dt, A, B, C, D, z, dt_bias)
+    batch, dim, d_state, groups = _check_selective_state_update_args(
+        state, x, dt, A, B, C, D, z, dt_bias, dt_softplus
+    )
 
     dtype = torch.float64 if torch.float64 in (x.dtype, state.dtype) else torch.float32
     step = dt.to(dtype)
@@ -950,7 +977,7 @@ def _check_linear_attention_args(q, k, v, scale, normalize=True, eps=1e-10):
     _check_tensor("v", v, 4)
     _check_same_dtype(q=q, k=k, v=v)
     _check_scale(scale)
-    _check_normalize(normalize)
+    _check_bool("normalize", normalize)
     _check_eps(eps)
     if k.shape != q.shape:
         raise ValueError(

@@ -823,11 +823,13 @@ def selective_scan(
 
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor or non-floating
-        inputs; ValueError: wrong ndim or any shape mismatch, G not dividing dim), and, for this
-        backend only, ValueError for inputs on different devices or CPU inputs without
-        ``TRITON_INTERPRET=1``.
+        inputs, delta_softplus or return_last_state not a bool; ValueError: wrong ndim or any shape
+        mismatch, G not dividing dim), and, for this backend only, ValueError for inputs on
+        different devices or CPU inputs without ``TRITON_INTERPRET=1``.
     """
-    _check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias, initial_state)
+    _check_selective_scan_args(
+        u, delta, A, B, C, D, z, delta_bias, initial_state, delta_softplus, return_last_state
+    )
     tensors = (u, delta, A, B, C, D, z, delta_bias, initial_state)
     check_devices("selective_scan", *tensors)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
@@ -873,12 +875,14 @@ def selective_state_update(
 
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor or non-floating
-        inputs; ValueError: wrong ndim or any shape mismatch, G not dividing dim), and, for this
-        backend only, ValueError for inputs on different devices or CPU inputs without
-        ``TRITON_INTERPRET=1``, and RuntimeError when called with grad mode on and an input that
+        inputs, dt_softplus not a bool; ValueError: wrong ndim or any shape mismatch, G not
+        dividing dim), and, for this backend only, ValueError for inputs on different devices or
+        CPU inputs without ``TRITON_INTERPRET=1``, and RuntimeError when called with grad mode on and an input that
         requires grad (use torch.no_grad(), or backend='reference').
     """
-    batch, dim, d_state, groups = _check_selective_state_update_args(state, x, dt, A, B, C, D, z, dt_bias)
+    batch, dim, d_state, groups = _check_selective_state_update_args(
+        state, x, dt, A, B, C, D, z, dt_bias, dt_softplus
+    )
     tensors = (state, x, dt, A, B, C, D, z, dt_bias)
     check_devices("selective_state_update", *tensors)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):

@@ -253,10 +253,11 @@ class Attention(nn.Module):
             (B, T, d_model) in x's dtype.
 
         Raises:
+            TypeError: x is not a float tensor, or (outside autocast) not in the weights' dtype.
             ValueError: x of the wrong shape, a cache of another batch size, cache overflow, or a
                 position beyond the learned table.
         """
-        B, T = check_input(x, self.d_model, self.name)
+        B, T = check_input(x, self.d_model, self.name, self.qkv_proj.weight.dtype)
         offset, positions = 0, None
         if cache is not None:
             cache.check_step(B, T, self.name)

@@ -16,24 +16,41 @@ from torch import nn
 import kernels
 
 
-def check_input(x: torch.Tensor, d_model: int, mixer: str) -> tuple[int, int]:
+def check_input(x: torch.Tensor, d_model: int, mixer: str, weight_dtype: torch.dtype) -> tuple[int, int]:
     """Check a mixer input and return its (batch, seqlen).
 
     Args:
-        x: (B, T, d_model) float tensor.
+        x: (B, T, d_model) float tensor in the mixer's weight dtype (any float dtype under autocast).
         d_model: the mixer's model width.
         mixer: the mixer's name, for the error message.
+        weight_dtype: the dtype of the mixer's parameters.
 
     Raises:
-        TypeError: x is not a floating-point tensor.
+        TypeError: x is not a floating-point tensor (e.g. token ids, which go through the model's
+            embedding first), or, outside autocast for x's device, its dtype is not weight_dtype.
         ValueError: x is not 3-D, its last dim is not d_model, or T == 0.
     """
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"{mixer}: x must be a floating-point tensor of shape (B, T, d_model), got {x!r:.80}")
+    expected = f"a floating-point tensor of shape (B, T, d_model={d_model})"
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{mixer}: x must be {expected}, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{mixer}: x must be {expected} in {weight_dtype}, got a {x.dtype} tensor of shape "
+            f"{tuple(x.shape)}; token ids go through the model's embedding (models.LanguageModel), "
+            "a mixer takes hidden states"
+        )
     if x.dim() != 3 or x.shape[-1] != d_model:
         raise ValueError(f"{mixer}: x must have shape (B, T, d_model={d_model}), got {tuple(x.shape)}")
     if x.shape[1] == 0:
         raise ValueError(f"{mixer}: x has no tokens (T == 0); pass at least one token")
+    # Under autocast (training's bf16-mixed) the matmuls cast x themselves; without it torch would
+    # fail in the first projection with "mat1 and mat2 must have the same dtype".
+    if x.dtype != weight_dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(
+            f"{mixer}: x is {x.dtype} but the mixer's weights are {weight_dtype}: cast x with "
+            f"x.to({weight_dtype}) or the module with .to({x.dtype}); under autocast "
+            "(torch.autocast) 16-bit inputs are fine"
+        )
     return x.shape[0], x.shape[1]
 
 

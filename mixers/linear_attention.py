@@ -187,9 +187,10 @@ class LinearAttention(nn.Module):
             (B, T, d_model) in x's dtype.
 
         Raises:
+            TypeError: x is not a float tensor, or (outside autocast) not in the weights' dtype.
             ValueError: x of the wrong shape, a cache of another batch size, or cache overflow.
         """
-        B, T = check_input(x, self.d_model, self.name)
+        B, T = check_input(x, self.d_model, self.name, self.qkv_proj.weight.dtype)
         if cache is not None:
             cache.check_step(B, T, self.name)
         decode = cache is not None and T == 1

@@ -183,9 +183,10 @@ class Mamba(nn.Module):
             (B, T, d_model) in x's dtype.
 
         Raises:
+            TypeError: x is not a float tensor, or (outside autocast) not in the weights' dtype.
             ValueError: x of the wrong shape, a cache of another batch size, or cache overflow.
         """
-        batch, T = check_input(x, self.d_model, self.name)
+        batch, T = check_input(x, self.d_model, self.name, self.in_proj.weight.dtype)
         if cache is not None:
             cache.check_step(batch, T, self.name)
         if cache is not None and T == 1:

@@ -1,9 +1,10 @@
-"""Shared test helpers: composing the shipped Hydra configs; a mixer run against forced reference ops;
-the GPU marker, dtype ids and forced autotune configs of the kernel tests."""
+"""Shared test helpers: composing the shipped Hydra configs; reading a run's CSV metrics; a mixer run
+against forced reference ops; the GPU marker, dtype ids and forced autotune configs of the kernel tests."""
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import functools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -53,6 +54,12 @@ def compose_eval(name: str, overrides: list[str]) -> DictConfig:
     """``conf/eval/<name>.yaml`` composed with ``overrides``."""
     with initialize_config_dir(config_dir=str(CONF_DIR / "eval"), version_base="1.3"):
         return compose(config_name=name, overrides=overrides)
+
+
+def metrics_rows(run_dir: str) -> list[dict[str, str]]:
+    """The rows of a run's CSV log, ``<run_dir>/csv/metrics.csv``: one dict per logged step."""
+    with open(Path(run_dir) / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
 
 
 def mixer_runs_with_reference_ops(monkeypatch, mixer, x, ops, cache_fields, prefill):

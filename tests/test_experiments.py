@@ -6,13 +6,12 @@ configs), nanoGPT's config/train_shakespeare_char.py, Mamba Sec. 4.1.2 / App. E.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
 
 import pytest
-from helpers import compose_train
+from helpers import compose_train, metrics_rows
 
 import train as train_module
 from models import LanguageModel
@@ -25,11 +24,6 @@ QUIET = ["logger=csv", "trainer.enable_progress_bar=false", "trainer.log_every_n
 def model_of(overrides: list[str], vocab_size: int) -> LanguageModel:
     cfg = compose_train(overrides)
     return LanguageModel(train_module.build_model_config(cfg, vocab_size))
-
-
-def metrics_rows(run_dir: str) -> list[dict[str, str]]:
-    with open(Path(run_dir) / "csv" / "metrics.csv") as f:
-        return list(csv.DictReader(f))
 
 
 def test_zoology_mqar_composes_to_figure2_at_seqlen_256():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import MIXER_CONFIGS, REPO_ROOT, SHAKESPEARE, compose_eval, compose_train
+from helpers import MIXER_CONFIGS, REPO_ROOT, SHAKESPEARE, compose_eval, compose_train, metrics_rows
 
 import train as train_module
 from eval.recall import recall_eval
@@ -230,6 +230,17 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
     assert "mixer/transformer" in result.stderr and "hybrid_jamba" in result.stderr
 
 
+def test_train_cli_reports_a_mistyped_setting_in_one_line(tmp_path):
+    # A TypeError from a setting of the wrong type is a user error too: one line, exit status 2,
+    # before any training.
+    result = cli(
+        [str(REPO_ROOT / "train.py"), "mixer=mamba", "mixer.settings.mamba.d_state=abc"], cwd=tmp_path
+    )
+    assert result.returncode == 2 and "error: mamba: d_state must be an int, got 'abc'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list(tmp_path.glob("outputs/**/checkpoints"))
+
+
 def test_ddp_on_two_cpu_processes_leaves_one_run_dir(tmp_path):
     run_dir = tmp_path / "outputs" / "run"
     args = [str(REPO_ROOT / "train.py"), "trainer=ddp", f"hydra.run.dir={run_dir}", "mixer=hybrid_jamba"]
@@ -267,11 +278,6 @@ def test_joblib_launcher_runs_a_sweep_in_parallel_processes(tmp_path):
         assert {r["mixer"] for r in records} == {run.split("-")[1]}
         assert load_model(sweep / run / "checkpoints" / "last.ckpt").model.config.name == run.split("-")[1]
         assert logged(str(sweep / run), "train/tokens")[-1] == 4 * 32 * 64
-
-
-def metrics_rows(run_dir: str) -> list[dict[str, str]]:
-    with open(Path(run_dir) / "csv" / "metrics.csv") as f:
-        return list(csv.DictReader(f))
 
 
 def test_resume_continues_steps_tokens_and_schedule(tmp_path):
@@ -313,6 +319,8 @@ def test_resume_rejects_missing_weights_only_and_mismatched_checkpoints(tmp_path
         run_train(tmp_path / "b", [f"resume={part['last_ckpt']}", "model.d_model=64"])
     weights_only = tmp_path / "weights.ckpt"
     state = read_checkpoint(part["last_ckpt"])
-    torch.save({"state_dict": state["state_dict"], "hyper_parameters": state["hyper_parameters"]}, weights_only)
+    torch.save(
+        {"state_dict": state["state_dict"], "hyper_parameters": state["hyper_parameters"]}, weights_only
+    )
     with pytest.raises(ValueError, match="holds no trainer state"):
         run_train(tmp_path / "c", [f"resume={weights_only}"])

@@ -583,6 +583,8 @@ def _scan_args(**overrides):
         _scan_args(delta_bias=_t(4, 1)),
         _scan_args(initial_state=_t(2, 4, 2)),
         _scan_args(A=_t(4, 0), B=_t(2, 0, 6), C=_t(2, 0, 6)),
+        _scan_args(delta_softplus="False"),
+        _scan_args(return_last_state=1),
     ],
 )
 def test_errors_identical_to_reference(kwargs):
@@ -610,6 +612,8 @@ def _step_args(**overrides):
         _step_args(state=torch.ones(2, 4, 3, dtype=torch.int32, device=DEVICE)),
         _step_args(state=_t(1, 4, 3).expand(2, 4, 3)),
         _step_args(state=_t(2, 4, 0), A=_t(4, 0), B=_t(2, 0), C=_t(2, 0)),
+        _step_args(dt_bias=_t(5)),
+        _step_args(dt_softplus="False"),
     ],
 )
 def test_step_errors_identical_to_reference(kwargs):
@@ -625,6 +629,27 @@ def test_shared_state_memory_and_empty_state_are_refused():
         kernels.selective_state_update(**_step_args(state=_t(1, 4, 3).expand(2, 4, 3)), backend="triton")
     with pytest.raises(ValueError, match="d_state .* must be >= 1, got 0"):
         kernels.selective_scan(**_scan_args(A=_t(4, 0), B=_t(2, 0, 6), C=_t(2, 0, 6)), backend="triton")
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_flags_must_be_bools_and_errors_name_the_ops_arguments(backend):
+    # A string flag is truthy: "False" would silently apply softplus.
+    with pytest.raises(TypeError, match="delta_softplus must be True or False, got 'False'"):
+        kernels.selective_scan(**_scan_args(delta_softplus="False"), backend=backend)
+    with pytest.raises(TypeError, match="return_last_state must be True or False, got 1"):
+        kernels.selective_scan(**_scan_args(return_last_state=1), backend=backend)
+    with pytest.raises(TypeError, match="dt_softplus must be True or False, got 'False'"):
+        kernels.selective_state_update(**_step_args(dt_softplus="False"), backend=backend)
+    # The decode step's bias is dt_bias, not selective_scan's delta_bias.
+    with pytest.raises(ValueError, match=r"^dt_bias must have shape \(dim,\) = \(4,\), got \(5,\)$"):
+        kernels.selective_state_update(**_step_args(dt_bias=_t(5)), backend=backend)
+    # A state of another d_state than A's: both shapes named, and the state is the one to fix.
+    match = (
+        r"state is \(batch, dim, d_state\) = \(2, 4, 3\) with d_state 3, but A is \(dim, d_state\) = "
+        r"\(4, 2\) with d_state 2; .*pass a state of shape \(batch, dim, 2\)"
+    )
+    with pytest.raises(ValueError, match=match):
+        kernels.selective_state_update(**_step_args(A=_t(4, 2)), backend=backend)
 
 
 def test_backend_specific_errors():

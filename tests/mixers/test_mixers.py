@@ -365,6 +365,30 @@ def test_cache_misuse_raises(name, settings):
         mixer(torch.randn(2, 5, D_MODEL + 1, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_bad_input_dtypes_raise_clear_errors(name):
+    settings = next(settings for mixer_name, settings in CONFIGS if mixer_name == name)
+    mixer = build_mixer(name, D_MODEL, **settings)  # float32 weights
+    token_ids = torch.arange(10).reshape(2, 5)
+    with pytest.raises(TypeError, match=r"got a torch.int64 tensor of shape \(2, 5\); token ids") as err:
+        mixer(token_ids)
+    assert f"{name}: x must be a floating-point tensor of shape (B, T, d_model=24) in torch.float32" in str(
+        err.value
+    )
+    assert "tensor(" not in str(err.value)  # the dtype and shape, not the values
+    for dtype in (torch.float64, torch.bfloat16):
+        match = (
+            rf"^{name}: x is {dtype} but the mixer's weights are torch.float32: cast x with "
+            rf"x.to\(torch.float32\) or the module with .to\({dtype}\)"
+        )
+        with pytest.raises(TypeError, match=match):
+            mixer(torch.randn(2, 5, D_MODEL, dtype=dtype))
+    # Under autocast (training's bf16-mixed) a bf16 input with float32 weights is fine.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = mixer(torch.randn(2, 5, D_MODEL, dtype=torch.bfloat16))
+    assert y.shape == (2, 5, D_MODEL) and torch.isfinite(y.float()).all()
+
+
 def test_learned_positions_beyond_table_raise():
     mixer = Attention(D_MODEL, 4, pos_emb="learned", max_position=8).double()
     with pytest.raises(ValueError, match="max_position=8"):
