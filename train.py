@@ -6,12 +6,19 @@ with the same ``hydra.run.dir``), checkpoints ``best.ckpt`` and ``last.ckpt`` wr
 W&B (offline by default) and CSV logs, optional early stopping (``early_stopping``: the arguments of
 Lightning's ``EarlyStopping``), and result records of the final validation. ``resume=<ckpt>``
 continues an earlier run (weights, optimizer, schedule, step and token counts) in a new run
-directory, e.g. a long run cut by ``trainer.max_time`` into several sessions.
+directory, e.g. a long run cut by ``trainer.max_time`` into several sessions. A run stopped by
+Ctrl+C or SIGTERM (``kill``, ``timeout``, a scheduler) shuts down as Lightning does for Ctrl+C,
+then still saves ``last.ckpt`` and writes the records of its best checkpoint, marked
+``interrupted``, and exits with status 1 (single-process runs; DDP runs just stop).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +93,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             ``@hydra.main`` it is Hydra's run directory; tests set it explicitly).
 
     Returns:
-        ``{"run_dir", "best_ckpt", "last_ckpt", "metrics"}`` (paths as strings; metrics the
-        validation of the best checkpoint: ``val/acc``, ``val/loss``, per-slice values).
+        ``{"run_dir", "best_ckpt", "last_ckpt", "metrics", "interrupted"}`` (paths as strings;
+        metrics the validation of the best checkpoint: ``val/acc``, ``val/loss``, per-slice values;
+        interrupted True when Ctrl+C or SIGTERM stopped training early).
 
     Raises:
         ValueError: invalid model, mixer or data settings, with the offending key named.
@@ -151,7 +159,20 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 f"mixerlab: {model_config['name']} layout={ModelConfig.from_dict(model_config).layout} "
                 f"params={lit.model.num_params():,} data={data_cfg['name']} run_dir={run_dir}"
             )
-        trainer.fit(lit, datamodule=dm, ckpt_path=resume)
+        interrupted = False
+        with sigterm_as_keyboard_interrupt():
+            try:
+                trainer.fit(lit, datamodule=dm, ckpt_path=resume)
+            except SystemExit:
+                # Lightning answers Ctrl+C (and SIGTERM, made one above) with a graceful shutdown,
+                # then sys.exit(1). One process can still save and evaluate what it trained; DDP's
+                # other ranks are gone, so a DDP run stops here.
+                if not trainer.interrupted or trainer.world_size > 1:
+                    raise
+                interrupted = True
+                print(
+                    f"training interrupted at step {trainer.global_step}: saving and evaluating the best checkpoint"
+                )
         last = str(run_dir / "checkpoints" / "last.ckpt")
         trainer.save_checkpoint(last)  # every rank calls it; rank 0 writes (atomically: AtomicCheckpointIO)
         # Read the path now: validating from best.ckpt restores the callback's state saved in it.
@@ -159,7 +180,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         trainer.validate(lit, datamodule=dm, ckpt_path=best or None, verbose=False)
         metrics = dict(lit.val_metrics)  # exact (float64) values of the best checkpoint
         if trainer.is_global_zero:
-            _write_train_records(run_dir, lit, data_cfg, metrics, slice_seqlens, trainer.strategy.root_device)
+            _write_train_records(
+                run_dir, lit, data_cfg, metrics, slice_seqlens, trainer.strategy.root_device, interrupted
+            )
             if not checkpoint_cb.best_model_path:
                 print(
                     "no validation ran during training (trainer.max_steps < trainer.val_check_interval): "
@@ -173,6 +196,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             "best_ckpt": best,
             "last_ckpt": last,
             "metrics": metrics,
+            "interrupted": interrupted,
         }
     finally:
         if cfg.logger.wandb.enabled:
@@ -255,6 +279,26 @@ def check_resume(resume: str | None, model_config: dict[str, Any]) -> str | None
     return str(Path(resume).resolve())
 
 
+@contextlib.contextmanager
+def sigterm_as_keyboard_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt in the main thread, so ``kill``,
+    ``timeout`` and schedulers get Lightning's graceful Ctrl+C shutdown instead of an abrupt exit
+    that would leave no last checkpoint and no records. Outside the main thread (where signal
+    handlers cannot be set) it does nothing; the previous handler comes back on exit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _write_train_records(
     run_dir: Path,
     lit: LitLM,
@@ -262,6 +306,7 @@ def _write_train_records(
     metrics: dict[str, float],
     slice_seqlens: dict[str, int],
     device: torch.device,
+    interrupted: bool = False,
 ) -> None:
     # ``device`` is the one trained on: Lightning's teardown has moved ``lit`` back to the CPU by now.
     sha = git_sha()
@@ -291,6 +336,7 @@ def _write_train_records(
             lr=float(lit.optim["lr"]),
             d_model=config.d_model,
             n_layers=config.n_layers,
+            **({"interrupted": True} if interrupted else {}),
         )
         for name, value in sorted(metrics.items())
     ]
@@ -303,7 +349,9 @@ def main(cfg: DictConfig) -> None:
     torch.set_flush_denormal(True)
     os.environ.setdefault("WANDB_SILENT", "true")
     with user_errors():
-        train(cfg)
+        result = train(cfg)
+    if result["interrupted"]:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

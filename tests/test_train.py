@@ -5,8 +5,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -239,6 +241,37 @@ def test_train_cli_reports_a_mistyped_setting_in_one_line(tmp_path):
     assert result.returncode == 2 and "error: mamba: d_state must be an int, got 'abc'" in result.stderr
     assert "Traceback" not in result.stderr
     assert not list(tmp_path.glob("outputs/**/checkpoints"))
+
+
+def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path):
+    # kill / timeout / a scheduler send SIGTERM: the run saves last.ckpt, evaluates its best
+    # checkpoint, writes records marked interrupted and exits with status 1, no traceback.
+    run_dir = tmp_path / "run"
+    tiny = [a for a in TINY if not a.startswith(("trainer.max_steps=", "trainer.val_check_interval="))]
+    args = [str(REPO_ROOT / "train.py"), f"hydra.run.dir={run_dir}", "trainer.max_steps=100000"]
+    args += ["trainer.val_check_interval=5", *tiny, *MQAR_TINY]
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    best = run_dir / "checkpoints" / "best.ckpt"
+    deadline = time.monotonic() + 300
+    while not best.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert best.exists(), "no validation ran before the deadline"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-3000:]
+    assert "training interrupted at step" in out and "Traceback" not in err
+    records = json.loads((run_dir / "results" / "train.json").read_text())
+    assert records and all(r["interrupted"] is True and r["task"] == "mqar" for r in records)
+    assert 0 < records[0]["train_tokens"] < 100000 * 32 * 64
+    assert load_model(run_dir / "checkpoints" / "last.ckpt").model.config.d_model == 32
 
 
 def test_ddp_on_two_cpu_processes_leaves_one_run_dir(tmp_path):
