@@ -105,6 +105,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and none is available; "
             "use trainer=cpu (or trainer=ddp for several CPU processes)"
         )
+    check_trainer_settings(cfg)
     run_dir = Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     run_name = f"{run_dir.name}"
@@ -173,24 +174,31 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 print(
                     f"training interrupted at step {trainer.global_step}: saving and evaluating the best checkpoint"
                 )
-        last = str(run_dir / "checkpoints" / "last.ckpt")
-        trainer.save_checkpoint(last)  # every rank calls it; rank 0 writes (atomically: AtomicCheckpointIO)
-        # Read the path now: validating from best.ckpt restores the callback's state saved in it.
-        best = checkpoint_cb.best_model_path or last
-        trainer.validate(lit, datamodule=dm, ckpt_path=best or None, verbose=False)
-        metrics = dict(lit.val_metrics)  # exact (float64) values of the best checkpoint
-        if trainer.is_global_zero:
-            _write_train_records(
-                run_dir, lit, data_cfg, metrics, slice_seqlens, trainer.strategy.root_device, interrupted
-            )
-            if not checkpoint_cb.best_model_path:
-                print(
-                    "no validation ran during training (trainer.max_steps < trainer.val_check_interval): "
-                    "the best checkpoint is the last one"
+        # The final save and evaluation take seconds and are what an interrupted run exists to
+        # keep: a Ctrl+C or SIGTERM now is noted and acted on after them.
+        with defer_stop_signals():
+            last = str(run_dir / "checkpoints" / "last.ckpt")
+            trainer.save_checkpoint(
+                last
+            )  # every rank calls it; rank 0 writes (atomically: AtomicCheckpointIO)
+            # Read the path now: validating from best.ckpt restores the callback's state saved in it.
+            best = checkpoint_cb.best_model_path or last
+            trainer.validate(lit, datamodule=dm, ckpt_path=best or None, verbose=False)
+            metrics = dict(lit.val_metrics)  # exact (float64) values of the best checkpoint
+            if trainer.is_global_zero:
+                _write_train_records(
+                    run_dir, lit, data_cfg, metrics, slice_seqlens, trainer.strategy.root_device, interrupted
                 )
-            print(f"best checkpoint: {best}")
-            print(f"last checkpoint: {last}")
-            print("final validation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
+                if not checkpoint_cb.best_model_path:
+                    print(
+                        "training was interrupted before its first validation: the best checkpoint is the last one"
+                        if interrupted
+                        else "no validation ran during training (trainer.max_steps < trainer.val_check_interval): "
+                        "the best checkpoint is the last one"
+                    )
+                print(f"best checkpoint: {best}")
+                print(f"last checkpoint: {last}")
+                print("final validation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
         return {
             "run_dir": str(run_dir),
             "best_ckpt": best,
@@ -261,7 +269,7 @@ def check_resume(resume: str | None, model_config: dict[str, Any]) -> str | None
     """
     if resume is None:
         return None
-    checkpoint = read_checkpoint(resume)
+    checkpoint = read_checkpoint(resume, arg="resume")
     if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
         raise ValueError(
             f"resume={resume} holds no trainer state (optimizer, loops) to continue from; give a "
@@ -297,6 +305,72 @@ def sigterm_as_keyboard_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def defer_stop_signals() -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM are noted (one line printed) instead of acted on; after
+    it the previous handlers are back, and a noted signal ends the process with status 1. Main
+    thread only (elsewhere it does nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[str] = []
+
+    def note(signum, frame):
+        if not received:
+            print(f"{signal.Signals(signum).name}: finishing the final save and evaluation first", flush=True)
+        received.append(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        raise SystemExit(1)
+
+
+def check_trainer_settings(cfg: DictConfig) -> None:
+    """The ``trainer.*`` and ``seed`` settings that Lightning would reject late (after a step, with
+    a traceback) or take silently in a wrong type, checked before anything starts.
+
+    Raises:
+        TypeError: a setting of the wrong type (``trainer.max_steps=abc`` or ``=2.5``, ``seed=abc``).
+        ValueError: ``trainer.max_steps`` or ``trainer.max_epochs`` not -1 (no limit) or >= 1,
+            ``trainer.val_check_interval`` not a step count >= 1 or an epoch fraction in (0, 1],
+            ``trainer.check_val_every_n_epoch`` not null or >= 1.
+    """
+
+    def integer(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an integer, got {value!r}")
+        return value
+
+    integer("seed", cfg.seed)
+    trainer = cfg.trainer
+    for name in ("max_steps", "max_epochs"):
+        value = trainer.get(name)
+        if value is not None and integer(f"trainer.{name}", value) != -1 and value < 1:
+            raise ValueError(f"trainer.{name} must be -1 (no limit) or >= 1, got {value}")
+    interval = trainer.get("val_check_interval")
+    if interval is not None:
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+            raise TypeError(
+                f"trainer.val_check_interval must be a number of steps (int) or a fraction of an epoch "
+                f"(float), got {interval!r}"
+            )
+        if (isinstance(interval, int) and interval < 1) or (
+            isinstance(interval, float) and not 0 < interval <= 1
+        ):
+            raise ValueError(
+                f"trainer.val_check_interval must be >= 1 (steps) or in (0, 1] (a fraction of an epoch), "
+                f"got {interval}"
+            )
+    every = trainer.get("check_val_every_n_epoch")
+    if every is not None and integer("trainer.check_val_every_n_epoch", every) < 1:
+        raise ValueError(f"trainer.check_val_every_n_epoch must be null or >= 1, got {every}")
 
 
 def _write_train_records(

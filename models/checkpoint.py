@@ -66,11 +66,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_write_bytes(path, lambda f: torch.save(checkpoint, f))
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+def read_checkpoint(path: str | os.PathLike, arg: str = "ckpt") -> dict[str, Any]:
     """Load a checkpoint dict on the CPU, turning every failure into an actionable error.
 
     Args:
         path: a ``.ckpt`` file written by ``train.py``.
+        arg: the command-line setting that named it, for the messages (``ckpt``, ``resume``).
 
     Returns:
         Lightning's checkpoint dict (``state_dict``, ``hyper_parameters``, ...).
@@ -80,7 +81,10 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         ValueError: the file is truncated, corrupt, or not a mixerlab checkpoint.
     """
     path = Path(path)
-    hint = "pass ckpt=<a .ckpt file written by train.py, e.g. outputs/<date>/<time>-<mixer>-<data>/checkpoints/best.ckpt>"
+    hint = (
+        f"pass {arg}=<a .ckpt file written by train.py, e.g. "
+        "outputs/<date>/<time>-<mixer>-<data>/checkpoints/best.ckpt>"
+    )
     if not path.exists():
         raise FileNotFoundError(f"checkpoint not found: {path}; {hint}")
     if path.is_dir():

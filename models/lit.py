@@ -144,7 +144,9 @@ class LitLM(L.LightningModule):
         for config in self.trainer.lr_scheduler_configs:
             sched = config.scheduler
             if isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
-                for group, base_lr, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
+                for group, base_lr, fn in zip(
+                    sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True
+                ):
                     group["lr"] = base_lr * fn(sched.last_epoch)
 
     def configure_optimizers(self):
@@ -190,6 +192,7 @@ def check_optim(optim: dict[str, Any] | None) -> dict[str, Any]:
     """``optim`` completed with :data:`DEFAULT_OPTIM` and validated.
 
     Raises:
+        TypeError: a value of the wrong type (``optim.lr=abc``), naming the ``optim.*`` key.
         ValueError: unknown keys, ``lr <= 0``, ``weight_decay < 0``, ``warmup_steps < 0``, betas
             outside [0, 1), ``min_lr_ratio`` outside [0, 1] or ``schedule_interval`` not one of
             :data:`SCHEDULE_INTERVALS`, each naming the ``optim.*`` key.
@@ -198,6 +201,16 @@ def check_optim(optim: dict[str, Any] | None) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown optim keys {sorted(unknown)}; valid keys: {sorted(DEFAULT_OPTIM)}")
     optim = {**DEFAULT_OPTIM, **(optim or {})}
+
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    for key in ("lr", "weight_decay", "warmup_steps", "min_lr_ratio"):
+        if not number(optim[key]) or (key == "warmup_steps" and not isinstance(optim[key], int)):
+            kind = "an integer" if key == "warmup_steps" else "a number"
+            raise TypeError(f"optim.{key} must be {kind}, got {optim[key]!r}")
+    if not isinstance(optim["betas"], (list, tuple)) or not all(number(b) for b in optim["betas"]):
+        raise TypeError(f"optim.betas must be two numbers in [0, 1), got {optim['betas']!r}")
     rules = {
         "lr": ("> 0", optim["lr"] > 0),
         "weight_decay": (">= 0", optim["weight_decay"] >= 0),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -272,6 +273,47 @@ def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path):
     assert records and all(r["interrupted"] is True and r["task"] == "mqar" for r in records)
     assert 0 < records[0]["train_tokens"] < 100000 * 32 * 64
     assert load_model(run_dir / "checkpoints" / "last.ckpt").model.config.d_model == 32
+
+
+@pytest.mark.parametrize(
+    "override,error,message",
+    [
+        ("trainer.max_steps=abc", TypeError, "trainer.max_steps must be an integer, got 'abc'"),
+        ("trainer.max_steps=2.5", TypeError, "trainer.max_steps must be an integer, got 2.5"),
+        ("trainer.max_steps=-5", ValueError, "trainer.max_steps must be -1 (no limit) or >= 1"),
+        ("trainer.max_epochs=0", ValueError, "trainer.max_epochs must be -1 (no limit) or >= 1"),
+        ("trainer.val_check_interval=0", ValueError, "trainer.val_check_interval must be >= 1 (steps)"),
+        ("trainer.val_check_interval=1.5", ValueError, "or in (0, 1] (a fraction of an epoch), got 1.5"),
+        ("trainer.val_check_interval=abc", TypeError, "trainer.val_check_interval must be a number"),
+        ("trainer.check_val_every_n_epoch=0", ValueError, "check_val_every_n_epoch must be null or >= 1"),
+        ("seed=abc", TypeError, "seed must be an integer, got 'abc'"),
+        ("optim.lr=abc", TypeError, "optim.lr must be a number, got 'abc'"),
+        ("optim.warmup_steps=1.5", TypeError, "optim.warmup_steps must be an integer"),
+    ],
+)
+def test_bad_trainer_and_optim_settings_fail_before_training(tmp_path, override, error, message):
+    key = override.split("=")[0] + "="
+    tiny = [a for a in TINY if not a.startswith(key)]
+    cfg = compose_train(tiny + MQAR_TINY + [override, f"run_dir={tmp_path / 'run'}"])
+    with pytest.raises(error, match=re.escape(message)):
+        train_module.train(cfg)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_stop_signal_during_the_final_evaluation_waits_for_it(capsys):
+    # The final save and evaluation finish; the signal then ends the process with status 1.
+    before = signal.getsignal(signal.SIGTERM)
+    finished = []
+    with pytest.raises(SystemExit) as exc:
+        with train_module.defer_stop_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)  # the handler runs in this (main) thread at the next bytecode
+            finished.append(True)
+    assert exc.value.code == 1 and finished == [True]
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert "SIGTERM: finishing the final save and evaluation first" in capsys.readouterr().out
+    with train_module.defer_stop_signals():  # no signal: nothing happens
+        pass
 
 
 def test_ddp_on_two_cpu_processes_leaves_one_run_dir(tmp_path):
