@@ -14,7 +14,7 @@ The tables (:mod:`eval.report_tables`): the runs; Zoology's "best over learning 
 al. 2024, Figure 2) -- runs of ``task`` that differ only in ``lr`` (same mixer, layout, ``d_model``,
 ``n_layers``, params and main slice) grouped, a table of mixer x ``d_model`` holding each group's
 best accuracy (eval/recall.py's at the training length, else ``val/acc``), its ``lr`` and the number
-of learning rates tried, or ``not run``; and the results of every task and split.
+of learning rates tried, or ``no record``; and the results of every task and split.
 
 Outputs go to ``out``: one PNG per plot, ``report.md`` (the tables, the plots as links) and
 ``report.html`` (self-contained: plots embedded as base64 PNG, tables inline, no network), all
@@ -74,6 +74,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 from omegaconf import DictConfig, OmegaConf
 
+from data import DATAMODULES
 from eval.cli import user_errors
 from eval.report_tables import (
     Table,
@@ -757,8 +758,9 @@ def build_report(cfg: DictConfig) -> Report:
     Raises:
         FileNotFoundError: a ``runs`` entry that matches nothing, or no record file, metrics.csv or
             W&B summary under any of them (the message lists the paths searched and the files looked for).
-        ValueError: empty ``runs``, a bad ``recall_path``, ``seqlen`` or ``best_over_lr``, or an invalid
-            record file, metrics.csv or W&B summary (named; unless ``skip_invalid=true``).
+        ValueError: empty ``runs``, a bad ``recall_path``, ``seqlen`` or ``best_over_lr``, a ``task``
+            that is neither a known task nor in the records, or an invalid record file, metrics.csv
+            or W&B summary (named; unless ``skip_invalid=true``).
     """
     if cfg.recall_path not in ("decode", "parallel"):
         raise ValueError(f"recall_path must be decode or parallel, got {cfg.recall_path!r}")
@@ -799,6 +801,7 @@ def build_report(cfg: DictConfig) -> Report:
     val_loss, csv_notes = val_loss_points(records, sources, bool(cfg.skip_invalid))
     if not (records or val_loss):
         raise FileNotFoundError(_nothing_found(sources, csv_notes))
+    check_task(cfg.task, records)
     points = {
         "recall_vs_state_bytes": recall,
         "accuracy_vs_length": accuracy,
@@ -853,6 +856,24 @@ def build_report(cfg: DictConfig) -> Report:
         name=f"report-{out.resolve().name}",
     )
     return report
+
+
+def check_task(task: str, records: list[dict[str, Any]]) -> None:
+    """Check that ``task`` is a known task (a key of :data:`data.DATAMODULES`) or one the records hold.
+
+    Raises:
+        ValueError: it is neither; the message lists the tasks with accuracy records and the known ones.
+    """
+    if isinstance(task, str) and (task in DATAMODULES or task in {r.get("task") for r in records}):
+        return
+    present = sorted(
+        {str(r["task"]) for r in records if r["metric"] in ("accuracy", "val/acc") and r.get("task")}
+    )
+    held = f"the records hold task={', '.join(present)}; " if present else ""
+    raise ValueError(
+        f"unknown task={task!r}: {held}known tasks: {', '.join(sorted(DATAMODULES))}; "
+        f"pass one of them, e.g. task={(present or sorted(DATAMODULES))[0]}"
+    )
 
 
 def _nothing_found(sources: Sources, notes: list[str]) -> str:

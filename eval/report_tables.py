@@ -10,7 +10,8 @@ each record carries ``record_file``):
 - ``Best over learning rates: ...`` (Zoology, Arora et al. 2024, Figure 2): runs that differ only in
   the learning rate form a group (:func:`lr_groups`); a table per task, split, main slice and depth
   has a row per mixer and a column per ``d_model``, each cell the group's best accuracy with its
-  learning rate and the number of learning rates tried (``0.987 (lr 2.2e-3, 2 lrs)``), or ``not run``.
+  learning rate and the number of learning rates tried (``0.987 (lr 2.2e-3, 2 lrs)``), or ``no record``
+  (no run of that mixer and width recorded its accuracy: not run, or run without writing records).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ SLICE_NAME = (
 PER_SLICE_METRIC = re.compile(rf"(val/[^/_]+)_({SLICE_NAME})")
 """train.py's per-slice metric names, ``val/acc_T256`` -> (``val/acc``, ``T256``)."""
 
-NOT_RUN = "not run"
+NO_RECORD = "no record"
 
 
 @dataclass
@@ -311,7 +312,7 @@ def lr_groups(scores: list[RunScore]) -> list[LrGroup]:
 def best_lr_tables(groups: list[LrGroup]) -> list[Table]:
     """One ``Best over learning rates`` table per task, split, main slice and ``n_layers``: a row per
     mixer, a column per ``d_model`` (``d_model ?`` for runs whose records lack it), each cell
-    :meth:`LrGroup.cell` or ``not run``. Where several groups of one mixer share a cell (a setting
+    :meth:`LrGroup.cell` or ``no record``. Where several groups of one mixer share a cell (a setting
     that changes the parameter count, such as learned versus RoPE positions), the cell lists each
     with its parameter count, separated by ``;``."""
     tables: dict[tuple, list[LrGroup]] = defaultdict(list)
@@ -341,7 +342,7 @@ def best_lr_tables(groups: list[LrGroup]) -> list[Table]:
 
 def _cell(groups: list[LrGroup]) -> str:
     if not groups:
-        return NOT_RUN
+        return NO_RECORD
     ordered = sorted(groups, key=lambda g: g.best.params or 0)
     return "; ".join(g.cell(with_params=len(groups) > 1) for g in ordered)
 

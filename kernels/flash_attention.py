@@ -869,8 +869,8 @@ def flash_attention(
 
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor inputs, dtypes other
-        than fp16/bf16/fp32/fp64, mismatched dtypes, non-bool causal, non-int window, non-float
-        scale; ValueError: wrong ndim, mismatched batch / head_dim / k-v shapes, no heads or
+        than fp16/bf16/fp32/fp64, mismatched dtypes, non-bool causal or return_lse, non-int window,
+        non-float scale; ValueError: wrong ndim, mismatched batch / head_dim / k-v shapes, no heads or
         head_dim 0, Hq not a multiple of Hkv, Tk == 0, window <= 0, window with causal=False,
         non-finite scale), and, for this backend only, ValueError for head_dim above 256, a scale
         beyond float32's range, inputs on different devices or on a device other than CUDA / CPU,
@@ -878,7 +878,7 @@ def flash_attention(
     """
     # The reference's validation: same checks, order and messages.
     batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale = _check_attention_args(
-        q, k, v, causal, window, scale
+        q, k, v, causal, window, scale, return_lse
     )
 
     # This backend's own limits.

@@ -861,12 +861,15 @@ def linear_attention(
 
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor / non-floating inputs,
-        mismatched dtypes, bad scale, the wrong state form for ``normalize``; ValueError: wrong ndim
-        or mismatched shapes), and, for this backend only, ValueError for tensors on different
-        devices or CPU tensors without ``TRITON_INTERPRET=1``.
+        mismatched dtypes, bad scale, a normalize or output_final_state that is not a bool, the wrong
+        state form for ``normalize``; ValueError: wrong ndim or mismatched shapes), and, for this
+        backend only, ValueError for tensors on different devices or CPU tensors without
+        ``TRITON_INTERPRET=1``.
     """
     # The reference's validation: same checks, order and messages.
-    batch, _, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(q, k, v, scale, normalize, eps)
+    batch, _, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(
+        q, k, v, scale, normalize, eps, output_final_state
+    )
     kv0 = z0 = None
     if initial_state is not None:
         kv0, z0 = _split_linear_state(initial_state, normalize, batch, num_heads, k_dim, v_dim)

@@ -145,7 +145,7 @@ def _masked_softmax(scores: torch.Tensor, visible: torch.Tensor | None) -> tuple
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_attention_args(q, k, v, causal: bool, window, scale):
+def _check_attention_args(q, k, v, causal: bool, window, scale, return_lse=False):
     """Validate flash_attention's arguments (shared by the reference and the Triton backend).
 
     Returns ``(batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale)`` with the
@@ -174,6 +174,7 @@ def _check_attention_args(q, k, v, causal: bool, window, scale):
         raise ValueError("k and v must hold at least one key (Tk >= 1)")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
+    _check_bool("return_lse", return_lse)
     _check_heads(num_heads, num_kv_heads)
     _check_window(window, causal)
     _check_scale(scale)
@@ -218,13 +219,13 @@ def flash_attention(
 
     Raises:
         TypeError: non-tensor inputs, dtypes other than fp16/bf16/fp32/fp64, mismatched dtypes,
-            non-bool causal, non-int window, non-float scale.
+            non-bool causal or return_lse, non-int window, non-float scale.
         ValueError: wrong ndim, mismatched batch / head_dim / k-v shapes, no heads or head_dim 0,
             Hq not a multiple of Hkv, Tk == 0, window <= 0, window with causal=False, non-finite
             scale.
     """
     batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale = _check_attention_args(
-        q, k, v, causal, window, scale
+        q, k, v, causal, window, scale, return_lse
     )
 
     dtype = _compute_dtype(q.dtype)
@@ -965,9 +966,9 @@ def _split_linear_state(initial_state, normalize: bool, batch: int, num_heads: i
     return kv, z
 
 
-def _check_linear_attention_args(q, k, v, scale, normalize=True, eps=1e-10):
-    """Validate linear_attention's q, k, v, scale, normalize and eps (shared by the reference and the
-    Triton backend).
+def _check_linear_attention_args(q, k, v, scale, normalize=True, eps=1e-10, output_final_state=False):
+    """Validate linear_attention's q, k, v, scale, normalize, eps and output_final_state (shared by the
+    reference and the Triton backend).
 
     Returns ``(batch, seqlen, num_heads, k_dim, v_dim, scale)`` with the default scale
     ``k_dim ** -0.5`` filled in. The initial state is checked by :func:`_split_linear_state`.
@@ -978,6 +979,7 @@ def _check_linear_attention_args(q, k, v, scale, normalize=True, eps=1e-10):
     _check_same_dtype(q=q, k=k, v=v)
     _check_scale(scale)
     _check_bool("normalize", normalize)
+    _check_bool("output_final_state", output_final_state)
     _check_eps(eps)
     if k.shape != q.shape:
         raise ValueError(
@@ -1062,11 +1064,11 @@ def linear_attention(
     Raises:
         TypeError: non-tensor / non-floating inputs, mismatched dtypes, the wrong state form for
             ``normalize`` (e.g. a bare tensor with normalize=True), a scale or eps that is not a
-            number, a normalize that is not a bool.
+            number, a normalize or output_final_state that is not a bool.
         ValueError: wrong ndim or mismatched shapes, a non-finite scale, eps < 0 or not finite.
     """
     batch, seqlen, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(
-        q, k, v, scale, normalize, eps
+        q, k, v, scale, normalize, eps, output_final_state
     )
 
     dtype = _compute_dtype(q.dtype)

@@ -20,7 +20,7 @@ from einops import rearrange
 from torch import nn
 
 import kernels
-from mixers.common import MixerCache, check_input, check_positive_int
+from mixers.common import MixerCache, check_bool, check_input, check_positive_int
 
 POS_EMBS = ("rope", "learned", "none")
 
@@ -129,6 +129,7 @@ class Attention(nn.Module):
             block-table entries.
 
     Raises:
+        TypeError: bias is not a bool (e.g. the config string "no").
         TypeError / ValueError: non-positive or non-int sizes, num_heads not dividing d_model (without
             head_dim), num_kv_heads not dividing num_heads, unknown pos_emb, odd head_dim with RoPE.
     """
@@ -150,6 +151,7 @@ class Attention(nn.Module):
         super().__init__()
         check_positive_int(d_model, "d_model", self.name)
         check_positive_int(num_heads, "num_heads", self.name)
+        check_bool(bias, "bias", self.name)
         if num_kv_heads is None:
             num_kv_heads = num_heads
         check_positive_int(num_kv_heads, "num_kv_heads", self.name)

@@ -68,6 +68,20 @@ def check_positive_int(value: object, name: str, mixer: str) -> int:
     return value
 
 
+def check_bool(value: object, name: str, mixer: str) -> bool:
+    """Return `value` if it is a bool.
+
+    Config strings such as "no" or "false" and ints such as 0 are rejected rather than converted
+    with bool(), which would turn "no" into True.
+
+    Raises:
+        TypeError: value is not a bool.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{mixer}: {name} must be true or false, got {value!r}")
+    return value
+
+
 def state_dtype(module_dtype: torch.dtype, dtype: torch.dtype | None = None) -> torch.dtype:
     """The dtype of a recurrent state (linear attention, Mamba) for a given compute dtype.
 

@@ -31,6 +31,7 @@ from mixers.common import (
     MixerCache,
     causal_conv1d,
     causal_conv1d_step,
+    check_bool,
     check_input,
     check_positive_int,
     state_dtype,
@@ -92,6 +93,7 @@ class LinearAttention(nn.Module):
         bias: whether the projections have biases.
 
     Raises:
+        TypeError: normalize, short_conv or bias is not a bool (e.g. the config string "no").
         TypeError / ValueError: non-positive or non-int sizes, num_heads not dividing d_model, unknown
             feature_map, normalize=True with feature_map="identity".
     """
@@ -114,6 +116,9 @@ class LinearAttention(nn.Module):
         check_positive_int(num_heads, "num_heads", self.name)
         check_positive_int(feature_dim, "feature_dim", self.name)
         check_positive_int(d_conv, "d_conv", self.name)
+        check_bool(normalize, "normalize", self.name)
+        check_bool(short_conv, "short_conv", self.name)
+        check_bool(bias, "bias", self.name)
         if d_model % num_heads != 0:
             raise ValueError(f"{self.name}: num_heads={num_heads} does not divide d_model={d_model}")
         if feature_map not in FEATURE_MAPS:
@@ -132,8 +137,8 @@ class LinearAttention(nn.Module):
         self.head_dim = d_model // num_heads
         self.feature_dim = feature_dim
         self.feature_map = feature_map
-        self.normalize = bool(normalize)
-        self.short_conv = bool(short_conv)
+        self.normalize = normalize
+        self.short_conv = short_conv
         self.d_conv = d_conv
         self.expanded_dim = 1 + feature_dim + feature_dim**2 if feature_map == "taylor" else feature_dim
         # The scale multiplies phi(q)·phi(k). Taylor's map already carries the 1/sqrt(d) of

@@ -29,6 +29,7 @@ from mixers.common import (
     MixerCache,
     causal_conv1d,
     causal_conv1d_step,
+    check_bool,
     check_input,
     check_positive_int,
     state_dtype,
@@ -67,6 +68,7 @@ class Mamba(nn.Module):
         bias: whether in_proj and out_proj have biases.
 
     Raises:
+        TypeError: conv_bias or bias is not a bool (e.g. the config string "no").
         TypeError / ValueError: non-positive or non-int sizes, dt_rank neither "auto" nor an int > 0,
             not 0 < dt_min <= dt_max, negative dt_init_floor, non-positive dt_scale.
     """
@@ -92,6 +94,8 @@ class Mamba(nn.Module):
         check_positive_int(d_state, "d_state", self.name)
         check_positive_int(d_conv, "d_conv", self.name)
         check_positive_int(expand, "expand", self.name)
+        check_bool(conv_bias, "conv_bias", self.name)
+        check_bool(bias, "bias", self.name)
         if dt_rank == "auto":
             dt_rank = math.ceil(d_model / 16)
         elif isinstance(dt_rank, str):

@@ -418,7 +418,7 @@ def test_slices_of_one_length_get_their_own_rows(tmp_path):
 # Best over learning rates (Zoology, Figure 2): a sweep of mixer x d_model x lr, as train.py writes it.
 
 LRS = (4.6e-4, 2.2e-3)
-GRID_ACC = {  # (mixer, d_model) -> val/acc per lr in LRS; mamba at 128 was not run
+GRID_ACC = {  # (mixer, d_model) -> val/acc per lr in LRS; mamba at 128 has no record
     ("attention", 64): (0.8, 0.95),
     ("attention", 128): (0.99, 0.9),
     ("mamba", 64): (0.3, 0.6),
@@ -461,12 +461,12 @@ def test_best_over_learning_rates_table(grid, tmp_path):
     assert table.columns == ["mixer", "d_model 64", "d_model 128"]
     assert table.rows == [
         ["attention", "0.950 (lr 2.2e-3, 2 lrs)", "0.990 (lr 4.6e-4, 2 lrs)"],
-        ["mamba", "0.600 (lr 2.2e-3, 2 lrs)", "not run"],
+        ["mamba", "0.600 (lr 2.2e-3, 2 lrs)", "no record"],
     ]
     assert [t.title for t in rep.tables][:2] == ["Runs", title]
     assert "| attention | 0.950 (lr 2.2e-3, 2 lrs) | 0.990 (lr 4.6e-4, 2 lrs) |" in rep.markdown.read_text()
     page = Page(rep.html.read_text())
-    assert title in page.h2 and ["mamba", "0.600 (lr 2.2e-3, 2 lrs)", "not run"] in page.tables[1]
+    assert title in page.h2 and ["mamba", "0.600 (lr 2.2e-3, 2 lrs)", "no record"] in page.tables[1]
 
 
 def test_best_over_lr_keeps_only_the_best_run_in_the_quality_vs_memory_plot(grid, tmp_path):
@@ -496,14 +496,14 @@ def test_best_over_lr_with_bad_or_missing_learning_rates(grid, tmp_path):
     write_json(grid / run / "results" / "train.json", records)
     rep = make_report(f"[{grid}]", tmp_path / "nan")
     table = next(t for t in rep.tables if t.title.startswith("Best"))
-    assert table.rows[1] == ["mamba", "0.300 (lr 4.6e-4, 2 lrs)", "not run"]
+    assert table.rows[1] == ["mamba", "0.300 (lr 4.6e-4, 2 lrs)", "no record"]
     # A run without lr is left out of its group, and the report says so.
     write_json(
         grid / run / "results" / "train.json", [{k: v for k, v in r.items() if k != "lr"} for r in records]
     )
     rep = make_report(f"[{grid}]", tmp_path / "nolr")
     table = next(t for t in rep.tables if t.title.startswith("Best"))
-    assert table.rows[1] == ["mamba", "0.300 (lr 4.6e-4, 1 lr)", "not run"]
+    assert table.rows[1] == ["mamba", "0.300 (lr 4.6e-4, 1 lr)", "no record"]
     assert any("1 run(s) of task=mqar record no learning rate" in n and run in n for n in rep.notes)
     # An lr that is not a number is an error naming the run, not a crash in the sort.
     write_json(grid / run / "results" / "train.json", [r | {"lr": "2.2e-3"} for r in records])
@@ -513,9 +513,20 @@ def test_best_over_lr_with_bad_or_missing_learning_rates(grid, tmp_path):
         make_report(f"[{grid}]", tmp_path / "strlr")
 
 
-def test_unknown_task_is_noted_with_the_tasks_present(grid, tmp_path):
-    rep = make_report(f"[{grid}]", tmp_path / "out", "task=MQAR")
-    assert any("no accuracy records for task=MQAR; the records hold task=mqar" in n for n in rep.notes)
+def test_unknown_task_is_an_error_listing_the_tasks_present(grid, tmp_path, monkeypatch, capsys):
+    match = r"^unknown task='MQAR': the records hold task=mqar; known tasks: copy, .*; pass one of them, e\.g\. task=mqar$"
+    with pytest.raises(ValueError, match=match):
+        make_report(f"[{grid}]", tmp_path / "out", "task=MQAR")
+    assert not (tmp_path / "out").exists()  # no empty plots written
+    monkeypatch.setattr(sys, "argv", sys.argv)  # restored after the test
+    with pytest.raises(SystemExit) as exit_info:
+        run_script(f"runs=[{grid}]", f"out={tmp_path / 'cli'}", "task=nosuch")
+    assert exit_info.value.code == 2 and "error: unknown task='nosuch'" in capsys.readouterr().err
+    # A known task the records lack is noted, not an error (e.g. decode-only or text runs).
+    rep = make_report(f"[{grid}]", tmp_path / "known", "task=induction_heads")
+    assert any(
+        "no accuracy records for task=induction_heads; the records hold task=mqar" in n for n in rep.notes
+    )
 
 
 def test_best_over_lr_scores_recall_accuracy_at_the_training_length(tmp_path):
@@ -639,6 +650,9 @@ def test_evaluations_of_one_checkpoint_in_several_files_make_one_curve(tmp_path)
     ax = rep.figures["accuracy_vs_length"].axes[0]
     lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
     assert lines == {
-        "mamba [mamba-run] last.ckpt": ([64, 128, 256, 2048, 4096], pytest.approx([0.99, 0.99, 0.89, 0.5, 0.5])),
+        "mamba [mamba-run] last.ckpt": (
+            [64, 128, 256, 2048, 4096],
+            pytest.approx([0.99, 0.99, 0.89, 0.5, 0.5]),
+        ),
         "mamba [mamba-run] best.ckpt": ([64, 128, 256], pytest.approx([0.2, 0.2, 0.2])),
     }

@@ -662,6 +662,9 @@ QKV = (_t(1, 4, 2, 8), _t(1, 4, 2, 8), _t(1, 4, 2, 6))
         (QKV, {"normalize": False, "initial_state": _t(2, 8, 6)}),
         (QKV, {"normalize": False, "initial_state": torch.ones(1, 2, 8, 6, dtype=torch.int32)}),
         (QKV, {"normalize": "false"}),  # a truthy string must not mean True
+        (QKV, {"output_final_state": "yes"}),
+        (QKV, {"output_final_state": 1}),
+        (QKV, {"output_final_state": None}),
         (QKV, {"eps": -1.0}),
         (QKV, {"eps": float("nan")}),
         (QKV, {"eps": "1e-6"}),

@@ -343,6 +343,29 @@ def test_registry_lists_the_four_mixers():
         ("linear_attention", dict(num_heads=4, feature_map="cosine"), ValueError, r"unknown feature_map"),
         ("mamba", dict(dt_rank="full"), ValueError, r"dt_rank"),
         ("mamba", dict(dt_min=0.1, dt_max=0.01), ValueError, r"dt_min <= dt_max"),
+        # Config strings for boolean settings (Hydra passes `short_conv=no` as "no") must not become True.
+        (
+            "linear_attention",
+            dict(num_heads=4, short_conv="no"),
+            TypeError,
+            r"^linear_attention: short_conv must be true or false, got 'no'$",
+        ),
+        (
+            "linear_attention",
+            dict(num_heads=4, normalize="no"),
+            TypeError,
+            r"^linear_attention: normalize must be true or false, got 'no'$",
+        ),
+        ("linear_attention", dict(num_heads=4, bias=1), TypeError, r"bias must be true or false, got 1"),
+        ("mamba", dict(bias="no"), TypeError, r"^mamba: bias must be true or false, got 'no'$"),
+        ("mamba", dict(conv_bias="false"), TypeError, r"^mamba: conv_bias must be true or false"),
+        ("attention", dict(num_heads=4, bias="no"), TypeError, r"^attention: bias must be true or false"),
+        (
+            "sliding_window",
+            dict(num_heads=4, window=2, bias=0),
+            TypeError,
+            r"^sliding_window: bias must be true or false, got 0$",
+        ),
     ],
 )
 def test_bad_settings_raise_clear_errors(name, settings, error, match):
