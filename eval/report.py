@@ -71,7 +71,7 @@ import numpy as np
 import yaml
 from matplotlib import colormaps
 from matplotlib.figure import Figure
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.ticker import LogLocator, ScalarFormatter
 from omegaconf import DictConfig, OmegaConf
 
 from data import DATAMODULES
@@ -575,7 +575,9 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
     Past 10 series the colours come from the 20-colour ``tab20`` map (the default cycle repeats
     after 10) and past 6 the legend moves beside the axes. A ``log`` y axis whose data span less
     than a factor of 10 is drawn linear (a log axis over 350-361 only has unreadable minor ticks);
-    x axes keep their scale (decode state bytes are compared on a log axis whatever their span).
+    x axes keep their scale (decode state bytes are compared on a log axis whatever their span), and
+    a log axis spanning a decade or more puts its minor ticks at 2x and 5x only, so that labelled
+    ones do not overlap.
     The figure is a standalone :class:`matplotlib.figure.Figure` (no pyplot state to close).
     """
     if not points:
@@ -616,6 +618,11 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
             labels[key] = label.replace(", log scale", "").replace(" (log scale)", "")
         else:
             set_scale(scale)
+            values = [p[key] for p in points if p[key] > 0]
+            if scale == "log" and values and max(values) >= 10 * min(values):
+                # over a decade or more, minor ticks at 2x and 5x only: where matplotlib labels the
+                # minor ticks of such a span, labels at every 2..9x (3x10^4, 4x10^4, ...) collide
+                axis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
     ax.set_xlabel(labels[spec.x])
     ax.set_ylabel(labels[spec.y])
     ax.set_title(spec.title)

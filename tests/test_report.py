@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import runpy
 import sys
@@ -255,6 +256,25 @@ def test_plot_points_log_axes_colours_and_legend():
     colours = {tuple(line.get_color()) for line in ax.get_lines()}
     assert len(colours) == 12  # tab20 past 10 series: no colour repeats
     assert ax.get_legend().get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1  # beside the axes
+
+
+def test_log_axis_tick_labels_do_not_overlap():
+    # decode state bytes 2e4 .. 6e5: labels at every minor tick (3x10^4, 4x10^4, ...) overlapped
+    spec = next(p for p in PLOTS if p.name == "recall_vs_state_bytes")
+    for xs in ((2e4, 4.1e4, 8e4, 6e5), (2e4, 3e4, 4e4, 5e4), (1e3, 1e7)):
+        points = [{"series": "s", "state_bytes": x, "accuracy": 0.5} for x in xs]
+        fig = plot_points(points, spec)
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        assert ax.get_xscale() == "log"
+        lo, hi = ax.get_xlim()
+        labels = [
+            t for t in ax.get_xticklabels() + ax.get_xticklabels(minor=True)
+            if t.get_text() and lo <= t.get_position()[0] <= hi
+        ]  # fmt: skip
+        assert len(labels) >= 2, xs  # the axis can be read
+        boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.x0)
+        assert all(left.x1 <= right.x0 for left, right in itertools.pairwise(boxes)), xs
 
 
 def test_tables(report):
