@@ -782,7 +782,14 @@ def build_report(cfg: DictConfig) -> Report:
     scores = run_scores(records, cfg.task, cfg.recall_path)
     groups = lr_groups(scores)
     shown, dropped = drop_worse_lrs(accuracy, groups) if cfg.best_over_lr else (accuracy, 0)
-    recall, notes = recall_vs_state_points(shown, cfg.seqlen)
+    if cfg.task == "text":
+        # a text run's accuracy is next-token prediction, not recall: no quality-vs-memory point
+        recall, notes = (
+            [],
+            ["Recall accuracy vs decode state: not drawn for task=text (next-token accuracy is not recall)"],
+        )
+    else:
+        recall, notes = recall_vs_state_points(shown, cfg.seqlen)
     if dropped:
         notes.append(
             f"Recall accuracy vs decode state: only the best learning rate of each group (best_over_lr=true): "

@@ -435,6 +435,17 @@ def test_slices_of_one_length_get_their_own_rows(tmp_path):
     ]  # fmt: skip
 
 
+def test_text_task_draws_no_recall_plot(tmp_path):
+    # next-token accuracy of a text run is not recall: no point on the quality-vs-memory plot
+    run = tmp_path / "text-run"
+    common = {"task": "text", "split": "val", "lr": 1e-3, "d_model": 64, "n_layers": 2}
+    write_json(run / "results" / "train.json", [rec("text-run", "attention", "val/acc", 0.6, 64, **common)])
+    rep = make_report(f"[{run}]", tmp_path / "out", "task=text")
+    assert rep.figures["recall_vs_state_bytes"] is None and "recall_vs_state_bytes" not in rep.pngs
+    assert any("not drawn for task=text" in n for n in rep.notes)
+    assert "Results: text (val)" in {t.title for t in rep.tables}
+
+
 # Best over learning rates (Zoology, Figure 2): a sweep of mixer x d_model x lr, as train.py writes it.
 
 LRS = (4.6e-4, 2.2e-3)
