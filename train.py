@@ -178,9 +178,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         # keep: a Ctrl+C or SIGTERM now is noted and acted on after them.
         with defer_stop_signals():
             last = str(run_dir / "checkpoints" / "last.ckpt")
-            trainer.save_checkpoint(
-                last
-            )  # every rank calls it; rank 0 writes (atomically: AtomicCheckpointIO)
+            # every rank calls it; rank 0 writes (atomically: AtomicCheckpointIO)
+            trainer.save_checkpoint(last)
             # Read the path now: validating from best.ckpt restores the callback's state saved in it.
             best = checkpoint_cb.best_model_path or last
             trainer.validate(lit, datamodule=dm, ckpt_path=best or None, verbose=False)
@@ -288,23 +287,29 @@ def check_resume(resume: str | None, model_config: dict[str, Any]) -> str | None
 
 
 @contextlib.contextmanager
-def sigterm_as_keyboard_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises KeyboardInterrupt in the main thread, so ``kill``,
-    ``timeout`` and schedulers get Lightning's graceful Ctrl+C shutdown instead of an abrupt exit
-    that would leave no last checkpoint and no records. Outside the main thread (where signal
-    handlers cannot be set) it does nothing; the previous handler comes back on exit."""
+def _signal_handler(signals: tuple[signal.Signals, ...], handler) -> Iterator[None]:
+    """``handler`` for ``signals`` within the block, the previous handlers back after it; nothing
+    outside the main thread (where Python cannot set handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def sigterm_as_keyboard_interrupt():
+    """Within the block, SIGTERM raises KeyboardInterrupt in the main thread, so ``kill``,
+    ``timeout`` and schedulers get Lightning's graceful Ctrl+C shutdown instead of an abrupt exit
+    that would leave no last checkpoint and no records."""
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return _signal_handler((signal.SIGTERM,), interrupt)
 
 
 @contextlib.contextmanager
@@ -312,9 +317,6 @@ def defer_stop_signals() -> Iterator[None]:
     """Within the block, SIGINT and SIGTERM are noted (one line printed) instead of acted on; after
     it the previous handlers are back, and a noted signal ends the process with status 1. Main
     thread only (elsewhere it does nothing)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     received: list[str] = []
 
     def note(signum, frame):
@@ -322,12 +324,8 @@ def defer_stop_signals() -> Iterator[None]:
             print(f"{signal.Signals(signum).name}: finishing the final save and evaluation first", flush=True)
         received.append(signal.Signals(signum).name)
 
-    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with _signal_handler((signal.SIGINT, signal.SIGTERM), note):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if received:
         raise SystemExit(1)
 

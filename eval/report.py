@@ -807,9 +807,7 @@ def build_report(cfg: DictConfig) -> Report:
             f"and are left out of the table: {', '.join(without_lr)}"
         )
     if not accuracy:
-        tasks = sorted(
-            {str(r["task"]) for r in records if r["metric"] in ("accuracy", "val/acc") and r.get("task")}
-        )
+        tasks = accuracy_tasks(records)
         if tasks:
             notes.append(f"no accuracy records for task={cfg.task}; the records hold task={', '.join(tasks)}")
     val_loss, csv_notes = val_loss_points(records, sources, bool(cfg.skip_invalid))
@@ -872,6 +870,13 @@ def build_report(cfg: DictConfig) -> Report:
     return report
 
 
+def accuracy_tasks(records: list[dict[str, Any]]) -> list[str]:
+    """The tasks, sorted, of the records holding an accuracy (``accuracy`` or ``val/acc``)."""
+    return sorted(
+        {str(r["task"]) for r in records if r["metric"] in ("accuracy", "val/acc") and r.get("task")}
+    )
+
+
 def check_task(task: str, records: list[dict[str, Any]]) -> None:
     """Check that ``task`` is a known task (a key of :data:`data.DATAMODULES`) or one the records hold.
 
@@ -880,9 +885,7 @@ def check_task(task: str, records: list[dict[str, Any]]) -> None:
     """
     if isinstance(task, str) and (task in DATAMODULES or task in {r.get("task") for r in records}):
         return
-    present = sorted(
-        {str(r["task"]) for r in records if r["metric"] in ("accuracy", "val/acc") and r.get("task")}
-    )
+    present = accuracy_tasks(records)
     held = f"the records hold task={', '.join(present)}; " if present else ""
     raise ValueError(
         f"unknown task={task!r}: {held}known tasks: {', '.join(sorted(DATAMODULES))}; "
