@@ -49,8 +49,8 @@ is itself a dot result, fla-org/flash-linear-attention#640): every (C x C) produ
 the orientation it is consumed in (dK uses ``V G^T``, dV uses ``K Q^T``, each its own dot), the
 transposed operands of the loads are read through swapped strides, and no kernel calls
 ``tl.trans``. Triton 3.6 on Hopper also miscompiles a ``tl.sum`` of a loaded tile that feeds a
-``tl.dot`` (the normaliser's z and q . z sums): those sums read their own copy of the tile
-(``_own_copy``). No atomics: every output element is written by exactly one program, so forward and
+``tl.dot`` (the normaliser's z and q . z sums): the forward scan's z is a dot of the k tile with
+ones instead, and the other sums read their own copy of the tile (``_own_copy``). No atomics: every output element is written by exactly one program, so forward and
 backward are deterministic.
 
 Numerics: products of 16-bit inputs are exact on the tensor cores and accumulate in fp32; the
@@ -187,8 +187,8 @@ def _scaled(x, scale, scale_lo, FP64: tl.constexpr):
 def _own_copy(base, offs_t, offs_d, stride_t, stride_d, T, D_DIM, ACC: tl.constexpr):
     """The (BLOCK_T, BLOCK_D) tile at rows offs_t, columns offs_d, in ACC, from a load of its own.
 
-    For the normaliser's sums (z, q . z) of a tile that is also a ``tl.dot`` operand. Summing the
-    dot operand itself is miscompiled by Triton 3.6 on Hopper (H200, 2026-11-30: z states 100% off
+    For the normaliser's sums (the reverse scan's z, the chunk kernels' q . z) of a tile that is
+    also a ``tl.dot`` operand. Summing the dot operand itself is miscompiled by Triton 3.6 on Hopper (H200, 2026-11-30: z states 100% off
     for fp32 with K >= 64, bf16 outputs off by ~0.1 under the 32-wide state tiles; the interpreter
     and the unnormalised path were right). The ``.cg`` cache modifier makes this a different load
     op, so the compiler cannot merge it back into the dot operand's; the bytes come from L2.
@@ -307,6 +307,14 @@ def linear_attention_state_kernel(
             mask=de_mask, other=0.0
         ).to(ACC)
     z = tl.zeros([BLOCK_D], dtype=ACC)
+    # Forward: the chunks' row sums of X come from the tensor cores, X_c^T times a (BLOCK_T, 16)
+    # tile of ones, accumulated over the chunks in fp32 like S (every column of z_acc is the
+    # running sum; z adds column 0). Summing X_c^T itself (tl.sum of a dot operand) is miscompiled
+    # by Triton 3.6 on Hopper, and its own reload (_own_copy) sat on this sequential loop's path:
+    # 1.51x the unnormalised forward at B2 T8192 H16 D128 on the H200, 1.12x with the dot.
+    z_cols = tl.arange(0, 16)
+    z_acc = tl.zeros([BLOCK_D, 16], dtype=ACC)
+    ones = tl.full([BLOCK_T, 16], 1.0, dtype=X.dtype.element_ty)
     if HAS_Z and HAS_Z_IN:
         z = tl.load(Z_IN + batch * stride_zb + head * stride_zh + offs_d * stride_zd, mask=d_mask, other=0.0).to(ACC)
 
@@ -321,7 +329,11 @@ def linear_attention_state_kernel(
         row = bh64 * n_chunks + chunk
         tl.store(STATES + row * (D_DIM * E_DIM) + state_offs, s.to(STATES.dtype.element_ty), mask=de_mask)
         if HAS_Z:
-            tl.store(ZSTATES + row * D_DIM + offs_d, z, mask=z_mask)
+            if REVERSE:
+                z_now = z
+            else:
+                z_now = z + tl.sum(tl.where(z_cols[None, :] == 0, z_acc, 0.0), 1)
+            tl.store(ZSTATES + row * D_DIM + offs_d, z_now, mask=z_mask)
         offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
         t_mask = offs_t < T
         x_t = tl.load(
@@ -341,10 +353,12 @@ def linear_attention_state_kernel(
         else:
             s = tl.dot(x_t, y, s, input_precision=DOT_PRECISION, out_dtype=ACC)
             if HAS_Z:
-                z += tl.sum(_own_copy(x_base, offs_t, offs_d, stride_xt, stride_xd, T, D_DIM, ACC), 0)
+                z_acc = tl.dot(x_t, ones, z_acc, input_precision=DOT_PRECISION, out_dtype=ACC)
 
     tl.store(S_OUT + bh64 * (D_DIM * E_DIM) + state_offs, s, mask=de_mask)
     if HAS_Z:
+        if not REVERSE:
+            z = z + tl.sum(tl.where(z_cols[None, :] == 0, z_acc, 0.0), 1)
         tl.store(Z_OUT + bh64 * D_DIM + offs_d, z, mask=z_mask)
 
 
