@@ -70,8 +70,10 @@ import hydra
 import numpy as np
 import yaml
 from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, ScalarFormatter
+from matplotlib.transforms import Bbox
 from omegaconf import DictConfig, OmegaConf
 
 from data import DATAMODULES
@@ -436,6 +438,7 @@ def accuracy_points(records: list[dict[str, Any]], task: str, path: str) -> list
             "accuracy": r["value"],
             "state_bytes": r.get("state_bytes"),
             "params": r.get("params"),
+            "d_model": r.get("d_model"),
         }
         for (key, _), r in chosen.items()
     ]
@@ -446,6 +449,7 @@ def recall_vs_state_points(
 ) -> tuple[list[dict], list[str]]:
     """One point per series of :func:`accuracy_points`: the one at ``seqlen`` tokens, or at the
     series' shortest length when ``seqlen`` is None; points without ``state_bytes`` are left out.
+    Labels read ``<mixer> d<d_model> @ <seqlen>`` (no width where the records give none).
 
     Returns:
         ``(points with a "label" for annotation, notes on series left out)``.
@@ -460,7 +464,8 @@ def recall_vs_state_points(
         if not at:
             notes.append(f"{series}: no recall accuracy at seqlen {seqlen} for the quality-vs-memory plot")
             continue
-        points.append({**at[0], "label": f"{at[0]['mixer']} @ {at[0]['seqlen']}"})
+        width = f" d{at[0]['d_model']}" if at[0].get("d_model") else ""
+        points.append({**at[0], "label": f"{at[0]['mixer']}{width} @ {at[0]['seqlen']}"})
     return points, notes
 
 
@@ -501,7 +506,8 @@ def val_loss_points(
     ``val/loss`` records with ``train_tokens``, else a W&B summary's ``val/loss`` at ``train/tokens``.
 
     A metrics.csv's run is its directory's parent when the directory is train.py's ``csv/``, else
-    its directory; a W&B summary's run is the directory holding ``wandb/``. The mixer is the one of
+    its directory (named ``<parent>/<run>`` when a run of the same name came first); a W&B
+    summary's run is the directory holding ``wandb/``. The mixer is the one of
     that run's records, else ``model.name`` of the CSV logger's ``hparams.yaml``, else ``unknown``.
 
     Returns:
@@ -525,7 +531,9 @@ def val_loss_points(
             notes.append(f"{path}: no {VAL_LOSS} rows with {TRAIN_TOKENS} logged by then; not plotted")
             continue
         mixer = mixers.get(run_dir.name) or _hparams_mixer(path.parent / "hparams.yaml")
-        curves.setdefault(run_dir.name, (mixer, curve, str(path)))
+        # a rerun under another directory with the same name is a run of its own, named with its parent
+        name = run_dir.name if run_dir.name not in curves else f"{run_dir.parent.name}/{run_dir.name}"
+        curves.setdefault(name, (mixer, curve, str(path)))
     for r in records:
         if r["metric"] == VAL_LOSS and r.get("train_tokens") is not None and r["run"] not in curves:
             curves[r["run"]] = (r["mixer"], [(float(r["train_tokens"]), r["value"])], r["record_file"])
@@ -596,14 +604,6 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
             ax.plot(xs, ys, marker="o", label=series, color=color, linestyle=pts[0].get("linestyle", "-"))
             continue
         ax.scatter(xs, ys, label=series, color=color)
-        for p in pts:
-            ax.annotate(
-                p.get("label", series),
-                (p[spec.x], p[spec.y]),
-                textcoords="offset points",
-                xytext=(5, 5),
-                fontsize=8,
-            )
     labels = {}
     for axis, set_scale, scale, key, label in (
         (ax.xaxis, ax.set_xscale, spec.xscale, spec.x, spec.xlabel),
@@ -631,7 +631,64 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
         ax.legend(fontsize="small")
+    if not spec.lines:
+        ax.margins(y=0.12)  # room above the top markers and below the bottom ones for their labels
+        annotate_points(fig, ax, points, spec)
     return fig
+
+
+# Where a marker's label may go, in points from the marker, tried in order: above right, below
+# right, above left, below left, then further above and below.
+_LABEL_OFFSETS = (
+    (5, 5, "left"), (5, -13, "left"), (-5, 5, "right"), (-5, -13, "right"),
+    (5, 16, "left"), (5, -24, "left"), (-5, 16, "right"), (-5, -24, "right"),
+)  # fmt: skip
+_MARKER_HALF_PX = 4.0  # half the side of the box a marker occupies, in pixels
+
+
+def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpec) -> None:
+    """Label each marker of ``points`` (its ``label``, else its series) at the first offset of
+    :data:`_LABEL_OFFSETS` whose text stays inside the axes and overlaps neither a marker nor a
+    label placed before it, measured on the rendered figure; where none is free, at the offset
+    whose text overlaps least (area outside the axes counted as overlap). Markers are labelled
+    left to right."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # final layout and limits, so data -> pixel positions hold
+    renderer = canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    markers = [
+        Bbox.from_bounds(x - _MARKER_HALF_PX, y - _MARKER_HALF_PX, 2 * _MARKER_HALF_PX, 2 * _MARKER_HALF_PX)
+        for x, y in ax.transData.transform([(p[spec.x], p[spec.y]) for p in points])
+    ]
+    placed: list[Bbox] = []
+    for p in sorted(points, key=lambda p: (p[spec.x], p[spec.y])):
+        text = ax.annotate(
+            p.get("label", p["series"]),
+            (p[spec.x], p[spec.y]),
+            xytext=(0, 0),
+            textcoords="offset points",
+            fontsize=8,
+        )
+        text.set_in_layout(False)  # the layout measured above must not move when labels are added
+        costs = []
+        for dx, dy, ha in _LABEL_OFFSETS:
+            text.set_position((dx, dy))
+            text.set_horizontalalignment(ha)
+            box = text.get_window_extent(renderer)
+            cost = _area(box) - _area(Bbox.intersection(box, frame))
+            cost += sum(_area(Bbox.intersection(box, other)) for other in placed + markers)
+            costs.append((cost, (dx, dy, ha), box))
+            if cost == 0:
+                break
+        _, (dx, dy, ha), box = min(costs, key=lambda c: c[0])
+        text.set_position((dx, dy))
+        text.set_horizontalalignment(ha)
+        placed.append(box)
+
+
+def _area(box: Bbox | None) -> float:
+    """Area of ``box`` in square pixels; 0 for ``None`` (an empty intersection)."""
+    return 0.0 if box is None else box.width * box.height
 
 
 def _narrow(values: list[float]) -> bool:

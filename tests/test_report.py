@@ -15,7 +15,7 @@ from helpers import REPO_ROOT, compose_eval
 from matplotlib.ticker import ScalarFormatter
 
 import data as data_lib
-from eval.report import PLOTS, build_report, plot_points
+from eval.report import PLOTS, Sources, build_report, plot_points, recall_vs_state_points, val_loss_points
 from eval.report_tables import fold_slice
 
 STATE = {  # decode-state bytes per sequence at a length, per mixer (made up, of the right shape)
@@ -222,6 +222,25 @@ def test_val_loss_vs_tokens_plot(report):
     }
 
 
+def test_val_loss_of_reruns_with_one_name(tmp_path):
+    # The same run name in two session folders (a rerun) gives two curves, the second named with
+    # its folder; one curve used to be dropped silently.
+    paths = []
+    for session in ("day1", "day2"):
+        path = tmp_path / session / "nanogpt-run" / "csv" / "metrics.csv"
+        path.parent.mkdir(parents=True)
+        path.write_text(METRICS_CSV)
+        (path.parent / "hparams.yaml").write_text("model:\n  name: linear_attention\n")
+        paths.append(path)
+    points, notes = val_loss_points([], Sources(searched=[tmp_path], metrics_csvs=paths), skip_invalid=False)
+    assert not notes
+    assert sorted({p["run"] for p in points}) == ["day2/nanogpt-run", "nanogpt-run"]
+    assert sorted({p["series"] for p in points}) == [
+        "linear_attention [day2/nanogpt-run]",
+        "linear_attention [nanogpt-run]",
+    ]
+
+
 def test_decode_throughput_plot(report):
     ax = report.figures["decode_tokens_per_s"].axes[0]
     # 200-900 tokens/s span less than 10x: a linear y axis, labelled without "log scale".
@@ -275,6 +294,39 @@ def test_log_axis_tick_labels_do_not_overlap():
         assert len(labels) >= 2, xs  # the axis can be read
         boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.x0)
         assert all(left.x1 <= right.x0 for left, right in itertools.pairwise(boxes)), xs
+
+
+def test_marker_labels_do_not_overlap():
+    # The 2026-12-01 MQAR cells: attention at d64 and d128 side by side at 1.0, hybrid_based just
+    # below, and linear attention and mamba d64 close together near 0.1 -- labels ran into each
+    # other, into markers and past the axes when all sat above-right of their markers.
+    spec = next(p for p in PLOTS if p.name == "recall_vs_state_bytes")
+    cells = [
+        ("attention", 128, 524328, 1.0), ("attention", 64, 262184, 1.0), ("hybrid_based", 128, 159816, 0.981),
+        ("hybrid_based", 64, 80712, 0.991), ("mamba", 128, 40960, 0.963), ("mamba", 64, 20480, 0.096),
+        ("linear_attention", 128, 16512, 0.069), ("linear_attention", 64, 8320, 0.121),
+        ("sliding_window", 128, 65544, 0.588), ("sliding_window", 64, 32776, 0.587),
+    ]  # fmt: skip
+    accuracy = [
+        {"series": f"{m} [d{d}]", "mixer": m, "d_model": d, "seqlen": 256, "state_bytes": b, "accuracy": a}
+        for m, d, b, a in cells
+    ]
+    points, notes = recall_vs_state_points(accuracy, 256)
+    assert not notes
+    assert sorted(p["label"] for p in points) == sorted(f"{m} d{d} @ 256" for m, d, _, _ in cells)
+    fig = plot_points(points, spec)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(boxes) == len(cells)
+    for box in boxes:
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+    assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
+    markers = ax.transData.transform([(p["state_bytes"], p["accuracy"]) for p in points])
+    for box in boxes:
+        assert not any(box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1 for x, y in markers)
 
 
 def test_tables(report):
