@@ -50,8 +50,8 @@ the orientation it is consumed in (dK uses ``V G^T``, dV uses ``K Q^T``, each it
 transposed operands of the loads are read through swapped strides, and no kernel calls
 ``tl.trans``. Triton 3.6 on Hopper also miscompiles a ``tl.sum`` of a loaded tile that feeds a
 ``tl.dot`` (the normaliser's z and q . z sums): the forward scan's z is a dot of the k tile with
-ones instead, and the other sums read their own copy of the tile (``_own_copy``). No atomics: every output element is written by exactly one program, so forward and
-backward are deterministic.
+ones instead, and the other sums read their own copy of the tile (``_own_copy``). No atomics:
+every output element is written by exactly one program, so forward and backward are deterministic.
 
 Numerics: products of 16-bit inputs are exact on the tensor cores and accumulate in fp32; the
 running states (and the final and initial-state gradients), the normaliser, its denominator and
@@ -188,9 +188,9 @@ def _own_copy(base, offs_t, offs_d, stride_t, stride_d, T, D_DIM, ACC: tl.conste
     """The (BLOCK_T, BLOCK_D) tile at rows offs_t, columns offs_d, in ACC, from a load of its own.
 
     For the normaliser's sums (the reverse scan's z, the chunk kernels' q . z) of a tile that is
-    also a ``tl.dot`` operand. Summing the dot operand itself is miscompiled by Triton 3.6 on Hopper (H200, 2026-11-30: z states 100% off
-    for fp32 with K >= 64, bf16 outputs off by ~0.1 under the 32-wide state tiles; the interpreter
-    and the unnormalised path were right). The ``.cg`` cache modifier makes this a different load
+    also a ``tl.dot`` operand. Summing the dot operand itself is miscompiled by Triton 3.6 on
+    Hopper (H200, 2026-11-30: z states 100% off for fp32 with K >= 64, bf16 outputs off by ~0.1
+    under the 32-wide state tiles; the interpreter and the unnormalised path were right). The ``.cg`` cache modifier makes this a different load
     op, so the compiler cannot merge it back into the dot operand's; the bytes come from L2.
     """
     tile = tl.load(
