@@ -61,7 +61,7 @@ import json
 import os
 import re
 import warnings
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,7 @@ from typing import Any
 import hydra
 import numpy as np
 import yaml
-from matplotlib import colormaps
+from matplotlib import colormaps, rcParams
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, ScalarFormatter
@@ -205,7 +205,7 @@ def expand_runs(runs: str | list[str]) -> list[Path]:
         runs: one entry or a list; each a directory, a ``.json`` / ``metrics.csv`` file, or a pattern.
 
     Raises:
-        ValueError: ``runs`` is empty.
+        ValueError: ``runs`` is empty or has an empty entry (``runs=`` would otherwise read ``.``).
         FileNotFoundError: an entry that exists nowhere or a pattern that matches nothing (named).
     """
     entries = [runs] if isinstance(runs, str) else list(runs)
@@ -214,6 +214,8 @@ def expand_runs(runs: str | list[str]) -> list[Path]:
     paths: list[Path] = []
     for entry in entries:
         entry = os.path.expanduser(str(entry))
+        if not entry.strip():
+            raise ValueError("runs has an empty entry: pass runs=[<run directory or glob>,...]")
         if glob.has_magic(entry):
             matches = sorted(glob.glob(entry, recursive=True))
             if not matches:
@@ -265,8 +267,10 @@ def read_record_file(path: Path) -> list[dict[str, Any]] | None:
 
     Raises:
         ValueError: unreadable or invalid JSON, a list mixing records (dicts with ``metric`` and
-            ``value``) with other items, a record without ``run`` or ``mixer``, or a non-numeric
-            ``value``; the message names the file and the item.
+            ``value``) with other items, a record without ``run`` or ``mixer``, a non-numeric
+            ``value``, or a ``seqlen``, ``state_bytes``, ``params``, ``d_model``, ``n_layers`` or
+            ``batch`` that is not a non-negative number or null; the message names the file and
+            the item.
     """
     try:
         data = json.loads(path.read_text())
@@ -287,6 +291,14 @@ def read_record_file(path: Path) -> list[dict[str, Any]] | None:
         value = item["value"]
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{path}: record {i} has a non-numeric value {value!r}")
+        for key in ("seqlen", "state_bytes", "params", "d_model", "n_layers", "batch"):  # lr: lr_groups
+            field_value = item.get(key)
+            if field_value is not None and (
+                isinstance(field_value, bool) or not isinstance(field_value, int | float) or field_value < 0
+            ):
+                raise ValueError(
+                    f"{path}: record {i} has {key}={field_value!r}; it must be a non-negative number or null"
+                )
         records.append({**item, "record_file": str(path)})
     return records
 
@@ -311,6 +323,25 @@ def load_records(sources: Sources, skip_invalid: bool) -> list[dict[str, Any]]:
         else:
             sources.record_files.append(path)
             records += found
+    return qualify_rerun_names(records)
+
+
+def qualify_rerun_names(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tell apart runs of one name in different directories (a rerun in another session's folder):
+    the records of every directory after the first get ``run`` = ``<parent>/<run>``, as their
+    metrics.csv curves do in :func:`val_loss_points`. A record's directory is its file's nearest
+    ancestor named after its run (``<run>/results/train.json``), else the folder holding the file's
+    ``results/`` or ``checkpoints/`` folder (a run directory renamed after the run), else the
+    file's folder."""
+    first_dir: dict[str, Path] = {}
+    for r in records:
+        path = Path(r["record_file"])
+        run_dir = next((p for p in path.parents if p.name == r["run"]), None)
+        if run_dir is None:
+            run_dir = path.parent.parent if path.parent.name in ("results", "checkpoints") else path.parent
+        first = first_dir.setdefault(r["run"], run_dir)
+        if run_dir != first:
+            r["run"] = f"{run_dir.parent.name}/{r['run']}"
     return records
 
 
@@ -326,38 +357,57 @@ def read_val_loss_curve(path: Path) -> list[tuple[float, float]]:
     CSVLogger ``metrics.csv``.
 
     A validation row's tokens are ``train/tokens`` interpolated at its ``step`` (``train/tokens`` at
-    step ``s`` counts ``s + 1`` steps, so step -1 is 0 tokens). Validation rows after the last logged
-    training step -- train.py's final re-validation of the best checkpoint -- are dropped.
+    step ``s`` counts ``s + 1`` steps, so step -1 is 0 tokens); past the last logged training step
+    (an epoch-end validation a step or two after the last log) they are extrapolated at the last
+    logged tokens per step. train.py's final re-validation of the best checkpoint is dropped: it is
+    logged after ``fit`` has ended, at an ``epoch`` above every training row's and a ``step`` past
+    every training step (without an ``epoch`` column, every validation past the last training step
+    is dropped).
 
     Returns:
         The points in file order; ``[]`` when the file has no ``val/loss`` or no ``train/tokens`` values.
 
     Raises:
-        ValueError: the file cannot be read, or a ``step``, ``train/tokens`` or ``val/loss`` value
-            is not a number (file and line named).
+        ValueError: the file cannot be read, or a ``step``, ``epoch``, ``train/tokens`` or
+            ``val/loss`` value is not a number (file and line named).
     """
     try:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise ValueError(f"cannot read metrics from {path}: {err}") from err
-    train, val = [], []
+    train, val = [], []  # (step, epoch or None, tokens / loss)
     for line, row in enumerate(rows, start=2):
         try:
+            epoch = float(row["epoch"]) if row.get("epoch") else None
             if row.get(TRAIN_TOKENS):
-                train.append((float(row["step"]), float(row[TRAIN_TOKENS])))
+                train.append((float(row["step"]), epoch, float(row[TRAIN_TOKENS])))
             if row.get(VAL_LOSS):
-                val.append((float(row["step"]), float(row[VAL_LOSS])))
+                val.append((float(row["step"]), epoch, float(row[VAL_LOSS])))
         except (TypeError, ValueError) as err:
             raise ValueError(
-                f"{path}, line {line}: step, {TRAIN_TOKENS} or {VAL_LOSS} is not a number"
+                f"{path}, line {line}: step, epoch, {TRAIN_TOKENS} or {VAL_LOSS} is not a number"
             ) from err
     if not train or not val:
         return []
     train.sort()
-    steps = [-1.0] + [step for step, _ in train]
-    tokens = [0.0] + [count for _, count in train]
-    return [(float(np.interp(step, steps, tokens)), loss) for step, loss in val if step <= steps[-1]]
+    last_step, last_tokens = train[-1][0], train[-1][2]
+    train_epochs = [epoch for _, epoch, _ in train if epoch is not None]
+    last_epoch = max(train_epochs) if len(train_epochs) == len(train) else None
+
+    def after_fit(step: float, epoch: float | None) -> bool:
+        if last_epoch is None or epoch is None:
+            return step > last_step
+        return step > last_step and epoch > last_epoch
+
+    steps = [-1.0] + [step for step, _, _ in train]
+    tokens = [0.0] + [count for _, _, count in train]
+    per_step = last_tokens / (last_step + 1)
+    return [
+        (float(np.interp(step, steps, tokens)) + max(step - last_step, 0.0) * per_step, loss)
+        for step, epoch, loss in val
+        if not after_fit(step, epoch)
+    ]
 
 
 def read_wandb_summary(path: Path) -> dict[str, Any]:
@@ -406,7 +456,7 @@ def accuracy_points(records: list[dict[str, Any]], task: str, path: str) -> list
 
     Returns:
         Points ``{series, run, mixer, split, seqlen (tokens), accuracy in [0, 1], state_bytes (bytes
-        per sequence, or None), params}``: eval/recall.py's ``accuracy`` records, and for runs without
+        per sequence, or None), params, d_model (from any record of the run and mixer, or None)}``: eval/recall.py's ``accuracy`` records, and for runs without
         any, train.py's ``val/acc`` / ``val/acc_<slice>`` records (series labelled ``(val)``).
     """
     mine = [r for r in records if r.get("task") == task and r.get("seqlen")]
@@ -428,6 +478,10 @@ def accuracy_points(records: list[dict[str, Any]], task: str, path: str) -> list
         if slot not in chosen or (r.get("path") == path and chosen[slot].get("path") != path):
             chosen[slot] = r
     labels = series_labels(list(dict.fromkeys(key for key, _ in chosen)))
+    widths: dict[tuple[str, str], Any] = {}  # recall records lack d_model: train.py's give it
+    for r in records:
+        if r.get("d_model") is not None:
+            widths.setdefault((r["run"], r["mixer"]), r["d_model"])
     return [
         {
             "series": labels[key] + (" (val)" if key[2][1] == "val" else ""),
@@ -438,7 +492,7 @@ def accuracy_points(records: list[dict[str, Any]], task: str, path: str) -> list
             "accuracy": r["value"],
             "state_bytes": r.get("state_bytes"),
             "params": r.get("params"),
-            "d_model": r.get("d_model"),
+            "d_model": widths.get((r["run"], r["mixer"])),
         }
         for (key, _), r in chosen.items()
     ]
@@ -449,7 +503,8 @@ def recall_vs_state_points(
 ) -> tuple[list[dict], list[str]]:
     """One point per series of :func:`accuracy_points`: the one at ``seqlen`` tokens, or at the
     series' shortest length when ``seqlen`` is None; points without ``state_bytes`` are left out.
-    Labels read ``<mixer> d<d_model> @ <seqlen>`` (no width where the records give none).
+    Labels read ``<mixer> d<d_model> @ <seqlen>`` (no width where the records give none), with
+    ``[<run>]`` before the ``@`` where several points would otherwise share a label.
 
     Returns:
         ``(points with a "label" for annotation, notes on series left out)``.
@@ -466,6 +521,10 @@ def recall_vs_state_points(
             continue
         width = f" d{at[0]['d_model']}" if at[0].get("d_model") else ""
         points.append({**at[0], "label": f"{at[0]['mixer']}{width} @ {at[0]['seqlen']}"})
+    counts = Counter(p["label"] for p in points)
+    for p in points:  # runs alike in mixer, width and length: their run names tell them apart
+        if counts[p["label"]] > 1:
+            p["label"] = p["label"].replace(" @ ", f" [{p['run']}] @ ")
     return points, notes
 
 
@@ -637,52 +696,70 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
     return fig
 
 
-# Where a marker's label may go, in points from the marker, tried in order: above right, below
-# right, above left, below left, then further above and below.
+# Where a marker's label may go, in points from the marker (and the text's alignment), tried in
+# order: beside it above and below, right then left; then centred above and below; then further
+# out, joined to the marker by a thin leader line.
 _LABEL_OFFSETS = (
     (5, 5, "left"), (5, -13, "left"), (-5, 5, "right"), (-5, -13, "right"),
+    (0, 8, "center"), (0, -17, "center"),
     (5, 16, "left"), (5, -24, "left"), (-5, 16, "right"), (-5, -24, "right"),
+    (0, 22, "center"), (0, -31, "center"),
+    (12, 30, "left"), (12, -38, "left"), (-12, 30, "right"), (-12, -38, "right"),
 )  # fmt: skip
-_MARKER_HALF_PX = 4.0  # half the side of the box a marker occupies, in pixels
+_LEADER_FROM = 6  # offsets from this index on get a leader line
+_NEAR_MARKER_PT = 5.0  # a label keeps this far from other markers, so it is not read as theirs
 
 
 def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpec) -> None:
     """Label each marker of ``points`` (its ``label``, else its series) at the first offset of
-    :data:`_LABEL_OFFSETS` whose text stays inside the axes and overlaps neither a marker nor a
-    label placed before it, measured on the rendered figure; where none is free, at the offset
-    whose text overlaps least (area outside the axes counted as overlap). Markers are labelled
-    left to right."""
+    :data:`_LABEL_OFFSETS` whose text stays inside the axes, overlaps no label placed before it and
+    keeps :data:`_NEAR_MARKER_PT` clear of other markers, measured on the rendered
+    figure; where none is free, at the offset whose text overlaps least (area outside the axes
+    counted as overlap). Far offsets draw a leader line to the marker. Markers are labelled left
+    to right."""
     canvas = FigureCanvasAgg(fig)
     canvas.draw()  # final layout and limits, so data -> pixel positions hold
     renderer = canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
-    markers = [
-        Bbox.from_bounds(x - _MARKER_HALF_PX, y - _MARKER_HALF_PX, 2 * _MARKER_HALF_PX, 2 * _MARKER_HALF_PX)
-        for x, y in ax.transData.transform([(p[spec.x], p[spec.y]) for p in points])
-    ]
-    placed: list[Bbox] = []
-    for p in sorted(points, key=lambda p: (p[spec.x], p[spec.y])):
+    px = fig.dpi / 72  # pixels per point
+    half = (rcParams["lines.markersize"] / 2 + 1) * px  # scatter's default marker, edge included
+    centres = ax.transData.transform([(p[spec.x], p[spec.y]) for p in points])
+    order = sorted(range(len(points)), key=lambda i: (points[i][spec.x], points[i][spec.y]))
+    legend = ax.get_legend()
+    # a legend inside the axes is an obstacle like a placed label
+    placed: list[Bbox] = [legend.get_window_extent(renderer)] if legend is not None else []
+    for i in order:
+        p = points[i]
         text = ax.annotate(
             p.get("label", p["series"]),
             (p[spec.x], p[spec.y]),
             xytext=(0, 0),
             textcoords="offset points",
             fontsize=8,
+            arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5", "shrinkA": 0, "shrinkB": half / px},
         )
         text.set_in_layout(False)  # the layout measured above must not move when labels are added
+        margin = half + _NEAR_MARKER_PT * px  # its own marker is no obstacle: the offsets clear it
+        obstacles = placed + [
+            Bbox.from_bounds(x - margin, y - margin, 2 * margin, 2 * margin)
+            for j, (x, y) in enumerate(centres)
+            if j != i
+        ]
         costs = []
-        for dx, dy, ha in _LABEL_OFFSETS:
+        for k, (dx, dy, ha) in enumerate(_LABEL_OFFSETS):
             text.set_position((dx, dy))
             text.set_horizontalalignment(ha)
             box = text.get_window_extent(renderer)
             cost = _area(box) - _area(Bbox.intersection(box, frame))
-            cost += sum(_area(Bbox.intersection(box, other)) for other in placed + markers)
-            costs.append((cost, (dx, dy, ha), box))
+            cost += sum(_area(Bbox.intersection(box, other)) for other in obstacles)
+            costs.append((cost, k, box))
             if cost == 0:
                 break
-        _, (dx, dy, ha), box = min(costs, key=lambda c: c[0])
+        _, k, box = min(costs, key=lambda c: c[0])
+        dx, dy, ha = _LABEL_OFFSETS[k]
         text.set_position((dx, dy))
         text.set_horizontalalignment(ha)
+        text.arrow_patch.set_visible(k >= _LEADER_FROM)  # the leader line
         placed.append(box)
 
 
@@ -822,13 +899,16 @@ def build_report(cfg: DictConfig) -> Report:
     Raises:
         FileNotFoundError: a ``runs`` entry that matches nothing, or no record file, metrics.csv or
             W&B summary under any of them (the message lists the paths searched and the files looked for).
-        ValueError: empty ``runs``, a bad ``recall_path``, ``seqlen`` or ``best_over_lr``, a ``task``
+        ValueError: empty ``runs`` or an empty entry, an ``out`` that is (inside) a file, a bad
+            ``recall_path``, ``seqlen`` or ``best_over_lr``, a ``task``
             that is neither a known task nor in the records, or an invalid record file, metrics.csv
             or W&B summary (named; unless ``skip_invalid=true``).
     """
     if cfg.recall_path not in ("decode", "parallel"):
         raise ValueError(f"recall_path must be decode or parallel, got {cfg.recall_path!r}")
-    if cfg.seqlen is not None and (not isinstance(cfg.seqlen, int) or cfg.seqlen < 1):
+    if cfg.seqlen is not None and (
+        isinstance(cfg.seqlen, bool) or not isinstance(cfg.seqlen, int) or cfg.seqlen < 1
+    ):
         raise ValueError(f"seqlen must be null or an integer >= 1, got {cfg.seqlen!r}")
     if not isinstance(cfg.best_over_lr, bool):
         raise ValueError(f"best_over_lr must be true or false, got {cfg.best_over_lr!r}")
@@ -839,18 +919,28 @@ def build_report(cfg: DictConfig) -> Report:
     scores = run_scores(records, cfg.task, cfg.recall_path)
     groups = lr_groups(scores)
     shown, dropped = drop_worse_lrs(accuracy, groups) if cfg.best_over_lr else (accuracy, 0)
+    by_length = accuracy
     if cfg.task == "text":
-        # a text run's accuracy is next-token prediction, not recall: no quality-vs-memory point
-        recall, notes = (
-            [],
-            ["Recall accuracy vs decode state: not drawn for task=text (next-token accuracy is not recall)"],
-        )
+        # a text run's accuracy is next-token prediction, not recall: no recall plots
+        recall, by_length = [], []
+        notes = [
+            f"{title}: not drawn for task=text (next-token accuracy is not recall)"
+            for title in ("Recall accuracy vs decode state", "Length generalisation")
+        ]
     else:
         recall, notes = recall_vs_state_points(shown, cfg.seqlen)
-    if dropped:
+    if dropped and recall:
         notes.append(
             f"Recall accuracy vs decode state: only the best learning rate of each group (best_over_lr=true): "
             f"{dropped} of {len(scores)} runs left out"
+        )
+    shared = [g for g in groups if len(g.runs) > len(g.lrs)]
+    if shared:
+        notes.append(
+            f"Best over learning rates: {len(shared)} group(s) hold runs that share a learning rate "
+            f"({'; '.join(', '.join(s.run for s in g.runs) for g in shared)}): they differ in a setting "
+            "the records do not carry (batch size, steps, ...), and each such group shows its best run "
+            "(its cell counts the runs); best_over_lr=false shows every run, separate runs= keep them apart"
         )
     without_lr = sorted({s.run for s in scores if s.lr is None})
     if scores and not groups:
@@ -873,17 +963,21 @@ def build_report(cfg: DictConfig) -> Report:
     check_task(cfg.task, records)
     points = {
         "recall_vs_state_bytes": recall,
-        "accuracy_vs_length": accuracy,
+        "accuracy_vs_length": by_length,
         "val_loss_vs_tokens": val_loss,
         "decode_tokens_per_s": decode_points(records),
     }
     notes += csv_notes + [f"skipped invalid file: {s}" for s in sources.skipped]
     out = Path(cfg.out)
+    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ValueError(f"out={cfg.out!r}: {blocking} is a file, not a folder; pass out=<folder>")
     figures, pngs, png_bytes = {}, {}, {}
     for spec in PLOTS:
         fig = figures[spec.name] = plot_points(points[spec.name], spec)
         if fig is None:
-            notes.append(f"{spec.title}: not drawn, no data (needs {spec.missing})")
+            if not any(n.startswith(f"{spec.title}: not drawn") for n in notes):
+                notes.append(f"{spec.title}: not drawn, no data (needs {spec.missing})")
             png_bytes[spec.name] = None
             continue
         buffer = io.BytesIO()

@@ -289,10 +289,12 @@ class LrGroup:
         return sorted({s.lr for s in self.runs})
 
     def cell(self, with_params: bool = False) -> str:
-        """``0.987 (lr 2.2e-3, 2 lrs)``; with ``with_params`` the group's parameter count is added."""
+        """``0.987 (lr 2.2e-3, 2 lrs)``; ``, 4 runs`` where runs share a learning rate (they differ in
+        a setting the records do not carry); with ``with_params`` the group's parameter count."""
         best, n = self.best, len(self.lrs)
+        runs = f", {len(self.runs)} runs" if len(self.runs) > n else ""
         params = f", {best.params:,} params" if with_params and best.params is not None else ""
-        return f"{best.accuracy:.3f} (lr {format_lr(best.lr)}, {n} lr{'s' if n != 1 else ''}{params})"
+        return f"{best.accuracy:.3f} (lr {format_lr(best.lr)}, {n} lr{'s' if n != 1 else ''}{runs}{params})"
 
 
 def lr_groups(scores: list[RunScore]) -> list[LrGroup]:

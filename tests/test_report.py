@@ -15,7 +15,16 @@ from helpers import REPO_ROOT, compose_eval
 from matplotlib.ticker import ScalarFormatter
 
 import data as data_lib
-from eval.report import PLOTS, Sources, build_report, plot_points, recall_vs_state_points, val_loss_points
+from eval.report import (
+    PLOTS,
+    Sources,
+    accuracy_points,
+    build_report,
+    plot_points,
+    read_val_loss_curve,
+    recall_vs_state_points,
+    val_loss_points,
+)
 from eval.report_tables import fold_slice
 
 STATE = {  # decode-state bytes per sequence at a length, per mixer (made up, of the right shape)
@@ -222,6 +231,23 @@ def test_val_loss_vs_tokens_plot(report):
     }
 
 
+def test_val_loss_curve_keeps_the_last_epoch_end_validation(tmp_path):
+    # An MQAR run logs train/tokens every 10 steps (last at 779) and validates at each epoch's end
+    # (step 781), then train.py re-validates the best checkpoint after fit (step 782, epoch 2). The
+    # epoch-end validation at 781 is real: it used to be dropped with the re-validation, so a run
+    # that reached loss 0.0016 was drawn ending at its first epoch's 5.55.
+    path = tmp_path / "metrics.csv"
+    path.write_text(
+        "epoch,step,train/tokens,val/loss\n"
+        "0,389,24960.0,\n0,390,,5.55\n"
+        "1,779,49920.0,\n1,781,,0.0016\n"
+        "2,782,,0.0016\n"
+    )
+    curve = read_val_loss_curve(path)
+    # 64 tokens a step: 390 interpolated between the logs, 781 extrapolated past the last one
+    assert curve == [(24960.0 + 64.0, 5.55), (49920.0 + 2 * 64.0, 0.0016)]
+
+
 def test_val_loss_of_reruns_with_one_name(tmp_path):
     # The same run name in two session folders (a rerun) gives two curves, the second named with
     # its folder; one curve used to be dropped silently.
@@ -239,6 +265,20 @@ def test_val_loss_of_reruns_with_one_name(tmp_path):
         "linear_attention [day2/nanogpt-run]",
         "linear_attention [nanogpt-run]",
     ]
+
+
+def test_reruns_with_one_name_stay_apart_in_records(tmp_path):
+    # Records of two run directories with one name (a rerun in another session's folder) used to
+    # merge into one run: one row in the Runs table, one series, the second run's numbers lost.
+    for session, accs in (("day1", [0.5, 0.4]), ("day2", [0.9, 0.8])):
+        write_json(
+            tmp_path / session / "run" / "results" / "train.json", train_records("run", "mamba", accs, 1.0)
+        )
+    rep = make_report(f"[{tmp_path}/day1/run,{tmp_path}/day2/run]", tmp_path / "out")
+    runs = next(t for t in rep.tables if t.title == "Runs")
+    assert [row[0] for row in runs.rows] == ["day2/run", "run"]
+    series = {p["series"]: p["accuracy"] for p in rep.points["accuracy_vs_length"] if p["seqlen"] == 64}
+    assert series == {"mamba [run] (val)": 0.5, "mamba [day2/run] (val)": 0.9}
 
 
 def test_decode_throughput_plot(report):
@@ -294,6 +334,21 @@ def test_log_axis_tick_labels_do_not_overlap():
         assert len(labels) >= 2, xs  # the axis can be read
         boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.x0)
         assert all(left.x1 <= right.x0 for left, right in itertools.pairwise(boxes)), xs
+
+
+def test_marker_labels_name_the_width_and_tell_alike_runs_apart():
+    # eval/recall.py's records carry no d_model: the label takes it from train.py's records of the
+    # run. Two runs alike in mixer, width and length were both "attention d64 @ 64", by swapped
+    # markers in the README's induction plot; their run names now tell them apart.
+    records = []
+    for run in ("rope-bs256", "rope-bs64"):
+        records += recall_records(run, "attention", [0.8, 0.6, 0.2], ["parallel"])
+        records += [r | {"d_model": 64} for r in train_records(run, "attention", [0.8, 0.6], 0.5)]
+    records += recall_records("mamba-run", "mamba", [0.9, 0.9, 0.9], ["parallel"])
+    points, _ = recall_vs_state_points(accuracy_points(records, "mqar", "decode"), None)
+    assert sorted(p["label"] for p in points) == [
+        "attention d64 [rope-bs256] @ 64", "attention d64 [rope-bs64] @ 64", "mamba @ 64",
+    ]  # fmt: skip
 
 
 def test_marker_labels_do_not_overlap():
@@ -414,6 +469,29 @@ def test_nothing_found_is_a_clear_error(tmp_path):
         make_report(f"[{tmp_path}/nothing-*]", tmp_path / "out")
 
 
+def test_bad_runs_out_seqlen_and_record_fields_are_clear_errors(runs, tmp_path):
+    # Found by a fresh-clone check: runs= (empty) reported the whole working directory, out= a file
+    # raised FileExistsError from deep inside, seqlen=true passed as a length, and a string seqlen
+    # in a record surfaced as "'<' not supported between instances of 'str' and 'int'".
+    with pytest.raises(ValueError, match="runs has an empty entry"):
+        make_report("''", tmp_path / "out")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out in (blocker, blocker / "sub"):
+        with pytest.raises(ValueError, match=r"a-file is a file, not a folder; pass out=<folder>"):
+            make_report(f"[{runs / 'mamba-run'}]", out)
+    with pytest.raises(ValueError, match="seqlen must be null or an integer >= 1, got True"):
+        make_report(f"[{runs / 'mamba-run'}]", tmp_path / "out", "seqlen=true")
+    bad = tmp_path / "str-run" / "results" / "train.json"
+    for key, value in (("seqlen", "256"), ("state_bytes", -1), ("params", True)):
+        record = {"run": "str-run", "mixer": "mamba", "metric": "val/acc", "value": 0.5, key: value}
+        write_json(bad, [record])
+        with pytest.raises(
+            ValueError, match=rf"record 0 has {key}={value!r}; it must be a non-negative number"
+        ):
+            make_report(f"[{tmp_path / 'str-run'}]", tmp_path / "out")
+
+
 def test_corrupt_record_file_errors_or_is_skipped(runs, tmp_path):
     bad = tmp_path / "bad-run" / "results" / "train.json"
     bad.parent.mkdir(parents=True)
@@ -493,8 +571,14 @@ def test_text_task_draws_no_recall_plot(tmp_path):
     common = {"task": "text", "split": "val", "lr": 1e-3, "d_model": 64, "n_layers": 2}
     write_json(run / "results" / "train.json", [rec("text-run", "attention", "val/acc", 0.6, 64, **common)])
     rep = make_report(f"[{run}]", tmp_path / "out", "task=text")
-    assert rep.figures["recall_vs_state_bytes"] is None and "recall_vs_state_bytes" not in rep.pngs
-    assert any("not drawn for task=text" in n for n in rep.notes)
+    for name in ("recall_vs_state_bytes", "accuracy_vs_length"):  # the latter was labelled recall accuracy
+        assert rep.figures[name] is None and name not in rep.pngs
+    not_drawn = [n for n in rep.notes if "not drawn" in n]
+    assert not_drawn[:2] == [  # once each (the recall plot was also noted as having no data)
+        "Recall accuracy vs decode state: not drawn for task=text (next-token accuracy is not recall)",
+        "Length generalisation: not drawn for task=text (next-token accuracy is not recall)",
+    ]
+    assert all("not drawn, no data" in n for n in not_drawn[2:]) and len(not_drawn) == 4
     assert "Results: text (val)" in {t.title for t in rep.tables}
 
 
@@ -570,6 +654,19 @@ def test_best_over_lr_keeps_only_the_best_run_in_the_quality_vs_memory_plot(grid
     ]
     with pytest.raises(ValueError, match="best_over_lr must be true or false"):
         make_report(f"[{grid}]", tmp_path / "bad", "best_over_lr=3")
+
+
+def test_best_over_lr_with_runs_sharing_a_learning_rate(grid, tmp_path):
+    # A rerun at another batch size has the same records but its lr: the group's cell and a note
+    # say so, instead of "1 lr" and "runs left out" as if an lr sweep had been won.
+    run = "mamba-d64-lr0.0022-bs256"
+    write_json(grid / run / "results" / "train.json",
+               sweep_records(run, "mamba", 64, 2.2e-3, {"T64_kv4": (64, 0.7)}))  # fmt: skip
+    rep = make_report(f"[{grid}]", tmp_path / "out")
+    table = next(t for t in rep.tables if t.title.startswith("Best"))
+    assert table.rows[1] == ["mamba", "0.700 (lr 2.2e-3, 2 lrs, 3 runs)", "no record"]
+    (note,) = [n for n in rep.notes if "share a learning rate" in n]
+    assert "1 group(s)" in note and run in note and "best_over_lr=false shows every run" in note
 
 
 def test_best_over_lr_with_bad_or_missing_learning_rates(grid, tmp_path):
