@@ -58,6 +58,7 @@ import glob
 import html
 import io
 import json
+import math
 import os
 import re
 import warnings
@@ -72,7 +73,7 @@ import yaml
 from matplotlib import colormaps, rcParams
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import LogLocator, ScalarFormatter
+from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator, ScalarFormatter
 from matplotlib.transforms import Bbox
 from omegaconf import DictConfig, OmegaConf
 
@@ -269,8 +270,8 @@ def read_record_file(path: Path) -> list[dict[str, Any]] | None:
         ValueError: unreadable or invalid JSON, a list mixing records (dicts with ``metric`` and
             ``value``) with other items, a record without ``run`` or ``mixer``, a non-numeric
             ``value``, or a ``seqlen``, ``state_bytes``, ``params``, ``d_model``, ``n_layers`` or
-            ``batch`` that is not a non-negative number or null; the message names the file and
-            the item.
+            ``batch`` that is not a finite non-negative number or null; the message names the file
+            and the item.
     """
     try:
         data = json.loads(path.read_text())
@@ -294,10 +295,14 @@ def read_record_file(path: Path) -> list[dict[str, Any]] | None:
         for key in ("seqlen", "state_bytes", "params", "d_model", "n_layers", "batch"):  # lr: lr_groups
             field_value = item.get(key)
             if field_value is not None and (
-                isinstance(field_value, bool) or not isinstance(field_value, int | float) or field_value < 0
+                isinstance(field_value, bool)
+                or not isinstance(field_value, int | float)
+                or not math.isfinite(field_value)
+                or field_value < 0
             ):
                 raise ValueError(
-                    f"{path}: record {i} has {key}={field_value!r}; it must be a non-negative number or null"
+                    f"{path}: record {i} has {key}={field_value!r}; it must be a finite non-negative "
+                    "number or null"
                 )
         records.append({**item, "record_file": str(path)})
     return records
@@ -328,21 +333,38 @@ def load_records(sources: Sources, skip_invalid: bool) -> list[dict[str, Any]]:
 
 def qualify_rerun_names(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Tell apart runs of one name in different directories (a rerun in another session's folder):
-    the records of every directory after the first get ``run`` = ``<parent>/<run>``, as their
-    metrics.csv curves do in :func:`val_loss_points`. A record's directory is its file's nearest
-    ancestor named after its run (``<run>/results/train.json``), else the folder holding the file's
-    ``results/`` or ``checkpoints/`` folder (a run directory renamed after the run), else the
-    file's folder."""
-    first_dir: dict[str, Path] = {}
+    the records of every directory after the first are renamed with their directory's parents,
+    ``<parent>/<run>`` (more levels where that is taken too), as their metrics.csv curves are in
+    :func:`val_loss_points`; every record gets ``run_dir``. A record's directory is its file's
+    nearest ancestor named after its run (``<run>/results/train.json``), else the folder holding
+    the file's ``results/`` or ``checkpoints/`` folder (a run directory renamed after the run),
+    else the file's folder."""
+    taken: dict[str, Path] = {}
+    named: dict[tuple[Path, str], str] = {}
     for r in records:
         path = Path(r["record_file"])
         run_dir = next((p for p in path.parents if p.name == r["run"]), None)
         if run_dir is None:
             run_dir = path.parent.parent if path.parent.name in ("results", "checkpoints") else path.parent
-        first = first_dir.setdefault(r["run"], run_dir)
-        if run_dir != first:
-            r["run"] = f"{run_dir.parent.name}/{r['run']}"
+        key = (run_dir.resolve(), r["run"])
+        if key not in named:
+            named[key] = unique_run_name(r["run"], key[0], taken)
+        r["run"], r["run_dir"] = named[key], str(key[0])
     return records
+
+
+def unique_run_name(run: str, run_dir: Path, taken: dict[str, Path]) -> str:
+    """``run``, or where another directory has that name in ``taken``, ``<parent>/<run>``, then
+    ``<grandparent>/<parent>/<run>``, ...: the first name free or already ``run_dir``'s (recorded
+    in ``taken``)."""
+    name, parents = run, list(run_dir.resolve().parents)
+    for parent in parents:
+        if taken.setdefault(name, run_dir) == run_dir:
+            return name
+        name = f"{parent.name}/{name}" if parent.name else name
+    name = str(run_dir)  # every level taken: the full path
+    taken[name] = run_dir
+    return name
 
 
 def _skip_or_raise(sources: Sources, err: ValueError, skip_invalid: bool) -> None:
@@ -564,9 +586,10 @@ def val_loss_points(
     """Validation loss (nats/token) versus training tokens per run: the metrics.csv curve, else
     ``val/loss`` records with ``train_tokens``, else a W&B summary's ``val/loss`` at ``train/tokens``.
 
-    A metrics.csv's run is its directory's parent when the directory is train.py's ``csv/``, else
-    its directory (named ``<parent>/<run>`` when a run of the same name came first); a W&B
-    summary's run is the directory holding ``wandb/``. The mixer is the one of
+    A metrics.csv's run directory is its folder's parent when the folder is train.py's ``csv/``,
+    else its folder; a W&B summary's is the directory holding ``wandb/``. The run is the one the
+    directory's records name (see :func:`qualify_rerun_names`), else the directory's name
+    (``<parent>/<name>`` where another directory has that name). The mixer is the one of
     that run's records, else ``model.name`` of the CSV logger's ``hparams.yaml``, else ``unknown``.
 
     Returns:
@@ -576,7 +599,21 @@ def val_loss_points(
         ValueError: an unreadable metrics.csv or W&B summary, unless ``skip_invalid`` (then skipped
             with a warning and listed in ``sources.skipped``).
     """
-    mixers = {r["run"]: r["mixer"] for r in records}
+    # a directory's run is the one its records name (qualify_rerun_names), else the folder's name,
+    # with its parents where another directory has that name
+    by_dir: dict[Path, tuple[str, str]] = {}
+    taken: dict[str, Path] = {}
+    for r in records:
+        run_dir = Path(r.get("run_dir") or Path(r["record_file"]).parent).resolve()
+        by_dir.setdefault(run_dir, (r["run"], r["mixer"]))
+        taken.setdefault(r["run"], run_dir)
+
+    def run_of(run_dir: Path, hparams: Path) -> tuple[str, str]:
+        run_dir = run_dir.resolve()
+        if run_dir not in by_dir:
+            by_dir[run_dir] = (unique_run_name(run_dir.name, run_dir, taken), _hparams_mixer(hparams))
+        return by_dir[run_dir]
+
     curves: dict[str, tuple[str, list[tuple[float, float]], str]] = {}
     notes = []
     for path in sources.metrics_csvs:
@@ -589,9 +626,7 @@ def val_loss_points(
         if not curve:
             notes.append(f"{path}: no {VAL_LOSS} rows with {TRAIN_TOKENS} logged by then; not plotted")
             continue
-        mixer = mixers.get(run_dir.name) or _hparams_mixer(path.parent / "hparams.yaml")
-        # a rerun under another directory with the same name is a run of its own, named with its parent
-        name = run_dir.name if run_dir.name not in curves else f"{run_dir.parent.name}/{run_dir.name}"
+        name, mixer = run_of(run_dir, path.parent / "hparams.yaml")
         curves.setdefault(name, (mixer, curve, str(path)))
     for r in records:
         if r["metric"] == VAL_LOSS and r.get("train_tokens") is not None and r["run"] not in curves:
@@ -604,10 +639,10 @@ def val_loss_points(
             _skip_or_raise(sources, err, skip_invalid)
             continue
         tokens, loss = summary.get(TRAIN_TOKENS), summary.get(VAL_LOSS)
-        if run_dir.name in curves or not isinstance(tokens, int | float) or not isinstance(loss, int | float):
+        name, mixer = run_of(run_dir, run_dir / "csv" / "hparams.yaml")
+        if name in curves or not isinstance(tokens, int | float) or not isinstance(loss, int | float):
             continue
-        mixer = mixers.get(run_dir.name) or _hparams_mixer(run_dir / "csv" / "hparams.yaml")
-        curves[run_dir.name] = (mixer, [(float(tokens), float(loss))], str(path))
+        curves[name] = (mixer, [(float(tokens), float(loss))], str(path))
     labels = series_labels([(mixer, run, ()) for run, (mixer, _, _) in curves.items()])
     points = [
         {
@@ -640,11 +675,12 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
     order; ``None`` when there are no points.
 
     Past 10 series the colours come from the 20-colour ``tab20`` map (the default cycle repeats
-    after 10) and past 6 the legend moves beside the axes. A ``log`` y axis whose data span less
+    after 10), past 20 they come round again with another marker shape, and past 6 the legend moves
+    beside the axes. Run names are drawn as they are (a ``$`` is not mathtext). A ``log`` y axis whose data span less
     than a factor of 10 is drawn linear (a log axis over 350-361 only has unreadable minor ticks);
     x axes keep their scale (decode state bytes are compared on a log axis whatever their span), and
     a log axis spanning a decade or more puts its minor ticks at 2x and 5x only, so that labelled
-    ones do not overlap.
+    ones do not overlap; within a decade it gets a few evenly spaced plain-number ticks.
     The figure is a standalone :class:`matplotlib.figure.Figure` (no pyplot state to close).
     """
     if not points:
@@ -655,14 +691,18 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
     many = len(by_series) > 6
     fig = Figure(figsize=(11.5 if many else 7.5, 4.8), layout="constrained")
     ax = fig.subplots()
-    colors = colormaps["tab20"].colors if len(by_series) > 10 else [None] * len(by_series)
-    for color, (series, pts) in zip(colors, sorted(by_series.items()), strict=False):
+    palette = colormaps["tab20"].colors
+    for i, (series, pts) in enumerate(sorted(by_series.items())):
+        # past 20 series the colours come round again with another marker shape
+        color = palette[i % len(palette)] if len(by_series) > 10 else None
+        marker = _MARKERS[i // len(palette) % len(_MARKERS)]
         pts = sorted(pts, key=lambda p: p[spec.x])
         xs, ys = [p[spec.x] for p in pts], [p[spec.y] for p in pts]
+        label = plain_text(series)
         if spec.lines:
-            ax.plot(xs, ys, marker="o", label=series, color=color, linestyle=pts[0].get("linestyle", "-"))
+            ax.plot(xs, ys, marker=marker, label=label, color=color, linestyle=pts[0].get("linestyle", "-"))
             continue
-        ax.scatter(xs, ys, label=series, color=color)
+        ax.scatter(xs, ys, label=label, color=color, marker=marker)
     labels = {}
     for axis, set_scale, scale, key, label in (
         (ax.xaxis, ax.set_xscale, spec.xscale, spec.x, spec.xlabel),
@@ -682,6 +722,12 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
                 # over a decade or more, minor ticks at 2x and 5x only: where matplotlib labels the
                 # minor ticks of such a span, labels at every 2..9x (3x10^4, 4x10^4, ...) collide
                 axis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
+            elif scale == "log" and values:
+                # within a decade (30000-32000 bytes) matplotlib labels minor ticks 3x10^4,
+                # 3.025x10^4, ... into each other: a few evenly spaced plain numbers instead
+                axis.set_major_locator(MaxNLocator(nbins=4))
+                axis.set_major_formatter(ScalarFormatter(useOffset=False))
+                axis.set_minor_locator(NullLocator())
     ax.set_xlabel(labels[spec.x])
     ax.set_ylabel(labels[spec.y])
     ax.set_title(spec.title)
@@ -694,6 +740,15 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
         ax.margins(y=0.12)  # room above the top markers and below the bottom ones for their labels
         annotate_points(fig, ax, points, spec)
     return fig
+
+
+_MARKERS = ("o", "s", "^", "D", "v")
+
+
+def plain_text(text: str) -> str:
+    """``text`` for a matplotlib label, drawn as written: ``$`` escaped, which would otherwise start
+    mathtext (a run named ``cost$\\x$`` failed the whole report)."""
+    return text.replace("$", r"\$")
 
 
 # Where a marker's label may go, in points from the marker (and the text's alignment), tried in
@@ -731,7 +786,7 @@ def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpe
     for i in order:
         p = points[i]
         text = ax.annotate(
-            p.get("label", p["series"]),
+            plain_text(p.get("label", p["series"])),
             (p[spec.x], p[spec.y]),
             xytext=(0, 0),
             textcoords="offset points",
@@ -774,6 +829,13 @@ def _narrow(values: list[float]) -> bool:
     return len(positive) < len(values) or max(positive) < 10 * min(positive)
 
 
+def skipped_reason(spec: PlotSpec, notes: list[str]) -> str:
+    """Why the plot ``spec`` was not drawn: its ``<title>: not drawn for ...`` note, without the
+    title (a text run's accuracy is not recall), else ``No data: needs <what it needs>.``"""
+    note = next((n for n in notes if n.startswith(f"{spec.title}: not drawn for")), None)
+    return f"Not drawn{note.split(': not drawn', 1)[1]}." if note else f"No data: needs {spec.missing}."
+
+
 def render_markdown(
     report_title: str, figures: dict[str, str | None], tables: list[Table], notes: list[str], sources: Sources
 ) -> str:
@@ -783,7 +845,7 @@ def render_markdown(
     for spec in PLOTS:
         lines += [f"## {spec.title}", ""]
         png = figures.get(spec.name)
-        lines += [f"![{spec.title}]({png})" if png else f"*No data: needs {spec.missing}.*", ""]
+        lines += [f"![{spec.title}]({png})" if png else f"*{skipped_reason(spec, notes)}*", ""]
     for table in tables:
         lines += [f"## {table.title}", "", _md_row(table.columns), _md_row(["---"] * len(table.columns))]
         lines += [_md_row([format_value(v) for v in row]) for row in table.rows]
@@ -830,7 +892,7 @@ def render_html(
         parts.append(f"<h2>{esc(spec.title)}</h2>")
         png = pngs.get(spec.name)
         if png is None:
-            parts.append(f'<p class="note">No data: needs {esc(spec.missing)}.</p>')
+            parts.append(f'<p class="note">{esc(skipped_reason(spec, notes))}</p>')
         else:
             data = base64.b64encode(png).decode("ascii")
             parts.append(f'<figure><img alt="{esc(spec.title)}" src="data:image/png;base64,{data}"></figure>')
@@ -968,6 +1030,8 @@ def build_report(cfg: DictConfig) -> Report:
         "decode_tokens_per_s": decode_points(records),
     }
     notes += csv_notes + [f"skipped invalid file: {s}" for s in sources.skipped]
+    if not str(cfg.out or "").strip():
+        raise ValueError("out is empty: pass out=<folder> for the report's files")
     out = Path(cfg.out)
     blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocking is not None:
@@ -979,6 +1043,7 @@ def build_report(cfg: DictConfig) -> Report:
             if not any(n.startswith(f"{spec.title}: not drawn") for n in notes):
                 notes.append(f"{spec.title}: not drawn, no data (needs {spec.missing})")
             png_bytes[spec.name] = None
+            (out / f"{spec.name}.png").unlink(missing_ok=True)  # an earlier report's, now stale
             continue
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=110)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import math
 import runpy
 import sys
 from html.parser import HTMLParser
@@ -281,6 +282,28 @@ def test_reruns_with_one_name_stay_apart_in_records(tmp_path):
     assert series == {"mamba [run] (val)": 0.5, "mamba [day2/run] (val)": 0.9}
 
 
+def test_run_names_across_folders_and_renamed_run_folders(tmp_path):
+    # Three folders whose parents share a name stay three runs; a run folder renamed after the run
+    # (records name "x-run", the folder is "renamed-x-run") gives one curve under the records' name,
+    # not a second one under the folder's; a curve without records in its folder takes the name the
+    # tables give that folder.
+    for top in ("p", "q", "r"):
+        write_json(tmp_path / top / "same" / "runx" / "results" / "train.json",
+                   train_records("runx", "mamba", [0.5, 0.4], 1.0, 1000))  # fmt: skip
+    renamed = tmp_path / "renamed-x-run"
+    write_json(renamed / "results" / "train.json", train_records("x-run", "attention", [0.7, 0.6], 2.0, 1000))
+    (renamed / "csv").mkdir()
+    (renamed / "csv" / "metrics.csv").write_text(METRICS_CSV)
+    rep = make_report(f"[{tmp_path}/p/same/runx,{tmp_path}/q/same/runx,{tmp_path}/r/same/runx,{renamed}]",
+                      tmp_path / "out")  # fmt: skip
+    runs = next(t for t in rep.tables if t.title == "Runs")
+    assert sorted(row[0] for row in runs.rows) == ["r/same/runx", "runx", "same/runx", "x-run"]
+    curves = {p["series"] for p in rep.points["val_loss_vs_tokens"]}
+    assert curves == {
+        "attention [x-run]", "mamba [runx]", "mamba [same/runx]", "mamba [r/same/runx]",
+    }  # fmt: skip
+
+
 def test_decode_throughput_plot(report):
     ax = report.figures["decode_tokens_per_s"].axes[0]
     # 200-900 tokens/s span less than 10x: a linear y axis, labelled without "log scale".
@@ -320,7 +343,7 @@ def test_plot_points_log_axes_colours_and_legend():
 def test_log_axis_tick_labels_do_not_overlap():
     # decode state bytes 2e4 .. 6e5: labels at every minor tick (3x10^4, 4x10^4, ...) overlapped
     spec = next(p for p in PLOTS if p.name == "recall_vs_state_bytes")
-    for xs in ((2e4, 4.1e4, 8e4, 6e5), (2e4, 3e4, 4e4, 5e4), (1e3, 1e7)):
+    for xs in ((2e4, 4.1e4, 8e4, 6e5), (2e4, 3e4, 4e4, 5e4), (1e3, 1e7), (3e4, 3.2e4)):
         points = [{"series": "s", "state_bytes": x, "accuracy": 0.5} for x in xs]
         fig = plot_points(points, spec)
         fig.canvas.draw()
@@ -446,6 +469,13 @@ def test_plots_without_data_are_noted_not_errors(runs, tmp_path):
     assert "*No data: needs eval/decode.py records (metric decode_tokens_per_s).*" in rep.markdown.read_text()
 
 
+def test_a_plot_not_drawn_again_leaves_no_stale_png(runs, tmp_path):
+    make_report(f"[{runs}]", tmp_path)  # with the decode records: the decode plot is drawn
+    assert (tmp_path / "decode_tokens_per_s.png").exists()
+    make_report(f"[{runs}/*-run]", tmp_path)  # the same folder, no decode records
+    assert not (tmp_path / "decode_tokens_per_s.png").exists()
+
+
 def test_seqlen_picks_the_quality_vs_memory_length(runs, tmp_path):
     rep = make_report(f"[{runs}/*-run]", tmp_path, "seqlen=256")
     points = {p["series"]: (p["state_bytes"], p["accuracy"]) for p in rep.points["recall_vs_state_bytes"]}
@@ -480,14 +510,16 @@ def test_bad_runs_out_seqlen_and_record_fields_are_clear_errors(runs, tmp_path):
     for out in (blocker, blocker / "sub"):
         with pytest.raises(ValueError, match=r"a-file is a file, not a folder; pass out=<folder>"):
             make_report(f"[{runs / 'mamba-run'}]", out)
+    with pytest.raises(ValueError, match="out is empty: pass out=<folder>"):
+        make_report(f"[{runs / 'mamba-run'}]", "''")
     with pytest.raises(ValueError, match="seqlen must be null or an integer >= 1, got True"):
         make_report(f"[{runs / 'mamba-run'}]", tmp_path / "out", "seqlen=true")
     bad = tmp_path / "str-run" / "results" / "train.json"
-    for key, value in (("seqlen", "256"), ("state_bytes", -1), ("params", True)):
+    for key, value in (("seqlen", "256"), ("state_bytes", -1), ("params", True), ("state_bytes", math.inf)):
         record = {"run": "str-run", "mixer": "mamba", "metric": "val/acc", "value": 0.5, key: value}
         write_json(bad, [record])
         with pytest.raises(
-            ValueError, match=rf"record 0 has {key}={value!r}; it must be a non-negative number"
+            ValueError, match=rf"record 0 has {key}={value!r}; it must be a finite non-negative number"
         ):
             make_report(f"[{tmp_path / 'str-run'}]", tmp_path / "out")
 
@@ -574,6 +606,8 @@ def test_text_task_draws_no_recall_plot(tmp_path):
     for name in ("recall_vs_state_bytes", "accuracy_vs_length"):  # the latter was labelled recall accuracy
         assert rep.figures[name] is None and name not in rep.pngs
     not_drawn = [n for n in rep.notes if "not drawn" in n]
+    markdown = rep.markdown.read_text()  # each plot's section says why it is missing
+    assert "*Not drawn for task=text (next-token accuracy is not recall).*" in markdown
     assert not_drawn[:2] == [  # once each (the recall plot was also noted as having no data)
         "Recall accuracy vs decode state: not drawn for task=text (next-token accuracy is not recall)",
         "Length generalisation: not drawn for task=text (next-token accuracy is not recall)",
