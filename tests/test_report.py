@@ -17,15 +17,14 @@ from matplotlib.ticker import ScalarFormatter
 
 import data as data_lib
 from eval.report import (
-    PLOTS,
     Sources,
     accuracy_points,
     build_report,
-    plot_points,
     read_val_loss_curve,
     recall_vs_state_points,
     val_loss_points,
 )
+from eval.report_plots import PLOTS, plot_points
 from eval.report_tables import fold_slice
 
 STATE = {  # decode-state bytes per sequence at a length, per mixer (made up, of the right shape)
