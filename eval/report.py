@@ -622,8 +622,13 @@ def render_markdown(
     return "\n".join(lines)
 
 
+# characters that would format a table cell in markdown (a run named *bold* or <b>x</b>)
+_MD_SPECIAL = re.compile(r"([\\`*|<>\[\]])")
+
+
 def _md_row(cells: list[str]) -> str:
-    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+    """One markdown table row, each cell's text shown as written (formatting characters escaped)."""
+    return "| " + " | ".join(_MD_SPECIAL.sub(r"\\\1", str(c)) for c in cells) + " |"
 
 
 def _source_lines(sources: Sources) -> list[str]:

@@ -18,6 +18,7 @@ from matplotlib.ticker import ScalarFormatter
 import data as data_lib
 from eval.report import (
     Sources,
+    _md_row,
     accuracy_points,
     build_report,
     read_val_loss_curve,
@@ -301,6 +302,13 @@ def test_run_names_across_folders_and_renamed_run_folders(tmp_path):
     assert curves == {
         "attention [x-run]", "mamba [runx]", "mamba [same/runx]", "mamba [r/same/runx]",
     }  # fmt: skip
+
+
+def test_markdown_cells_show_names_as_written():
+    # a run named *bold* or <b>x</b> rendered as formatting in report.md (the HTML page escapes)
+    assert _md_row(["*bold*", "<b>x</b>", "a|b", "linear_attention", "[x](y)"]) == (
+        r"| \*bold\* | \<b\>x\</b\> | a\|b | linear_attention | \[x\](y) |"
+    )
 
 
 def test_decode_throughput_plot(report):
