@@ -165,9 +165,17 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
 _MARKERS = ("o", "s", "^", "D", "v")
 
 
+_MAX_LABEL_CHARS = 70  # longer labels keep their ends around an ellipsis
+
+
 def plain_text(text: str) -> str:
     """``text`` for a matplotlib label, drawn as written: ``$`` escaped, which would otherwise start
-    mathtext (a run named ``cost$\\x$`` failed the whole report)."""
+    mathtext (a run named ``cost$\\x$`` failed the whole report); past :data:`_MAX_LABEL_CHARS`
+    characters the middle is cut to an ellipsis (a 150-character run name squeezed the axes to
+    nothing; the tables keep whole names)."""
+    if len(text) > _MAX_LABEL_CHARS:
+        keep = (_MAX_LABEL_CHARS - 1) // 2
+        text = f"{text[:keep]}…{text[-keep:]}"
     return text.replace("$", r"\$")
 
 

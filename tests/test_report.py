@@ -8,6 +8,7 @@ import json
 import math
 import runpy
 import sys
+import warnings
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -412,6 +413,23 @@ def test_marker_labels_do_not_overlap():
     markers = ax.transData.transform([(p["state_bytes"], p["accuracy"]) for p in points])
     for box in boxes:
         assert not any(box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1 for x, y in markers)
+
+
+def test_long_names_keep_the_plot_readable():
+    # A 150-character run name with an 80-character mixer name collapsed the constrained layout
+    # (matplotlib warned, the axes shrank to nothing, the legend ran off the figure).
+    spec = next(p for p in PLOTS if p.name == "recall_vs_state_bytes")
+    name = "r" * 150
+    points = [{"series": f"{'m' * 80} [{name}]", "state_bytes": 1e4, "accuracy": 0.5, "label": name}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = plot_points(points, spec)
+        fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_texts()[0].get_text()
+    assert len(legend) <= 70 and legend.startswith("m" * 30) and legend.endswith("r" * 30 + "]")
+    assert all(len(t.get_text()) <= 70 for t in ax.texts)
+    assert ax.get_window_extent().width > 0.5 * fig.bbox.width
 
 
 def test_tables(report):
