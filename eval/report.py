@@ -76,7 +76,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data import DATAMODULES
 from eval.cli import user_errors
-from eval.report_plots import PLOTS, PlotSpec, plot_points
+from eval.report_plots import PLOTS, plot_points
 from eval.report_tables import (
     Table,
     best_lr_tables,
@@ -596,23 +596,22 @@ def _hparams_mixer(path: Path) -> str:
     return str(model.get("name")) if isinstance(model, dict) and model.get("name") else "unknown"
 
 
-def skipped_reason(spec: PlotSpec, notes: list[str]) -> str:
-    """Why the plot ``spec`` was not drawn: its ``<title>: not drawn for ...`` note, without the
-    title (a text run's accuracy is not recall), else ``No data: needs <what it needs>.``"""
-    note = next((n for n in notes if n.startswith(f"{spec.title}: not drawn for")), None)
-    return f"Not drawn{note.split(': not drawn', 1)[1]}." if note else f"No data: needs {spec.missing}."
-
-
 def render_markdown(
-    report_title: str, figures: dict[str, str | None], tables: list[Table], notes: list[str], sources: Sources
+    report_title: str,
+    figures: dict[str, str | None],
+    skipped: dict[str, str],
+    tables: list[Table],
+    notes: list[str],
+    sources: Sources,
 ) -> str:
-    """The report as markdown: plots as links to their PNG files (``figures``: plot name -> file name,
-    or None for a skipped plot), a note for each skipped plot, the tables, notes and sources."""
+    """The report as markdown: plots as links to their PNG files (``figures``: plot name -> file name),
+    a skipped plot's section saying why (``skipped``: plot name -> sentence), the tables, notes and
+    sources."""
     lines = [f"# {report_title}", ""]
     for spec in PLOTS:
         lines += [f"## {spec.title}", ""]
         png = figures.get(spec.name)
-        lines += [f"![{spec.title}]({png})" if png else f"*{skipped_reason(spec, notes)}*", ""]
+        lines += [f"![{spec.title}]({png})" if png else f"*{skipped[spec.name]}*", ""]
     for table in tables:
         lines += [f"## {table.title}", "", _md_row(table.columns), _md_row(["---"] * len(table.columns))]
         lines += [_md_row([format_value(v) for v in row]) for row in table.rows]
@@ -643,11 +642,16 @@ def _source_lines(sources: Sources) -> list[str]:
 
 
 def render_html(
-    report_title: str, pngs: dict[str, bytes | None], tables: list[Table], notes: list[str], sources: Sources
+    report_title: str,
+    pngs: dict[str, bytes | None],
+    skipped: dict[str, str],
+    tables: list[Table],
+    notes: list[str],
+    sources: Sources,
 ) -> str:
     """The report as one self-contained HTML page: each plot an ``<img>`` holding its PNG bytes as a
-    base64 data URI (``pngs``: plot name -> bytes, or None for a skipped plot, which gets a note),
-    tables inline, no script, stylesheet or network reference."""
+    base64 data URI (``pngs``: plot name -> bytes, or None for a skipped plot, whose section says why:
+    ``skipped``), tables inline, no script, stylesheet or network reference."""
     esc = html.escape
     parts = [
         "<!DOCTYPE html>",
@@ -664,7 +668,7 @@ def render_html(
         parts.append(f"<h2>{esc(spec.title)}</h2>")
         png = pngs.get(spec.name)
         if png is None:
-            parts.append(f'<p class="note">{esc(skipped_reason(spec, notes))}</p>')
+            parts.append(f'<p class="note">{esc(skipped[spec.name])}</p>')
         else:
             data = base64.b64encode(png).decode("ascii")
             parts.append(f'<figure><img alt="{esc(spec.title)}" src="data:image/png;base64,{data}"></figure>')
@@ -754,13 +758,16 @@ def build_report(cfg: DictConfig) -> Report:
     groups = lr_groups(scores)
     shown, dropped = drop_worse_lrs(accuracy, groups) if cfg.best_over_lr else (accuracy, 0)
     by_length = accuracy
+    skipped: dict[str, str] = {}  # plot name -> why its section has no plot
     if cfg.task == "text":
         # a text run's accuracy is next-token prediction, not recall: no recall plots
         recall, by_length = [], []
-        notes = [
-            f"{title}: not drawn for task=text (next-token accuracy is not recall)"
-            for title in ("Recall accuracy vs decode state", "Length generalisation")
-        ]
+        why = "not drawn for task=text (next-token accuracy is not recall)"
+        notes = []
+        for spec in PLOTS:
+            if spec.name in ("recall_vs_state_bytes", "accuracy_vs_length"):
+                skipped[spec.name] = f"{why[0].upper()}{why[1:]}."
+                notes.append(f"{spec.title}: {why}")
     else:
         recall, notes = recall_vs_state_points(shown, cfg.seqlen)
     if dropped and recall:
@@ -812,7 +819,8 @@ def build_report(cfg: DictConfig) -> Report:
     for spec in PLOTS:
         fig = figures[spec.name] = plot_points(points[spec.name], spec)
         if fig is None:
-            if not any(n.startswith(f"{spec.title}: not drawn") for n in notes):
+            if spec.name not in skipped:
+                skipped[spec.name] = f"No data: needs {spec.missing}."
                 notes.append(f"{spec.title}: not drawn, no data (needs {spec.missing})")
             png_bytes[spec.name] = None
             (out / f"{spec.name}.png").unlink(missing_ok=True)  # an earlier report's, now stale
@@ -826,8 +834,8 @@ def build_report(cfg: DictConfig) -> Report:
     tables[1:1] = best_lr_tables(groups)  # after Runs, before the per-task results
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     title = f"mixerlab report ({len(records)} records, {stamp})"
-    markdown = render_markdown(title, {n: p.name for n, p in pngs.items()}, tables, notes, sources)
-    page = render_html(title, png_bytes, tables, notes, sources)
+    markdown = render_markdown(title, {n: p.name for n, p in pngs.items()}, skipped, tables, notes, sources)
+    page = render_html(title, png_bytes, skipped, tables, notes, sources)
     atomic_write_bytes(out / "report.md", lambda f: f.write(markdown.encode()))
     atomic_write_bytes(out / "report.html", lambda f: f.write(page.encode()))
     report = Report(

@@ -190,8 +190,9 @@ def _own_copy(base, offs_t, offs_d, stride_t, stride_d, T, D_DIM, ACC: tl.conste
     For the normaliser's sums (the reverse scan's z, the chunk kernels' q . z) of a tile that is
     also a ``tl.dot`` operand. Summing the dot operand itself is miscompiled by Triton 3.6 on
     Hopper (H200, 2026-11-30: z states 100% off for fp32 with K >= 64, bf16 outputs off by ~0.1
-    under the 32-wide state tiles; the interpreter and the unnormalised path were right). The ``.cg`` cache modifier makes this a different load
-    op, so the compiler cannot merge it back into the dot operand's; the bytes come from L2.
+    under the 32-wide state tiles; the interpreter and the unnormalised path were right). The
+    ``.cg`` cache modifier makes this a different load op, so the compiler cannot merge it back
+    into the dot operand's; the bytes come from L2.
     """
     tile = tl.load(
         base + offs_t[:, None] * stride_t + offs_d[None, :] * stride_d,
