@@ -94,11 +94,13 @@ def read_checkpoint(path: str | os.PathLike, arg: str = "ckpt") -> dict[str, Any
         # run code when loaded (a foreign pickle is refused instead).
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except (
-        RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, KeyError
+        RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, KeyError,
+        IndexError,
     ) as err:  # fmt: skip
-        # A text file read as a legacy pickle raises KeyError, random bytes or a foreign pickle fail the
-        # weights-only unpickler, whose advice (retry with weights_only=False) must not reach the user.
-        if isinstance(err, KeyError) or str(err).startswith("Weights only load failed"):
+        # A text file read as a legacy pickle raises KeyError (IndexError when it is a few bytes:
+        # the unpickler pops an empty stack), random bytes or a foreign pickle fail the weights-only
+        # unpickler, whose advice (retry with weights_only=False) must not reach the user.
+        if isinstance(err, KeyError | IndexError) or str(err).startswith("Weights only load failed"):
             reason = "not a file of tensors and plain containers that torch.load can read"
         else:
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__

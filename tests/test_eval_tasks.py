@@ -359,7 +359,9 @@ def test_foreign_files_and_edited_configs_give_clear_checkpoint_errors(copy_run,
     text.write_text("hello world, this is text\n" * 10)
     noise = tmp_path / "noise.ckpt"
     noise.write_bytes(bytes(range(256)) * 8)
-    for path in (text, noise):
+    short = tmp_path / "short.ckpt"  # a few bytes: the unpickler raised IndexError, a traceback
+    short.write_text("bad\n")
+    for path in (text, noise, short):
         with pytest.raises(ValueError, match="truncated or corrupt.*tensors and plain containers") as info:
             load_model(path)
         assert "weights_only" not in str(info.value)
