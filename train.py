@@ -408,6 +408,7 @@ def _write_train_records(
             lr=float(lit.optim["lr"]),
             d_model=config.d_model,
             n_layers=config.n_layers,
+            batch_size=int(data_cfg["batch_size"]),  # per process: sweeps over batch sizes group apart
             **({"interrupted": True} if interrupted else {}),
         )
         for name, value in sorted(metrics.items())

@@ -780,7 +780,7 @@ def build_report(cfg: DictConfig) -> Report:
         notes.append(
             f"Best over learning rates: {len(shared)} group(s) hold runs that share a learning rate "
             f"({'; '.join(', '.join(s.run for s in g.runs) for g in shared)}): they differ in a setting "
-            "the records do not carry (batch size, steps, ...), and each such group shows its best run "
+            "the records do not carry (steps, dropout, a batch size older records lack, ...), and each such group shows its best run "
             "(its cell counts the runs); best_over_lr=false shows every run, separate runs= keep them apart"
         )
     without_lr = sorted({s.run for s in scores if s.lr is None})

@@ -14,6 +14,7 @@ from typing import Any
 from matplotlib import colormaps, rcParams
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator, ScalarFormatter
 from matplotlib.transforms import Bbox
 
@@ -197,9 +198,10 @@ def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpe
     """Label each marker of ``points`` (its ``label``, else its series) at the first offset of
     :data:`_LABEL_OFFSETS` whose text stays inside the axes, overlaps no label placed before it and
     keeps :data:`_NEAR_MARKER_PT` clear of other markers, measured on the rendered
-    figure; where none is free, at the offset whose text overlaps least (area outside the axes
-    counted as overlap). Far offsets draw a leader line to the marker. Markers are labelled left
-    to right."""
+    figure; where none is free, at the offset that overlaps least (area outside the axes counted
+    as overlap) among those whose text covers no label's text. Where every offset would, as in a
+    crowded cluster, the label is left out (the legend names every series) rather than drawn over
+    another. Far offsets draw a leader line to the marker. Markers are labelled left to right."""
     canvas = FigureCanvasAgg(fig)
     canvas.draw()  # final layout and limits, so data -> pixel positions hold
     renderer = canvas.get_renderer()
@@ -211,6 +213,7 @@ def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpe
     legend = ax.get_legend()
     # a legend inside the axes is an obstacle like a placed label
     placed: list[Bbox] = [legend.get_window_extent(renderer)] if legend is not None else []
+    texts: list[Bbox] = list(placed)  # the same without the leader lines' bounding rectangles
     for i in order:
         p = points[i]
         text = ax.annotate(
@@ -232,13 +235,19 @@ def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpe
         for k, (dx, dy, ha) in enumerate(_LABEL_OFFSETS):
             text.set_position((dx, dy))
             text.set_horizontalalignment(ha)
-            box = text.get_window_extent(renderer)
+            box = text.get_window_extent(renderer)  # with its leader line's bounding rectangle
             cost = _area(box) - _area(Bbox.intersection(box, frame))
             cost += sum(_area(Bbox.intersection(box, other)) for other in obstacles)
-            costs.append((cost, k, box))
+            own = Text.get_window_extent(text, renderer)  # the text alone (positions updated above)
+            if not any(_area(Bbox.intersection(own, other)) for other in texts):
+                costs.append((cost, k, box, own))
             if cost == 0:
                 break
-        _, k, box = min(costs, key=lambda c: c[0])
+        if not costs:
+            text.remove()
+            continue
+        _, k, box, own = min(costs, key=lambda c: c[0])
+        texts.append(own)
         dx, dy, ha = _LABEL_OFFSETS[k]
         text.set_position((dx, dy))
         text.set_horizontalalignment(ha)

@@ -171,7 +171,8 @@ class RunScore:
     Attributes:
         split: ``test`` (eval/recall.py's accuracy) or ``val`` (train.py's ``val/acc``).
         seqlen, slice: the main slice (``slice`` is None where the records do not name it).
-        lr, d_model, n_layers: from any record of the run (train.py writes them); None where none has it.
+        lr, d_model, n_layers, batch_size: from any record of the run (train.py writes them, the
+            batch size per process); None where none has it.
     """
 
     run: str
@@ -186,6 +187,7 @@ class RunScore:
     n_layers: int | None
     params: int | None
     layout: tuple[str, ...]
+    batch_size: int | None = None
 
     def group_key(self) -> tuple:
         """What runs that differ only in the learning rate share: everything but run, lr and accuracy."""
@@ -199,6 +201,7 @@ class RunScore:
             self.layout,
             self.d_model,
             self.params,
+            self.batch_size,
         )
 
 
@@ -217,7 +220,7 @@ def run_scores(records: list[dict[str, Any]], task: str, path: str) -> list[RunS
     val: dict[tuple[str, str], dict[str, Any]] = {}
     for r in records:
         key = (r["run"], r["mixer"])
-        for field in ("lr", "d_model", "n_layers"):
+        for field in ("lr", "d_model", "n_layers", "batch_size"):
             value = r.get(field)
             if value is None:
                 continue
@@ -254,6 +257,7 @@ def run_scores(records: list[dict[str, Any]], task: str, path: str) -> list[RunS
                 n_layers=info[key].get("n_layers"),
                 params=r.get("params"),
                 layout=tuple(r.get("layout") or ()),
+                batch_size=info[key].get("batch_size"),
             )
         )
     return scores
@@ -288,18 +292,21 @@ class LrGroup:
         """The distinct learning rates tried, ascending."""
         return sorted({s.lr for s in self.runs})
 
-    def cell(self, with_params: bool = False) -> str:
+    def cell(self, with_params: bool = False, with_batch: bool = False) -> str:
         """``0.987 (lr 2.2e-3, 2 lrs)``; ``, 4 runs`` where runs share a learning rate (they differ in
-        a setting the records do not carry); with ``with_params`` the group's parameter count."""
+        a setting the records do not carry); with ``with_batch`` the group's batch size, with
+        ``with_params`` its parameter count."""
         best, n = self.best, len(self.lrs)
         runs = f", {len(self.runs)} runs" if len(self.runs) > n else ""
+        batch = f", batch {best.batch_size}" if with_batch and best.batch_size is not None else ""
         params = f", {best.params:,} params" if with_params and best.params is not None else ""
-        return f"{best.accuracy:.3f} (lr {format_lr(best.lr)}, {n} lr{'s' if n != 1 else ''}{runs}{params})"
+        return f"{best.accuracy:.3f} (lr {format_lr(best.lr)}, {n} lr{'s' if n != 1 else ''}{runs}{batch}{params})"
 
 
 def lr_groups(scores: list[RunScore]) -> list[LrGroup]:
     """Group the scores of runs that record their learning rate by everything else they record
-    (:meth:`RunScore.group_key`: task, split, depth, main slice, mixer, layout, width, params).
+    (:meth:`RunScore.group_key`: task, split, depth, main slice, mixer, layout, width, params,
+    batch size).
 
     Settings that none of these reflect (e.g. attention heads, dropout, training length in steps)
     are not told apart: report such sweeps from separate ``runs=``. Runs without ``lr`` form no group.
@@ -315,8 +322,9 @@ def best_lr_tables(groups: list[LrGroup]) -> list[Table]:
     """One ``Best over learning rates`` table per task, split, main slice and ``n_layers``: a row per
     mixer, a column per ``d_model`` (``d_model ?`` for runs whose records lack it), each cell
     :meth:`LrGroup.cell` or ``no record``. Where several groups of one mixer share a cell (a setting
-    that changes the parameter count, such as learned versus RoPE positions), the cell lists each
-    with its parameter count, separated by ``;``."""
+    that changes the parameter count, such as learned versus RoPE positions, or another batch size),
+    the cell lists each with its parameter count (and batch size, where those differ), separated by
+    ``;``."""
     tables: dict[tuple, list[LrGroup]] = defaultdict(list)
     for g in groups:
         s = g.best
@@ -345,8 +353,10 @@ def best_lr_tables(groups: list[LrGroup]) -> list[Table]:
 def _cell(groups: list[LrGroup]) -> str:
     if not groups:
         return NO_RECORD
-    ordered = sorted(groups, key=lambda g: g.best.params or 0)
-    return "; ".join(g.cell(with_params=len(groups) > 1) for g in ordered)
+    ordered = sorted(groups, key=lambda g: (g.best.params or 0, g.best.batch_size or 0))
+    many = len(groups) > 1
+    with_batch = many and len({g.best.batch_size for g in groups}) > 1
+    return "; ".join(g.cell(with_params=many, with_batch=with_batch) for g in ordered)
 
 
 def drop_worse_lrs(points: list[dict[str, Any]], groups: list[LrGroup]) -> tuple[list[dict[str, Any]], int]:

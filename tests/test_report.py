@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO_ROOT, compose_eval
+from matplotlib.text import Text
 from matplotlib.ticker import ScalarFormatter
 
 import data as data_lib
@@ -382,6 +383,13 @@ def test_marker_labels_name_the_width_and_tell_alike_runs_apart():
     ]  # fmt: skip
 
 
+def label_box(annotation, renderer):
+    """The box of a marker label's text (an annotation's own extent also spans its leader line's
+    bounding rectangle)."""
+    annotation.update_positions(renderer)
+    return Text.get_window_extent(annotation, renderer)
+
+
 def test_marker_labels_do_not_overlap():
     # The 2026-12-01 MQAR cells: attention at d64 and d128 side by side at 1.0, hybrid_based just
     # below, and linear attention and mamba d64 close together near 0.1 -- labels ran into each
@@ -405,7 +413,7 @@ def test_marker_labels_do_not_overlap():
     ax = fig.axes[0]
     renderer = fig.canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
-    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    boxes = [label_box(t, renderer) for t in ax.texts]
     assert len(boxes) == len(cells)
     for box in boxes:
         assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
@@ -413,6 +421,27 @@ def test_marker_labels_do_not_overlap():
     markers = ax.transData.transform([(p["state_bytes"], p["accuracy"]) for p in points])
     for box in boxes:
         assert not any(box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1 for x, y in markers)
+
+
+def test_crowded_markers_leave_out_labels_rather_than_stack_them():
+    # The induction-heads runs: seven attention runs at one state size, all near chance; their
+    # labels were drawn over one another. Here 14 runs at one point: the labels drawn cover no other
+    # label's text, and those with no free place left are left out (the legend names every series).
+    spec = next(p for p in PLOTS if p.name == "recall_vs_state_bytes")
+    crowd = [(f"attention [run-{i}]", 65576, 0.06) for i in range(14)]
+    apart = [("mamba [alone]", 20480, 1.0)]
+    points = [
+        {"series": s, "mixer": s.split()[0], "seqlen": 64, "state_bytes": b, "accuracy": a, "label": f"{s} @ 64"}
+        for s, b, a in crowd + apart
+    ]
+    fig = plot_points(points, spec)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    texts = {t.get_text(): label_box(t, renderer) for t in ax.texts}
+    assert "mamba [alone] @ 64" in texts and 2 <= len(texts) < len(points)
+    assert not any(a.overlaps(b) for a, b in itertools.combinations(texts.values(), 2))
+    assert len(ax.get_legend().get_texts()) == len(points)
 
 
 def test_long_names_keep_the_plot_readable():
@@ -726,6 +755,27 @@ def test_best_over_lr_with_runs_sharing_a_learning_rate(grid, tmp_path):
     assert table.rows[1] == ["mamba", "0.700 (lr 2.2e-3, 2 lrs, 3 runs)", "no record"]
     (note,) = [n for n in rep.notes if "share a learning rate" in n]
     assert "1 group(s)" in note and run in note and "best_over_lr=false shows every run" in note
+
+
+def test_best_over_lr_keeps_batch_sizes_apart(grid, tmp_path):
+    # train.py records its batch size: runs at another batch size are their own group, shown in
+    # the same cell with their batch size, and no note about shared learning rates.
+    for lr, acc in zip(LRS, (0.2, 0.7), strict=True):
+        run = f"mamba-d64-lr{lr}-bs256"
+        records = sweep_records(run, "mamba", 64, lr, {"T64_kv4": (64, acc)})
+        write_json(grid / run / "results" / "train.json", [r | {"batch_size": 256} for r in records])
+    for lr in LRS:  # the grid's runs, now recording their batch of 64
+        path = grid / f"mamba-d64-lr{lr}" / "results" / "train.json"
+        write_json(path, [r | {"batch_size": 64} for r in json.loads(path.read_text())])
+    rep = make_report(f"[{grid}]", tmp_path / "out")
+    table = next(t for t in rep.tables if t.title.startswith("Best"))
+    params = f"{PARAMS['mamba']:,} params"
+    assert table.rows[1] == [
+        "mamba",
+        f"0.600 (lr 2.2e-3, 2 lrs, batch 64, {params}); 0.700 (lr 2.2e-3, 2 lrs, batch 256, {params})",
+        "no record",
+    ]
+    assert not any("share a learning rate" in n for n in rep.notes)
 
 
 def test_best_over_lr_with_bad_or_missing_learning_rates(grid, tmp_path):

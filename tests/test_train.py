@@ -67,8 +67,8 @@ def test_every_mixer_config_trains_20_steps(tmp_path, mixer):
         and slices["val/acc_T256_kv16"] == "T256_kv16"
     )
     config = lit.model.config  # what eval/report.py groups a learning-rate sweep by
-    assert {(r["lr"], r["d_model"], r["n_layers"]) for r in records} == {
-        (3e-3, config.d_model, config.n_layers)
+    assert {(r["lr"], r["d_model"], r["n_layers"], r["batch_size"]) for r in records} == {
+        (3e-3, config.d_model, config.n_layers, 32)
     }
     assert (out["metrics"]["val/acc"] * 64 * 4).is_integer()  # exact counts over 64 examples x 4 queries
 
