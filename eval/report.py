@@ -4,7 +4,7 @@ Reads the result records (DESIGN.md, contract 5) under every directory of ``runs
 glob patterns, ``**`` recursing, or record files themselves) and draws, with matplotlib:
 
 - recall accuracy versus decode state bytes per sequence, one labelled point per run and mixer
-  (at ``seqlen``, or each run's shortest evaluated length), log x; with ``best_over_lr=true`` (the
+  (at ``seqlen``, or each run's training length), log x; with ``best_over_lr=true`` (the
   default) only the best run over learning rates of each group (see below), ``false`` every run;
 - recall accuracy versus sequence length (length generalisation), one line per run and mixer;
 - validation loss versus training tokens, one line per run;
@@ -405,8 +405,10 @@ def accuracy_points(records: list[dict[str, Any]], task: str, path: str) -> list
 
     Returns:
         Points ``{series, run, mixer, split, seqlen (tokens), accuracy in [0, 1], state_bytes (bytes
-        per sequence, or None), params, d_model (from any record of the run and mixer, or None)}``: eval/recall.py's ``accuracy`` records, and for runs without
-        any, train.py's ``val/acc`` / ``val/acc_<slice>`` records (series labelled ``(val)``).
+        per sequence, or None), params, d_model (from any record of the run and mixer, or None),
+        train_seqlen (tokens, or None)}``: eval/recall.py's ``accuracy`` records (their
+        ``train_seqlen``), and for runs without any, train.py's ``val/acc`` / ``val/acc_<slice>``
+        records (series labelled ``(val)``; the training length is the plain ``val/acc``'s seqlen).
     """
     mine = [r for r in records if r.get("task") == task and r.get("seqlen")]
     test = [r for r in mine if r["metric"] == "accuracy"]
@@ -431,6 +433,10 @@ def accuracy_points(records: list[dict[str, Any]], task: str, path: str) -> list
     for r in records:
         if r.get("d_model") is not None:
             widths.setdefault((r["run"], r["mixer"]), r["d_model"])
+    # train.py's configs make the first validation slice (the plain val/acc) the training length
+    trained_at = {(r["run"], r["mixer"]): r["seqlen"] for r in val if r["metric"] == "val/acc"}
+    for r in test:
+        trained_at.setdefault((r["run"], r["mixer"]), r.get("train_seqlen"))
     return [
         {
             "series": labels[key] + (" (val)" if key[2][1] == "val" else ""),
@@ -442,6 +448,7 @@ def accuracy_points(records: list[dict[str, Any]], task: str, path: str) -> list
             "state_bytes": r.get("state_bytes"),
             "params": r.get("params"),
             "d_model": widths.get((r["run"], r["mixer"])),
+            "train_seqlen": trained_at.get((r["run"], r["mixer"])),
         }
         for (key, _), r in chosen.items()
     ]
@@ -450,8 +457,9 @@ def accuracy_points(records: list[dict[str, Any]], task: str, path: str) -> list
 def recall_vs_state_points(
     accuracy: list[dict[str, Any]], seqlen: int | None
 ) -> tuple[list[dict], list[str]]:
-    """One point per series of :func:`accuracy_points`: the one at ``seqlen`` tokens, or at the
-    series' shortest length when ``seqlen`` is None; points without ``state_bytes`` are left out.
+    """One point per series of :func:`accuracy_points`: the one at ``seqlen`` tokens, or, when
+    ``seqlen`` is None, at the series' training length (else its shortest length, for records that
+    do not give it); points without ``state_bytes`` are left out.
     Labels read ``<mixer> d<d_model> @ <seqlen>`` (no width where the records give none), with
     ``[<run>]`` before the ``@`` where several points would otherwise share a label.
 
@@ -464,7 +472,11 @@ def recall_vs_state_points(
             by_series[p["series"]].append(p)
     points, notes = [], []
     for series, pts in sorted(by_series.items()):
-        at = [p for p in pts if p["seqlen"] == seqlen] if seqlen else [min(pts, key=lambda p: p["seqlen"])]
+        if seqlen:
+            at = [p for p in pts if p["seqlen"] == seqlen]
+        else:
+            trained = [p for p in pts if p["seqlen"] == p.get("train_seqlen")]
+            at = trained or [min(pts, key=lambda p: p["seqlen"])]
         if not at:
             notes.append(f"{series}: no recall accuracy at seqlen {seqlen} for the quality-vs-memory plot")
             continue
@@ -759,6 +771,13 @@ def build_report(cfg: DictConfig) -> Report:
     shown, dropped = drop_worse_lrs(accuracy, groups) if cfg.best_over_lr else (accuracy, 0)
     by_length = accuracy
     skipped: dict[str, str] = {}  # plot name -> why its section has no plot
+    if accuracy and len({p["seqlen"] for p in accuracy}) == 1:
+        by_length = []  # one x value: nothing to generalise over
+        why = f"every run was evaluated at one length ({accuracy[0]['seqlen']} tokens)"
+        skipped["accuracy_vs_length"] = f"Not drawn: {why}."
+        notes_first = [f"Length generalisation: not drawn, {why}"]
+    else:
+        notes_first = []
     if cfg.task == "text":
         # a text run's accuracy is next-token prediction, not recall: no recall plots
         recall, by_length = [], []
@@ -770,10 +789,16 @@ def build_report(cfg: DictConfig) -> Report:
                 notes.append(f"{spec.title}: {why}")
     else:
         recall, notes = recall_vs_state_points(shown, cfg.seqlen)
+        notes = notes_first + notes
     if dropped and recall:
         notes.append(
             f"Recall accuracy vs decode state: only the best learning rate of each group (best_over_lr=true): "
             f"{dropped} of {len(scores)} runs left out"
+        )
+    if {"test", "val"} <= {g.best.split for g in groups}:
+        notes.append(
+            "Best over learning rates: a run with eval/recall.py records is scored on them, in the "
+            "(test) table only; the (val) table holds the runs without any (train.py's validation)"
         )
     shared = [g for g in groups if len(g.runs) > len(g.lrs)]
     if shared:

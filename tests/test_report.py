@@ -431,7 +431,14 @@ def test_crowded_markers_leave_out_labels_rather_than_stack_them():
     crowd = [(f"attention [run-{i}]", 65576, 0.06) for i in range(14)]
     apart = [("mamba [alone]", 20480, 1.0)]
     points = [
-        {"series": s, "mixer": s.split()[0], "seqlen": 64, "state_bytes": b, "accuracy": a, "label": f"{s} @ 64"}
+        {
+            "series": s,
+            "mixer": s.split()[0],
+            "seqlen": 64,
+            "state_bytes": b,
+            "accuracy": a,
+            "label": f"{s} @ 64",
+        }
         for s, b, a in crowd + apart
     ]
     fig = plot_points(points, spec)
@@ -833,9 +840,45 @@ def test_best_over_lr_scores_recall_accuracy_at_the_training_length(tmp_path):
     (table,) = [t for t in rep.tables if t.title.startswith("Best over learning rates")]
     assert table.title == "Best over learning rates: mqar (test) at T128_kv8, 2 layers"
     assert table.rows == [["attention", "0.700 (lr 3e-3, 2 lrs)"]]  # decode path: parallel scores 0.69
+    # Without seqlen=, the quality-vs-memory plot is drawn at the training length too, not at the
+    # shortest length evaluated (64), where the two tables would disagree.
+    (point,) = rep.points["recall_vs_state_bytes"]
+    assert (point["run"], point["seqlen"], point["accuracy"], point["label"]) == (
+        "attention-lr0.003",
+        128,
+        0.7,
+        "attention d64 @ 128",
+    )
     rep = make_report(f"[{tmp_path / 'runs'}]", tmp_path / "out", "seqlen=256")  # both 0.2 at 256
     (point,) = rep.points["recall_vs_state_bytes"]
     assert point["run"] == "attention-lr0.003"  # the best at the training length, drawn at seqlen 256
+
+
+def test_runs_scored_on_recall_records_leave_the_val_table_with_a_note(grid, tmp_path):
+    # One grid run evaluated with eval/recall.py: it moves to a (test) table, and a note says why
+    # the (val) table no longer lists it.
+    run = "mamba-d64-lr0.0022"
+    write_json(
+        grid / run / "checkpoints" / "best.ckpt.recall.json",
+        recall_records(run, "mamba", [0.9, 0.8, 0.1], ["decode"]),
+    )
+    rep = make_report(f"[{grid}]", tmp_path / "out")
+    titles = [t.title for t in rep.tables if t.title.startswith("Best")]
+    assert titles == [
+        "Best over learning rates: mqar (test) at T64_kv4, 2 layers",
+        "Best over learning rates: mqar (val) at T64_kv4, 2 layers",
+    ]
+    assert any("is scored on them, in the (test) table only" in n for n in rep.notes)
+
+
+def test_length_plot_needs_more_than_one_length(grid, tmp_path):
+    # A sweep validated at its training length only (Zoology's MQAR cells): all its points would sit
+    # on one x value, so the plot is left out with a note.
+    rep = make_report(f"[{grid}]", tmp_path / "out")
+    assert rep.figures["accuracy_vs_length"] is None and "accuracy_vs_length" not in rep.pngs
+    assert "every run was evaluated at one length (64 tokens)" in rep.markdown.read_text()
+    assert any(n.startswith("Length generalisation: not drawn, every run was evaluated") for n in rep.notes)
+    assert rep.figures["recall_vs_state_bytes"] is not None
 
 
 def test_equal_accuracies_pick_the_smaller_lr(tmp_path):
