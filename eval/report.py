@@ -129,12 +129,16 @@ class Report:
 def expand_runs(runs: str | list[str]) -> list[Path]:
     """The paths ``runs`` names: directories and files as given, glob patterns expanded (``**`` recursive).
 
+    A pattern keeps the directories, ``.json`` files and ``metrics.csv`` files it matches: the other
+    files of a run tree (checkpoints, logs) that ``outputs/**`` sweeps up hold no records.
+
     Args:
         runs: one entry or a list; each a directory, a ``.json`` / ``metrics.csv`` file, or a pattern.
 
     Raises:
         ValueError: ``runs`` is empty or has an empty entry (``runs=`` would otherwise read ``.``).
-        FileNotFoundError: an entry that exists nowhere or a pattern that matches nothing (named).
+        FileNotFoundError: an entry that exists nowhere, or a pattern that matches nothing or only
+            files that cannot hold records (named).
     """
     entries = [runs] if isinstance(runs, str) else list(runs)
     if not entries:
@@ -145,10 +149,16 @@ def expand_runs(runs: str | list[str]) -> list[Path]:
         if not entry.strip():
             raise ValueError("runs has an empty entry: pass runs=[<run directory or glob>,...]")
         if glob.has_magic(entry):
-            matches = sorted(glob.glob(entry, recursive=True))
+            matches = [Path(m) for m in sorted(glob.glob(entry, recursive=True))]
             if not matches:
                 raise FileNotFoundError(f"runs pattern {entry!r} matches no file or directory")
-            paths += [Path(m) for m in matches]
+            kept = [m for m in matches if m.is_dir() or m.suffix == ".json" or m.name == "metrics.csv"]
+            if not kept:
+                raise FileNotFoundError(
+                    f"runs pattern {entry!r} matches no run directory, .json record file or metrics.csv "
+                    f"(only files such as {matches[0]})"
+                )
+            paths += kept
         elif Path(entry).exists():
             paths.append(Path(entry))
         else:
@@ -826,6 +836,19 @@ def build_report(cfg: DictConfig) -> Report:
     val_loss, csv_notes = val_loss_points(records, sources, bool(cfg.skip_invalid))
     if not (records or val_loss):
         raise FileNotFoundError(_nothing_found(sources, csv_notes))
+    tasks_of: dict[str, set[str]] = defaultdict(set)
+    for r in records:
+        tasks_of[r["run"]].add(r.get("task"))
+    # losses of different tasks share no scale: the curves of runs recorded for other tasks go
+    other_task = sorted(
+        {p["run"] for p in val_loss if tasks_of[p["run"]] and cfg.task not in tasks_of[p["run"]]}
+    )
+    if other_task:
+        val_loss = [p for p in val_loss if p["run"] not in other_task]
+        notes.append(
+            f"Validation loss vs training tokens: {len(other_task)} run(s) of other tasks than task={cfg.task} "
+            f"left out: {', '.join(other_task)}"
+        )
     check_task(cfg.task, records)
     points = {
         "recall_vs_state_bytes": recall,

@@ -560,6 +560,38 @@ def test_nothing_found_is_a_clear_error(tmp_path):
         make_report(f"[{tmp_path}/nothing-*]", tmp_path / "out")
 
 
+def test_recursive_pattern_skips_files_that_hold_no_records(runs, tmp_path):
+    # outputs/** also matches every checkpoint and log of the runs: found by a fresh-clone check, the
+    # first best.ckpt stopped the report. A pattern keeps directories, .json and metrics.csv files;
+    # a non-record file named outright is still an error.
+    ckpt = runs / "mamba-run" / "checkpoints" / "best.ckpt"
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    ckpt.write_bytes(b"not read")
+    (runs / "mamba-run" / "train.log").write_text("")
+    every = make_report(f"[{runs}/**]", tmp_path / "all")
+    assert {p["run"] for p in every.points["accuracy_vs_length"]} == {"att-run", "mamba-run", "jamba-run"}
+    with pytest.raises(
+        FileNotFoundError, match=r"matches no run directory, \.json record file or metrics\.csv"
+    ):
+        make_report(f"[{runs}/**/*.ckpt]", tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="is neither a run directory, a .json record file nor a metrics.csv"):
+        make_report(f"[{ckpt}]", tmp_path / "named")
+
+
+def test_validation_loss_plot_keeps_to_the_task(runs, tmp_path):
+    # A text run among MQAR runs: its loss (nats per character) shares no scale with theirs, so
+    # task=mqar leaves its curve out with a note, and task=text draws it alone.
+    text = tmp_path / "text-run"
+    write_json(text / "results" / "train.json",
+               [rec("text-run", "mamba", "val/loss", 1.5, 256, task="text", split="val", train_tokens=10**6)])  # fmt: skip
+    dirs = f"[{runs / 'att-run'},{runs / 'mamba-run'},{text}]"
+    rep = make_report(dirs, tmp_path / "mqar")
+    assert {p["run"] for p in rep.points["val_loss_vs_tokens"]} == {"att-run", "mamba-run"}
+    assert any("1 run(s) of other tasks than task=mqar left out: text-run" in n for n in rep.notes)
+    rep = make_report(dirs, tmp_path / "text", "task=text")
+    assert {p["run"] for p in rep.points["val_loss_vs_tokens"]} == {"text-run"}
+
+
 def test_bad_runs_out_seqlen_and_record_fields_are_clear_errors(runs, tmp_path):
     # Found by a fresh-clone check: runs= (empty) reported the whole working directory, out= a file
     # raised FileExistsError from deep inside, seqlen=true passed as a length, and a string seqlen
