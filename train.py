@@ -261,8 +261,9 @@ def check_resume(resume: str | None, model_config: dict[str, Any]) -> str | None
         The path as an absolute string, or None.
 
     Raises:
-        FileNotFoundError / ValueError: a missing, corrupt or non-mixerlab checkpoint
-            (:func:`models.checkpoint.read_checkpoint`), or one without the trainer state to resume
+        FileNotFoundError / ValueError: a missing, corrupt or non-mixerlab checkpoint, or one whose
+            weights hold NaN or inf (:func:`models.checkpoint.read_checkpoint`: training on from a
+            diverged run stays NaN), or one without the trainer state to resume
             (a weights-only file); ValueError: the checkpoint's model differs from this run's,
             naming the first differing key.
     """

@@ -1,7 +1,8 @@
 """What the checkpoint evaluations share: ``eval/recall.py``, ``eval/copying.py``,
 ``eval/long_context.py`` and ``eval/perplexity.py``.
 
-- settings checks (:func:`check_settings`, :func:`check_lengths`) and device resolution;
+- settings checks (:func:`check_settings`, :func:`check_lengths`, :func:`length_settings`) and
+  device resolution;
 - :func:`load_checkpoint`: the model *and* its data config from the checkpoint alone (DESIGN.md,
   contract 4), with a clear error when the checkpoint was trained on a task the script does not
   evaluate (naming the script that does, :data:`TASK_SCRIPTS`);
@@ -29,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import data as data_lib
 from data.mqar import IGNORE_INDEX
-from eval.records import git_sha, log_records_to_wandb, make_record, write_records
+from eval.records import check_output, git_sha, log_records_to_wandb, make_record, write_records
 from models.lit import LitLM, load_model
 from models.model import DecodeStep, LanguageModel
 
@@ -72,39 +73,86 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def check_settings(cfg: DictConfig, positive: Sequence[str] = ("num_examples", "batch_size")) -> None:
-    """Validate the settings every evaluation config shares.
+def _is_list(value: Any) -> bool:
+    """Whether a setting is a list (a Python list or tuple, or OmegaConf's ``ListConfig``), not a
+    single value: ``seqlens=64`` gives an int, ``decode_paths=parallel`` a string."""
+    return isinstance(value, Sequence) and not isinstance(value, str)
+
+
+def check_settings(
+    cfg: DictConfig, name: str, positive: Sequence[str] = ("num_examples", "batch_size")
+) -> None:
+    """Validate the settings every evaluation config shares, before the checkpoint is loaded.
 
     Args:
-        cfg: an ``conf/eval/*.yaml`` config with ``ckpt`` and, where present, ``decode_paths``.
+        cfg: an ``conf/eval/*.yaml`` config with ``ckpt``, ``output`` and, where present,
+            ``decode_paths``.
+        name: the evaluation (``recall``), for the example file name of the ``output`` message.
         positive: keys that must hold integers >= 1.
 
     Raises:
-        ValueError: no checkpoint given, an unknown decode path, or a non-positive count.
+        ValueError: no checkpoint given; ``decode_paths`` not a list, empty, with an unknown or a
+            repeated path; a non-positive count; an ``output`` that cannot be written as a file
+            (:func:`eval.records.check_output`).
     """
     if "decode_paths" in cfg:
-        unknown = set(cfg.decode_paths) - set(PATHS)
-        if unknown or not cfg.decode_paths:
-            raise ValueError(
-                f"unknown decode_paths {sorted(unknown) or list(cfg.decode_paths)}; choose from [parallel, decode]"
-            )
+        paths = cfg.decode_paths
+        choices = f"choose from [{', '.join(PATHS)}], e.g. decode_paths=[{','.join(PATHS)}]"
+        if not _is_list(paths):
+            hint = f"write decode_paths=[{paths}]" if paths in PATHS else choices
+            raise ValueError(f"decode_paths must be a list, got {paths!r}; {hint}")
+        if not paths:
+            raise ValueError(f"decode_paths is empty: give at least one path; {choices}")
+        unknown = sorted(set(paths) - set(PATHS), key=str)
+        if unknown:
+            raise ValueError(f"unknown decode_paths {unknown}; {choices}")
+        if len(set(paths)) < len(paths):
+            raise ValueError(f"decode_paths lists a path twice: {list(paths)}; give each path once")
     if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
         raise ValueError("no checkpoint given: pass ckpt=<a .ckpt file written by train.py>")
     for key in positive:
         if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:
             raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
+    if cfg.output:
+        check_output(cfg.output, f"{name}.json")
 
 
-def check_lengths(values: Iterable[Any] | None, key: str) -> list[int]:
+def check_lengths(values: Any, key: str) -> list[int]:
     """``values`` as a non-empty list of integers >= 1 (length multipliers or lengths).
 
+    A single number is refused like any other non-list, with the list it probably meant in the
+    message (``seqlens=64``: write ``seqlens=[64]``), as every list setting of the evaluations is.
+
     Raises:
-        ValueError: empty, or an entry that is not an integer >= 1; the message names ``key``.
+        ValueError: not a list, empty, or an entry that is not an integer >= 1; the message names ``key``.
     """
-    values = list(values or [])
-    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-        raise ValueError(f"{key} must be a list of integers >= 1, got {values}")
-    return values
+    entries = list(values) if _is_list(values) else []
+    if not entries or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in entries):
+        single = isinstance(values, int) and not isinstance(values, bool) and values >= 1
+        hint = f"; write {key}=[{values}]" if single else ""
+        raise ValueError(f"{key} must be a list of integers >= 1, got {values!r}{hint}")
+    return entries
+
+
+def length_settings(cfg: DictConfig, default_multipliers: Sequence[int]) -> tuple[str, list[int]]:
+    """The setting that gives the test lengths and its checked values: ``("seqlens", lengths)``,
+    or ``("length_multipliers", multipliers of the training seqlen)`` -- ``default_multipliers``
+    when neither is given (both default to null in the config, so giving both is seen).
+
+    Raises:
+        ValueError: both given (seqlens would silently replace the multipliers), or a value that
+            :func:`check_lengths` refuses.
+    """
+    if cfg.seqlens is not None:
+        if cfg.length_multipliers is not None:
+            raise ValueError(
+                f"give seqlens or length_multipliers, not both: seqlens={cfg.seqlens} sets the test lengths "
+                f"itself, so length_multipliers={cfg.length_multipliers} would be ignored; drop one of them"
+            )
+        return "seqlens", check_lengths(cfg.seqlens, "seqlens")
+    if cfg.length_multipliers is None:
+        return "length_multipliers", list(default_multipliers)
+    return "length_multipliers", check_lengths(cfg.length_multipliers, "length_multipliers")
 
 
 def wrong_task_error(ckpt: Path, task: str | None, script: str, tasks: Sequence[str]) -> ValueError:
@@ -214,8 +262,8 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: missing checkpoint.
-        ValueError: corrupt checkpoint, or one trained on a task not in ``tasks``
-            (:func:`wrong_task_error`).
+        ValueError: corrupt checkpoint, one whose weights hold NaN or inf, or one trained on a task
+            not in ``tasks`` (:func:`wrong_task_error`).
     """
     ckpt = Path(ckpt).expanduser()
     lit = load_model(ckpt, map_location=device)
@@ -441,15 +489,19 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Mapping[str, 
         print(line)
 
 
-def finish(records: list[dict[str, Any]], cfg: DictConfig, ctx: EvalContext, name: str) -> Path:
+def finish(
+    records: list[dict[str, Any]], cfg: DictConfig, ctx: EvalContext, name: str, variant: str | None = None
+) -> Path:
     """Write ``records`` to ``cfg.output`` (default ``<checkpoint>.<name>.json`` next to the
-    checkpoint) atomically and log them to W&B when ``cfg.wandb.enabled`` (a table ``name`` in a
-    run ``<name>-<run>`` under the run directory, offline unless ``wandb.mode=online``).
+    checkpoint, ``<checkpoint>.<name>.<variant>.json`` with a ``variant``) atomically and log them to
+    W&B when ``cfg.wandb.enabled`` (a table ``name`` in a run ``<name>-<run>`` under the run
+    directory, offline unless ``wandb.mode=online``).
 
     Returns:
         The path of the record file.
     """
-    output = Path(cfg.output) if cfg.output else ctx.ckpt.with_name(f"{ctx.ckpt.name}.{name}.json")
+    suffix = name if variant is None else f"{name}.{variant}"
+    output = Path(cfg.output) if cfg.output else ctx.ckpt.with_name(f"{ctx.ckpt.name}.{suffix}.json")
     if output.exists():
         # Said out loud: a quick check with fewer examples would otherwise silently replace a full run.
         print(f"replacing the earlier results in {output} (pass output=PATH to keep both)")

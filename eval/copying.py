@@ -87,7 +87,7 @@ def copying_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             message names the script for its task), or invalid settings (unknown decode path,
             ``test_configs`` the task rejects).
     """
-    check_settings(cfg)
+    check_settings(cfg, "copying")
     device = resolve_device(cfg.device)
     ctx = load_checkpoint(cfg.ckpt, device, TASKS, "eval/copying.py")
     overrides: dict[str, Any] = {"num_test_examples": cfg.num_examples, "batch_size": cfg.batch_size}

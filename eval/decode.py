@@ -41,8 +41,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from eval.cli import user_errors
-from eval.common import resolve_device
-from eval.records import git_sha, log_records_to_wandb, make_record, write_records
+from eval.common import check_lengths, resolve_device
+from eval.records import check_output, git_sha, log_records_to_wandb, make_record, write_records
 from models import LanguageModel, ModelConfig
 from models.model import DecodeStep
 
@@ -189,15 +189,16 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     """Run the measurement ``cfg`` (``conf/eval/decode.yaml``) describes; returns the records.
 
     Raises:
-        ValueError: invalid settings (non-positive sizes, unknown dtype or device) or a cache whose
-            bytes differ from the mixer's state_size.
+        ValueError: invalid settings (non-positive sizes, context_lengths not a list of them, unknown
+            dtype or device, an ``output`` that cannot be written as a file) or a cache whose bytes
+            differ from the mixer's state_size.
     """
     for key in ("batch_size", "decode_steps", "vocab_size"):
         if not isinstance(cfg[key], int) or cfg[key] < 1:
             raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
-    lengths = list(cfg.context_lengths)
-    if not lengths or any(not isinstance(n, int) or n < 1 for n in lengths):
-        raise ValueError(f"context_lengths must be a list of integers >= 1, got {lengths}")
+    lengths = check_lengths(cfg.context_lengths, "context_lengths")
+    if cfg.output:
+        check_output(cfg.output, "decode.json")
     device = resolve_device(cfg.device)
     dtype_name = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     if dtype_name not in DTYPES:

@@ -8,7 +8,7 @@ Byte-level needle retrieval at lengths far beyond training, per length x needle-
   queried at the end.
 
 (:mod:`data.retrieval` describes the prompts.) Lengths are ``length_multipliers`` (default 1x, 2x,
-4x, 8x and 16x) times the training seqlen, or the absolute ``seqlens``; each is cut into
+4x, 8x and 16x) times the training seqlen, or the absolute ``seqlens`` (not both); each is cut into
 ``num_depth_buckets`` depth ranges. Every cell is scored twice (``decode_paths``), by exact match of
 the whole answer:
 
@@ -28,11 +28,13 @@ a ``data=text data.tokenizer=byte`` run -- with ``task=passkey`` or ``task=multi
 task's default settings, lengths relative to the text seqlen; use ``seqlens=[...]`` when 1x is
 shorter than the prompt, about 260 bytes for passkey).
 
-Records (next to the checkpoint, ``<checkpoint>.long_context.json``, and to W&B when
-``wandb.enabled=true``): ``exact_match`` per cell (``slice`` ``T{seqlen}_depth{lo}-{hi}``,
-``depth_min``, ``depth_max``), ``accuracy`` per length over all its depths (``slice`` ``T{seqlen}``:
-what ``eval/report.py task=passkey`` plots), and ``skipped`` per skipped length and path (``value``
-the examples not evaluated, ``reason``).
+Records (next to the checkpoint, ``<checkpoint>.long_context.json``, or
+``<checkpoint>.long_context.<task>.json`` for a task the checkpoint was not trained on, so the two
+tasks of a text checkpoint keep their own files; and to W&B when ``wandb.enabled=true``):
+``exact_match`` per cell (``slice`` ``T{seqlen}_depth{lo}-{hi}``, ``depth_min``, ``depth_max``),
+``accuracy`` per length over all its depths (``slice`` ``T{seqlen}``: what ``eval/report.py
+task=passkey`` plots), and ``skipped`` per skipped length and path (``value`` the examples not
+evaluated, ``reason``).
 """
 
 from __future__ import annotations
@@ -50,12 +52,12 @@ from eval.common import (
     EvalContext,
     Scores,
     build_datamodule,
-    check_lengths,
     check_position_limit,
     check_settings,
     evaluate,
     finish,
     is_out_of_memory,
+    length_settings,
     load_checkpoint,
     per_example,
     print_table,
@@ -66,6 +68,8 @@ from eval.common import (
 TASKS = ("passkey", "multikey_needle")
 SCORERS = {"exact_match": per_example(exact_match)}
 BYTE_VOCAB = 256
+DEFAULT_MULTIPLIERS = (1, 2, 4, 8, 16)
+"""``length_multipliers`` when neither it nor ``seqlens`` is given."""
 
 
 def _retrieval_plan(batch: dict[str, Any]) -> tuple[int, torch.Tensor]:
@@ -143,16 +147,13 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             another task (see :func:`choose_task`), invalid settings, or a length too short for the
             task's prompt (the data module's message gives the shortest that fits).
     """
-    check_settings(cfg)
+    check_settings(cfg, "long_context")
+    length_option, values = length_settings(cfg, DEFAULT_MULTIPLIERS)
     device = resolve_device(cfg.device)
     ctx = load_checkpoint(cfg.ckpt, device, None, "eval/long_context.py")
     task = choose_task(ctx, cfg.task)
     train_seqlen = int(ctx.data["seqlen"])
-    if cfg.seqlens is not None:
-        lengths = check_lengths(cfg.seqlens, "seqlens")
-    else:
-        lengths = [train_seqlen * m for m in check_lengths(cfg.length_multipliers, "length_multipliers")]
-    lengths = sorted(set(lengths))
+    lengths = sorted(set(values if length_option == "seqlens" else [train_seqlen * m for m in values]))
     buckets = cfg.num_depth_buckets
     if buckets is None:
         buckets = int(ctx.data.get("num_depth_buckets") or 4)
@@ -160,7 +161,6 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         raise ValueError(f"num_depth_buckets must be null or an integer >= 1, got {buckets!r}")
     # The task's settings: the checkpoint's when it trained on this task, else the task's defaults.
     data_cfg = ctx.data if ctx.task == task else {"name": task, "seqlen": lengths[0]}
-    length_option = "seqlens" if cfg.seqlens is not None else "length_multipliers"
     try:
         dm = build_datamodule(
             data_cfg,
@@ -235,7 +235,9 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         rows += cell_rows + [length_row]
 
     print_table(f"{task} exact match ({ctx.model.config.name})", list(cfg.decode_paths), rows)
-    finish(records, cfg, ctx, "long_context")
+    # A task other than the checkpoint's own gets a file of its own, so evaluating one checkpoint on
+    # both tasks keeps both results.
+    finish(records, cfg, ctx, "long_context", variant=None if task == ctx.task else task)
     return records
 
 

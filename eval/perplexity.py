@@ -137,7 +137,7 @@ def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         ValueError: corrupt checkpoint, a checkpoint not trained on text (the message names the
             script for its task), invalid settings, or a corpus that does not fit the tokenizer.
     """
-    check_settings(cfg, positive=("batch_size", "decode_examples"))
+    check_settings(cfg, "perplexity", positive=("batch_size", "decode_examples"))
     for key in ("max_batches", "decode_prefix"):
         value, low = cfg[key], 1 if key == "max_batches" else 0
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):

@@ -9,7 +9,8 @@ was trained on (``data.name`` of the checkpoint), at the training seqlen and at 
 - ``induction_heads``: induction heads (Gu & Dao 2023, "Mamba", Sec. 4.1.2 and App. E.1; Olsson et
   al. 2022); accuracy of the one answer at the last position (the paper tests from 2^6 up to 2^20
   tokens: pass e.g. ``length_multipliers=[1,4,16]``, or absolute lengths, shorter than the
-  training length too, with ``seqlens=[64,128,256,1024]``).
+  training length too, with ``seqlens=[64,128,256,1024]``, which replaces the multipliers: giving
+  both is an error).
 
 Twice per slice (``decode_paths``):
 
@@ -37,11 +38,11 @@ from eval.cli import user_errors
 from eval.common import (
     EvalContext,
     build_datamodule,
-    check_lengths,
     check_position_limit,
     check_settings,
     evaluate,
     finish,
+    length_settings,
     load_checkpoint,
     per_position,
     print_table,
@@ -50,22 +51,29 @@ from eval.common import (
 
 TASKS = ("mqar", "induction_heads")
 TITLES = {"mqar": "MQAR recall accuracy", "induction_heads": "induction-heads accuracy"}
+DEFAULT_MULTIPLIERS = (1, 2, 4)
+"""``length_multipliers`` when neither it nor ``seqlens`` is given."""
 
 
-def _mqar_slices(ctx: EvalContext, cfg: DictConfig) -> tuple[Any, list[dict[str, Any]]]:
+def _mqar_slices(
+    ctx: EvalContext, cfg: DictConfig, multipliers: list[int]
+) -> tuple[Any, list[dict[str, Any]]]:
     """The MQAR data module of the checkpoint with one test slice per multiplier, and per slice
     ``{seqlen, num_kv_pairs, prefill_len, extra}``."""
     data_cfg = ctx.data
     seqlen, num_kv_pairs = int(data_cfg["seqlen"]), int(data_cfg["num_kv_pairs"])
     vocab_size = int(data_cfg["vocab_size"])
-    too_long = [m for m in cfg.length_multipliers if seqlen * m >= vocab_size]
+    limit = -(-vocab_size // seqlen)  # the smallest multiplier whose seqlen reaches the vocabulary
+    too_long = [m for m in multipliers if m >= limit]
     if too_long:
+        # Training needs vocab_size > seqlen, so limit >= 2 and 1x always fits.
+        example = [m for m in multipliers if m < limit] or [1]
         raise ValueError(
             f"length_multipliers {too_long} give seqlens of at least the checkpoint's MQAR vocabulary "
             f"({vocab_size}), which the generator cannot fill with distinct keys; use multipliers "
-            f"below {-(-vocab_size // seqlen)} (e.g. length_multipliers=[1,2,4])"
+            f"below {limit} (e.g. length_multipliers=[{','.join(map(str, example))}])"
         )
-    tests = [{"seqlen": seqlen * m, "num_kv_pairs": num_kv_pairs * m} for m in cfg.length_multipliers]
+    tests = [{"seqlen": seqlen * m, "num_kv_pairs": num_kv_pairs * m} for m in multipliers]
     dm = build_datamodule(
         data_cfg, test_configs=tests, num_test_examples=cfg.num_examples, batch_size=cfg.batch_size
     )
@@ -80,13 +88,11 @@ def _mqar_slices(ctx: EvalContext, cfg: DictConfig) -> tuple[Any, list[dict[str,
     return dm, slices
 
 
-def _induction_slices(ctx: EvalContext, cfg: DictConfig) -> tuple[Any, list[dict[str, Any]]]:
-    """The induction-heads data module with one test slice per multiplier, and per slice
+def _induction_slices(
+    ctx: EvalContext, cfg: DictConfig, seqlens: list[int]
+) -> tuple[Any, list[dict[str, Any]]]:
+    """The induction-heads data module with one test slice per length, and per slice
     ``{seqlen, prefill_len, extra}``."""
-    if cfg.seqlens is not None:
-        seqlens = check_lengths(cfg.seqlens, "seqlens")
-    else:
-        seqlens = [int(ctx.data["seqlen"]) * m for m in cfg.length_multipliers]
     dm = build_datamodule(
         ctx.data,
         test_configs=[{"seqlen": n} for n in seqlens],
@@ -107,22 +113,25 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         FileNotFoundError: missing checkpoint.
         ValueError: corrupt checkpoint, a checkpoint not trained on a recall task (the message
             names the supported tasks and the script for the checkpoint's), or invalid settings
-            (unknown decode path, a longer MQAR slice that the vocabulary cannot hold, ``seqlens``
-            for an MQAR checkpoint).
+            (unknown decode path, both ``seqlens`` and ``length_multipliers``, a longer MQAR slice
+            that the vocabulary cannot hold, ``seqlens`` for an MQAR checkpoint).
     """
-    check_settings(cfg)
-    check_lengths(cfg.length_multipliers, "length_multipliers")
-    if cfg.seqlens is not None:
-        check_lengths(cfg.seqlens, "seqlens")
+    check_settings(cfg, "recall")
+    option, values = length_settings(cfg, DEFAULT_MULTIPLIERS)
     device = resolve_device(cfg.device)
     ctx = load_checkpoint(cfg.ckpt, device, TASKS, "eval/recall.py")
-    if ctx.task == "mqar" and cfg.seqlens is not None:
-        raise ValueError(
-            "seqlens is for induction_heads checkpoints; an MQAR slice scales its key-value pairs "
-            "with the length, so give length_multipliers instead (e.g. length_multipliers=[1,2,4])"
-        )
-    dm, slices = (_mqar_slices if ctx.task == "mqar" else _induction_slices)(ctx, cfg)
-    check_position_limit(ctx.model, max(test["seqlen"] for test in slices), "length_multipliers")
+    if ctx.task == "mqar":
+        if option == "seqlens":
+            raise ValueError(
+                "seqlens is for induction_heads checkpoints; an MQAR slice scales its key-value pairs "
+                f"with the length, so give length_multipliers instead (the multiples of its training "
+                f"seqlen, {ctx.data['seqlen']}, to test)"
+            )
+        dm, slices = _mqar_slices(ctx, cfg, values)
+    else:
+        lengths = values if option == "seqlens" else [int(ctx.data["seqlen"]) * m for m in values]
+        dm, slices = _induction_slices(ctx, cfg, lengths)
+    check_position_limit(ctx.model, max(test["seqlen"] for test in slices), option)
     dm.setup("test")
 
     records, rows = [], []

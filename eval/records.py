@@ -98,6 +98,28 @@ def make_record(
     }
 
 
+def check_output(path: str | os.PathLike, example: str) -> None:
+    """Refuse, before any work is done, an ``output=`` path that records cannot be written to as a
+    file (missing parent directories are fine: :func:`write_records` creates them).
+
+    Args:
+        path: the ``output`` setting.
+        example: a file name for the message (``recall.json``).
+
+    Raises:
+        ValueError: ``path`` is an existing directory, or lies under an existing file.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"output={path} is a directory; give a file path such as output={path / example}")
+    ancestor = next(parent for parent in path.parents if parent.exists())
+    if not ancestor.is_dir():
+        raise ValueError(
+            f"output={path} lies under {ancestor}, which is a file, not a directory; give a file path in a "
+            f"directory, such as output={ancestor.parent / example}"
+        )
+
+
 def write_records(path: str | os.PathLike, records: list[dict[str, Any]]) -> Path:
     """Write ``records`` as a JSON list to ``path`` atomically (temp file + rename); returns the path."""
     path = Path(path)

@@ -78,7 +78,9 @@ def read_checkpoint(path: str | os.PathLike, arg: str = "ckpt") -> dict[str, Any
 
     Raises:
         FileNotFoundError: the path does not exist or is a directory.
-        ValueError: the file is truncated, corrupt, or not a mixerlab checkpoint.
+        ValueError: the file is truncated, corrupt, or not a mixerlab checkpoint (no model config
+            in its ``hyper_parameters``, no ``state_dict``), or its weights hold NaN or inf
+            (:func:`check_finite_weights`).
     """
     path = Path(path)
     hint = (
@@ -107,8 +109,39 @@ def read_checkpoint(path: str | os.PathLike, arg: str = "ckpt") -> dict[str, Any
         raise ValueError(
             f"could not read checkpoint {path}: the file is truncated or corrupt ({reason}); {hint}"
         ) from err
-    if not isinstance(checkpoint, dict) or "model" not in checkpoint.get("hyper_parameters", {}):
+    hyper_parameters = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
+    if not isinstance(hyper_parameters, dict) or not isinstance(hyper_parameters.get("model"), dict):
         raise ValueError(
             f"{path} is not a mixerlab checkpoint (no model config in its hyper_parameters); {hint}"
         )
+    if not isinstance(checkpoint.get("state_dict"), dict):
+        raise ValueError(
+            f"{path} is not a mixerlab checkpoint, or a truncated or corrupt one (no state_dict of "
+            f"model weights); {hint}"
+        )
+    check_finite_weights(checkpoint["state_dict"], path, arg)
     return checkpoint
+
+
+def check_finite_weights(state_dict: dict[str, Any], path: str | os.PathLike, arg: str = "ckpt") -> None:
+    """Refuse weights that hold NaN or inf: a diverged run's checkpoint would otherwise score 0
+    everywhere without a word, and training on from it stays NaN (every update is).
+
+    Args:
+        state_dict: a checkpoint's ``state_dict``.
+        path: the checkpoint file, for the message.
+        arg: the command-line setting that named it (``ckpt``, ``resume``).
+
+    Raises:
+        ValueError: how many floating-point tensors hold a non-finite value, naming the first.
+    """
+    floats = {
+        name: t for name, t in state_dict.items() if isinstance(t, torch.Tensor) and t.is_floating_point()
+    }
+    bad = [name for name, t in floats.items() if not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(
+            f"checkpoint {path} has NaN or inf weights in {len(bad)} of its {len(floats)} floating-point "
+            f"tensors (the first: {bad[0]}): the run likely diverged; pass {arg}=<an earlier checkpoint of "
+            "the run, e.g. its best.ckpt if that was saved before the divergence>"
+        )

@@ -240,8 +240,8 @@ def load_model(path, map_location: str | torch.device = "cpu") -> LitLM:
 
     Raises:
         FileNotFoundError: missing checkpoint.
-        ValueError: truncated, corrupt or foreign checkpoint, or a model config that no longer
-            validates.
+        ValueError: truncated, corrupt or foreign checkpoint, weights that hold NaN or inf (a
+            diverged run), or a model config that no longer validates.
     """
     checkpoint = read_checkpoint(path)
     lit = LitLM(**checkpoint["hyper_parameters"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -51,6 +52,11 @@ def test_decode_eval_rejects_bad_settings(tmp_path):
         decode_eval(compose_decode("context_lengths=[0]", f"output={tmp_path / 'x.json'}"))
     with pytest.raises(ValueError, match="dtype must be auto or one of"):
         decode_eval(compose_decode("dtype=int8", "device=cpu", f"output={tmp_path / 'x.json'}"))
+    with pytest.raises(ValueError, match=re.escape("got 64; write context_lengths=[64]")):
+        decode_eval(compose_decode("context_lengths=64", f"output={tmp_path / 'x.json'}"))
+    # An output directory is refused before anything is measured, not by os.replace after it.
+    with pytest.raises(ValueError, match=re.escape(f"output={tmp_path} is a directory; give a file path")):
+        decode_eval(compose_decode("context_lengths=[8]", "device=cpu", f"output={tmp_path}"))
 
 
 def test_decode_eval_skips_contexts_past_the_memory_limit(tmp_path, monkeypatch):

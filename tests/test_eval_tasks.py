@@ -1,11 +1,13 @@
-"""The task evaluations (eval/copying.py, eval/recall.py on induction heads, eval/long_context.py,
-eval/perplexity.py) on tiny checkpoints trained for two steps on CPU, and their shared decode path."""
+"""The task evaluations (eval/copying.py, eval/recall.py on induction heads and MQAR's vocabulary
+limit, eval/long_context.py, eval/perplexity.py) on tiny checkpoints trained for two steps on CPU,
+their shared decode path and their checks of settings and checkpoints."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -203,6 +205,35 @@ def test_recall_eval_on_induction_heads(tmp_path_factory, tmp_path, capsys):
     assert sorted((r["slice"], r["seqlen"]) for r in records) == [("T24", 24), ("T8", 8)]
     with pytest.raises(ValueError, match=r"seqlens must be a list of integers >= 1"):
         evaluate_with(recall_eval, "recall", run, tmp_path, "seqlens=[0]")
+    # A single number, not a list: the message shows the list that was meant. seqlens and
+    # length_multipliers both given: refused (seqlens replaces the multipliers), not half ignored.
+    for overrides, message in [
+        (["seqlens=64"], "seqlens must be a list of integers >= 1, got 64; write seqlens=[64]"),
+        (["length_multipliers=2"], "length_multipliers must be a list of integers >= 1, got 2; write "
+                                   "length_multipliers=[2]"),
+        (["seqlens=[64]", "length_multipliers=[1,2]"], "not both: seqlens=[64] sets the test lengths itself, so "
+                                                       "length_multipliers=[1, 2] would be ignored"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(message)):
+            evaluate_with(recall_eval, "recall", run, tmp_path, *overrides)
+
+
+def test_recall_eval_mqar_vocabulary_limit_suggests_multipliers_that_fit(tmp_path_factory, tmp_path):
+    """A vocabulary of 200 at seqlen 64 holds 1x and 2x but not the default's 4x: the error's
+    example must be one that works (it once suggested the failing default, [1,2,4])."""
+    data = ["data=mqar", "data.vocab_size=200", "data.seqlen=64", "data.num_kv_pairs=4",
+            "data.test_configs=[{seqlen:64,num_kv_pairs:4}]"]  # fmt: skip
+    run = train_tiny(tmp_path_factory, "mqar", ["mixer=attention"] + data + SYNTHETIC)
+    with pytest.raises(ValueError, match=r"length_multipliers \[4\] give seqlens.*below 4") as info:
+        evaluate_with(recall_eval, "recall", run, tmp_path)  # the default multipliers, 1x, 2x and 4x
+    example = re.search(r"e\.g\. (length_multipliers=\[[0-9,]+\])", str(info.value)).group(1)
+    assert example == "length_multipliers=[1,2]"
+    records, _ = evaluate_with(
+        recall_eval, "recall", run, tmp_path, example, "num_examples=4", "batch_size=4"
+    )
+    assert {(r["slice"], r["num_kv_pairs"]) for r in records} == {("T64_kv4", 4), ("T128_kv8", 8)}
+    with pytest.raises(ValueError, match=r"length_multipliers \[8\].*e\.g\. length_multipliers=\[1,3\]\)"):
+        evaluate_with(recall_eval, "recall", run, tmp_path, "length_multipliers=[1,3,8]")
 
 
 # --- eval/long_context.py ------------------------------------------------------------------------
@@ -220,6 +251,19 @@ def test_long_context_eval_on_passkey(passkey_run, tmp_path):
     for (metric, slice_name, _), r in table.items():
         assert r["value"] == table[metric, slice_name, "parallel"]["value"]  # exact match agrees
         assert r["examples"] == (2 if metric == "exact_match" else 4)
+
+
+def test_long_context_default_output_names_a_task_other_than_the_checkpoints(passkey_run):
+    """The checkpoint's own task writes <ckpt>.long_context.json (as before); another task writes
+    <ckpt>.long_context.<task>.json instead of replacing those results."""
+    ckpt = Path(passkey_run["last_ckpt"])
+    overrides = [f"ckpt={ckpt}", "device=cpu", "length_multipliers=[1]", "num_examples=1",
+                 "num_depth_buckets=1"]  # fmt: skip
+    own = long_context_eval(compose_eval("long_context", overrides))
+    other = long_context_eval(compose_eval("long_context", overrides + ["task=multikey_needle"]))
+    assert {r["task"] for r in own} == {"passkey"} and {r["task"] for r in other} == {"multikey_needle"}
+    assert json.loads(ckpt.with_name(f"{ckpt.name}.long_context.json").read_text()) == own
+    assert json.loads(ckpt.with_name(f"{ckpt.name}.long_context.multikey_needle.json").read_text()) == other
 
 
 def test_long_context_skips_lengths_that_run_out_of_memory(passkey_run, tmp_path, monkeypatch, capsys):
@@ -314,9 +358,10 @@ def test_checkpoints_of_another_task_are_refused(copy_run, passkey_run, text_run
     assert "None" in message and "mqar, induction_heads" in message and "evaluate it with" not in message
 
 
-@pytest.mark.parametrize("name", ["copying", "long_context", "perplexity"])
+@pytest.mark.parametrize("name", ["recall", "copying", "long_context", "perplexity"])
 def test_missing_corrupt_checkpoints_and_bad_settings(name, tmp_path):
-    fn = {"copying": copying_eval, "long_context": long_context_eval, "perplexity": perplexity_eval}[name]
+    fn = {"recall": recall_eval, "copying": copying_eval, "long_context": long_context_eval,
+          "perplexity": perplexity_eval}[name]  # fmt: skip
     with pytest.raises(ValueError, match="no checkpoint given"):
         fn(compose_eval(name, []))
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
@@ -327,15 +372,37 @@ def test_missing_corrupt_checkpoints_and_bad_settings(name, tmp_path):
         fn(compose_eval(name, [f"ckpt={corrupt}"]))
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
         fn(compose_eval(name, [f"ckpt={corrupt}", "batch_size=0"]))
+    # output= is checked before the checkpoint is read (here: before the corrupt one fails), so a bad
+    # one never costs a whole evaluation: a directory, or a path under a file.
+    message = f"output={tmp_path} is a directory; give a file path such as output={tmp_path / name}.json"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        fn(compose_eval(name, [f"ckpt={corrupt}", f"output={tmp_path}"]))
+    with pytest.raises(ValueError, match=r"lies under .*corrupt\.ckpt, which is a file, not a directory"):
+        fn(compose_eval(name, [f"ckpt={corrupt}", f"output={corrupt / 'sub' / 'results.json'}"]))
     if name != "perplexity":
-        with pytest.raises(ValueError, match="unknown decode_paths"):
-            fn(compose_eval(name, [f"ckpt={corrupt}", "decode_paths=[parallel,beam]"]))
+        choices = "choose from [parallel, decode]"
+        for paths, message in [
+            ("[parallel,beam]", f"unknown decode_paths ['beam']; {choices}"),
+            ("[]", f"decode_paths is empty: give at least one path; {choices}"),
+            ("decode", "decode_paths must be a list, got 'decode'; write decode_paths=[decode]"),
+            ("[parallel,parallel]", "decode_paths lists a path twice: ['parallel', 'parallel']"),
+        ]:
+            with pytest.raises(ValueError, match=re.escape(message)):
+                fn(compose_eval(name, [f"ckpt={corrupt}", f"decode_paths={paths}"]))
 
 
 def test_long_context_rejects_bad_lengths_and_task(passkey_run):
     ckpt = f"ckpt={passkey_run['last_ckpt']}"
     with pytest.raises(ValueError, match="length_multipliers must be a list of integers >= 1"):
         long_context_eval(compose_eval("long_context", [ckpt, "length_multipliers=[0]"]))
+    for overrides, message in [
+        (["length_multipliers=4"], "length_multipliers must be a list of integers >= 1, got 4; write "
+                                   "length_multipliers=[4]"),
+        (["seqlens=512"], "seqlens must be a list of integers >= 1, got 512; write seqlens=[512]"),
+        (["seqlens=[512]", "length_multipliers=[1,2]"], "give seqlens or length_multipliers, not both"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(message)):
+            long_context_eval(compose_eval("long_context", [ckpt, *overrides]))
     with pytest.raises(ValueError, match="num_depth_buckets must be null or an integer >= 1"):
         long_context_eval(compose_eval("long_context", [ckpt, "num_depth_buckets=0"]))
     with pytest.raises(ValueError, match="task must be auto, passkey or multikey_needle"):
@@ -350,6 +417,20 @@ def test_cli_reports_a_missing_checkpoint_in_one_line(tmp_path):
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode == 2 and "checkpoint not found" in result.stderr
     assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_cli_reports_an_output_directory_in_one_line_before_evaluating(tmp_path):
+    """output=<a directory> used to fail in os.replace after the whole evaluation, losing the
+    results; it is refused first (here before the checkpoint, which does not exist, is looked at)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    script = str(REPO_ROOT / "eval" / "recall.py")
+    result = subprocess.run([sys.executable, script, f"ckpt={tmp_path / 'nope.ckpt'}", f"output={tmp_path}"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    message = f"output={tmp_path} is a directory; give a file path such as output={tmp_path / 'recall.json'}"
+    assert result.stderr.strip() == f"error: {message}"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_foreign_files_and_edited_configs_give_clear_checkpoint_errors(copy_run, tmp_path):
@@ -371,6 +452,52 @@ def test_foreign_files_and_edited_configs_give_clear_checkpoint_errors(copy_run,
     torch.save(checkpoint, edited)
     with pytest.raises(ValueError, match="does not match the model its config describes: .*size mismatch"):
         load_model(edited)
+
+
+def test_checkpoints_without_weights_or_model_config_are_refused_in_one_line(copy_run, tmp_path):
+    """A dict that torch.load reads but that lacks the state_dict, or whose hyper_parameters hold no
+    model config dict, is 'not a mixerlab checkpoint', never a KeyError or TypeError from inside."""
+    checkpoint = torch.load(copy_run["last_ckpt"], map_location="cpu", weights_only=True)
+    edits = {
+        "no_state_dict": ({k: v for k, v in checkpoint.items() if k != "state_dict"},
+                          "no state_dict of model weights"),
+        "list_state_dict": (checkpoint | {"state_dict": [1]}, "no state_dict of model weights"),
+        "foreign": ({"foo": 1}, "no model config in its hyper_parameters"),
+        "int_hparams": (checkpoint | {"hyper_parameters": 3}, "no model config in its hyper_parameters"),
+        "int_model": (checkpoint | {"hyper_parameters": checkpoint["hyper_parameters"] | {"model": 5}},
+                      "no model config in its hyper_parameters"),
+    }  # fmt: skip
+    for name, (content, reason) in edits.items():
+        path = tmp_path / f"{name}.ckpt"
+        torch.save(content, path)
+        with pytest.raises(ValueError, match=re.escape(f"{path} is not a mixerlab checkpoint")) as info:
+            load_model(path)
+        assert f"({reason}); pass ckpt=" in str(info.value)
+    with pytest.raises(ValueError, match=r"truncated or corrupt one \(no state_dict"):
+        copying_eval(compose_eval("copying", [f"ckpt={tmp_path / 'no_state_dict.ckpt'}", "device=cpu"]))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_checkpoints_with_non_finite_weights_are_refused(copy_run, tmp_path, value):
+    """A diverged run's weights used to score 0.0 everywhere with exit status 0: loading for an
+    evaluation now fails, counting the tensors and naming the first."""
+    checkpoint = torch.load(copy_run["last_ckpt"], map_location="cpu", weights_only=True)
+    weights = checkpoint["state_dict"]
+    names = [k for k, v in weights.items() if v.is_floating_point()]
+    for name in names[3], names[-1]:
+        weights[name] = weights[name].clone()
+        weights[name].view(-1)[0] = value
+    path = tmp_path / "diverged.ckpt"
+    torch.save(checkpoint, path)
+    message = (
+        f"checkpoint {path} has NaN or inf weights in 2 of its {len(names)} floating-point tensors "
+        f"(the first: {names[3]}): the run likely diverged; pass ckpt=<an earlier checkpoint"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_model(path)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        copying_eval(compose_eval("copying", [f"ckpt={path}", "device=cpu", f"output={tmp_path / 'c.json'}"]))
+    assert not (tmp_path / "c.json").exists()
 
 
 def test_test_lengths_beyond_a_learned_position_table_are_refused_up_front(copy_run):

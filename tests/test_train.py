@@ -399,3 +399,12 @@ def test_resume_rejects_missing_weights_only_and_mismatched_checkpoints(tmp_path
     )
     with pytest.raises(ValueError, match="holds no trainer state"):
         run_train(tmp_path / "c", [f"resume={weights_only}"])
+    # A diverged run: training on from NaN weights stays NaN, so resuming is refused up front.
+    diverged = tmp_path / "diverged.ckpt"
+    weights = state["state_dict"]
+    weights["model.norm_f.weight"] = torch.full_like(weights["model.norm_f.weight"], torch.nan)
+    torch.save(state, diverged)
+    message = r"NaN or inf weights in 1 of .*\(the first: model\.norm_f\.weight\).*diverged; pass resume="
+    with pytest.raises(ValueError, match=message):
+        run_train(tmp_path / "d", [f"resume={diverged}"])
+    assert not (tmp_path / "d" / "checkpoints").exists()
