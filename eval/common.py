@@ -206,11 +206,22 @@ class EvalContext:
         """One result record (:func:`eval.records.make_record`) of this checkpoint.
 
         Adds ``path`` (parallel | decode), ``checkpoint`` (absolute path), ``split`` (default
-        ``"test"``) and ``train_seqlen`` (the training example length, so lengths beyond training
-        can be told apart) to the fields of ``make_record``; ``state_bytes`` is the decode state
-        per sequence of a cache for ``seqlen`` tokens.
+        ``"test"``), ``train_seqlen`` (the training example length, so lengths beyond training
+        can be told apart) and the training settings train.py's records carry (``lr``,
+        ``d_model``, ``n_layers``, ``batch_size`` per process: eval/report.py groups learning-rate
+        sweeps by them, also for a checkpoint kept outside its run directory) to the fields of
+        ``make_record``; ``state_bytes`` is the decode state per sequence of a cache for ``seqlen``
+        tokens.
         """
         extra.setdefault("split", "test")
+        config = self.model.config
+        extra = {
+            "lr": float(self.lit.optim["lr"]),
+            "d_model": config.d_model,
+            "n_layers": config.n_layers,
+            "batch_size": self.data.get("batch_size"),
+            **extra,
+        }
         return make_record(
             run=self.run,
             model=self.model,

@@ -117,16 +117,17 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             that the vocabulary cannot hold, ``seqlens`` for an MQAR checkpoint).
     """
     check_settings(cfg, "recall")
-    option, values = length_settings(cfg, DEFAULT_MULTIPLIERS)
     device = resolve_device(cfg.device)
     ctx = load_checkpoint(cfg.ckpt, device, TASKS, "eval/recall.py")
+    if ctx.task == "mqar" and cfg.seqlens is not None:
+        # before seqlens' own checks: any advice on its form would lead to this error next
+        raise ValueError(
+            "seqlens is for induction_heads checkpoints; an MQAR slice scales its key-value pairs "
+            f"with the length, so give length_multipliers instead (the multiples of its training "
+            f"seqlen, {ctx.data['seqlen']}, to test)"
+        )
+    option, values = length_settings(cfg, DEFAULT_MULTIPLIERS)
     if ctx.task == "mqar":
-        if option == "seqlens":
-            raise ValueError(
-                "seqlens is for induction_heads checkpoints; an MQAR slice scales its key-value pairs "
-                f"with the length, so give length_multipliers instead (the multiples of its training "
-                f"seqlen, {ctx.data['seqlen']}, to test)"
-            )
         dm, slices = _mqar_slices(ctx, cfg, values)
     else:
         lengths = values if option == "seqlens" else [int(ctx.data["seqlen"]) * m for m in values]

@@ -85,6 +85,9 @@ def check_records(records: list[dict], task: str, accuracy_metrics: set[str]) ->
         assert FIELDS <= set(r), FIELDS - set(r)
         assert r["task"] == task and r["split"] == "test" and r["path"] in ("parallel", "decode")
         assert r["state_bytes"] == model.state_size(r["seqlen"]) > 0
+        # the training settings, so the report groups a checkpoint kept outside its run directory
+        assert (r["d_model"], r["n_layers"], r["lr"]) == (model.config.d_model, model.config.n_layers, 3e-3)
+        assert isinstance(r["batch_size"], int) and r["batch_size"] >= 1
         if r["metric"] in accuracy_metrics:
             assert 0.0 <= r["value"] <= 1.0 and r["tokens_per_s"] > 0
         table[r["metric"], r["slice"], r["path"]] = r

@@ -183,8 +183,14 @@ def test_recall_eval_rejects_bad_settings(jamba_run):
         recall_eval(compose_eval("recall", [ckpt, "length_multipliers=[1,8]"]))
     with pytest.raises(ValueError, match="unknown decode_paths"):
         recall_eval(compose_eval("recall", [ckpt, "decode_paths=[parallel,beam]"]))
-    with pytest.raises(ValueError, match="seqlens is for induction_heads checkpoints.*length_multipliers"):
-        recall_eval(compose_eval("recall", [ckpt, "seqlens=[64,128]"]))
+    # The same error for any seqlens on an MQAR checkpoint: advice on its form (a list, not both
+    # settings) would only lead to this one next.
+    for seqlens in ("seqlens=[64,128]", "seqlens=64", "seqlens=[64]"):
+        extra = ["length_multipliers=[1,2]"] if seqlens == "seqlens=[64]" else []
+        with pytest.raises(
+            ValueError, match="seqlens is for induction_heads checkpoints.*length_multipliers"
+        ):
+            recall_eval(compose_eval("recall", [ckpt, seqlens, *extra]))
 
 
 def test_atomic_checkpoint_write_keeps_the_old_file_on_failure(tmp_path):
