@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 import data as datasets_lib
 from data.mqar import parse_slice_name
 from eval.cli import user_errors
-from eval.records import git_sha, make_record, write_records
+from eval.records import git_sha, make_record, training_settings, write_records
 from models import ModelConfig
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
 from models.lit import LitLM
@@ -391,7 +391,6 @@ def _write_train_records(
         name = metric.rpartition("/")[2].partition("_")[2]
         return name if name in slice_seqlens else first
 
-    config = lit.model.config
     records = [
         make_record(
             run=run_dir.name,
@@ -406,10 +405,7 @@ def _write_train_records(
             slice=slice_of(name),
             train_tokens=int(lit.tokens_seen),  # tokens the validated (best) checkpoint was trained on
             # so a sweep can report its best run over learning rates per width (eval/report.py)
-            lr=float(lit.optim["lr"]),
-            d_model=config.d_model,
-            n_layers=config.n_layers,
-            batch_size=int(data_cfg["batch_size"]),  # per process: sweeps over batch sizes group apart
+            **training_settings(lit, data_cfg),
             **({"interrupted": True} if interrupted else {}),
         )
         for name, value in sorted(metrics.items())

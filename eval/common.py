@@ -30,7 +30,14 @@ from omegaconf import DictConfig, OmegaConf
 
 import data as data_lib
 from data.mqar import IGNORE_INDEX
-from eval.records import check_output, git_sha, log_records_to_wandb, make_record, write_records
+from eval.records import (
+    check_output,
+    git_sha,
+    log_records_to_wandb,
+    make_record,
+    training_settings,
+    write_records,
+)
 from models.lit import LitLM, load_model
 from models.model import DecodeStep, LanguageModel
 
@@ -213,15 +220,7 @@ class EvalContext:
         ``make_record``; ``state_bytes`` is the decode state per sequence of a cache for ``seqlen``
         tokens.
         """
-        extra.setdefault("split", "test")
-        config = self.model.config
-        extra = {
-            "lr": float(self.lit.optim["lr"]),
-            "d_model": config.d_model,
-            "n_layers": config.n_layers,
-            "batch_size": self.data.get("batch_size"),
-            **extra,
-        }
+        extra = {"split": "test", **training_settings(self.lit, self.data), **extra}
         return make_record(
             run=self.run,
             model=self.model,

@@ -98,6 +98,24 @@ def make_record(
     }
 
 
+def training_settings(lit, data_cfg: dict[str, Any]) -> dict[str, Any]:
+    """The training settings a run's records carry, so that eval/report.py can group a
+    learning-rate sweep: ``lr`` (peak), ``d_model``, ``n_layers`` and ``batch_size`` (per process).
+
+    Args:
+        lit: the run's :class:`models.lit.LitLM`.
+        data_cfg: the data config it was trained with (``batch_size`` may be absent: None).
+    """
+    config = lit.model.config
+    batch_size = data_cfg.get("batch_size")
+    return {
+        "lr": float(lit.optim["lr"]),
+        "d_model": config.d_model,
+        "n_layers": config.n_layers,
+        "batch_size": int(batch_size) if batch_size is not None else None,
+    }
+
+
 def check_output(path: str | os.PathLike, example: str) -> None:
     """Refuse, before any work is done, an ``output=`` path that records cannot be written to as a
     file (missing parent directories are fine: :func:`write_records` creates them).

@@ -781,13 +781,6 @@ def build_report(cfg: DictConfig) -> Report:
     shown, dropped = drop_worse_lrs(accuracy, groups) if cfg.best_over_lr else (accuracy, 0)
     by_length = accuracy
     skipped: dict[str, str] = {}  # plot name -> why its section has no plot
-    if accuracy and len({p["seqlen"] for p in accuracy}) == 1:
-        by_length = []  # one x value: nothing to generalise over
-        why = f"every run was evaluated at one length ({accuracy[0]['seqlen']} tokens)"
-        skipped["accuracy_vs_length"] = f"Not drawn: {why}."
-        notes_first = [f"Length generalisation: not drawn, {why}"]
-    else:
-        notes_first = []
     if cfg.task == "text":
         # a text run's accuracy is next-token prediction, not recall: no recall plots
         recall, by_length = [], []
@@ -799,7 +792,11 @@ def build_report(cfg: DictConfig) -> Report:
                 notes.append(f"{spec.title}: {why}")
     else:
         recall, notes = recall_vs_state_points(shown, cfg.seqlen)
-        notes = notes_first + notes
+    if by_length and len({p["seqlen"] for p in by_length}) == 1:
+        why = f"every run was evaluated at one length ({by_length[0]['seqlen']} tokens)"
+        by_length = []  # one x value: nothing to generalise over
+        skipped["accuracy_vs_length"] = f"Not drawn: {why}."
+        notes.insert(0, f"Length generalisation: not drawn, {why}")
     if dropped and recall:
         notes.append(
             f"Recall accuracy vs decode state: only the best learning rate of each group (best_over_lr=true): "
