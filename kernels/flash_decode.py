@@ -29,7 +29,10 @@ A sequence's visible keys are ``[lo, seqlens[b])`` with ``lo = max(0, seqlens[b]
 are cut into ``num_splits`` chunks of ``ceil(n / num_splits)`` keys, so the chunks of each sequence
 are balanced whatever its length. Chunks are not rounded to whole tiles: rounding would leave
 splits idle (8192 keys in 60 splits of 137 keys, rounded to three 64-key tiles, keep only 43
-busy), while a chunk's partial last tile only costs masked lanes, not HBM traffic. Splits past
+busy). The heuristic picks power-of-two split counts instead, so that the usual power-of-two
+lengths give chunks of whole tiles (a partial last tile costs a dependent load round trip at
+unchanged HBM traffic: on the H200, 8192 keys in 64 splits took 18.2 µs against 19.9 µs in 60 or
+56, 2026-12-01). Splits past
 the end (short sequences, more splits than keys, empty sequences) run no tile and write
 ``m = -inf, l = 0, acc = 0``, which the combine weighs by ``e^{-inf} = 0``; a head whose splits are
 all empty returns 0. Keys beyond ``seqlens[b]`` (the tail of the last page), pages outside the
@@ -61,7 +64,7 @@ import triton.language as tl
 from kernels._host import INTERPRET as _INTERPRET
 from kernels.reference import _check_decode_args
 
-__all__ = ["flash_decode", "num_splits_heuristic"]
+__all__ = ["flash_decode", "num_splits_heuristic", "split_config"]
 
 _MAX_HEAD_DIM = 256
 _MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2
@@ -86,8 +89,8 @@ MAX_SPLITS = 128
 WAVE_EFFICIENCY = 0.9
 
 
-# Cached: it runs on every eager decode call (a Python loop over up to MAX_SPLITS candidates, about
-# 13 µs on the H200's host), and a decode loop asks for the same few shapes again and again.
+# Cached: it runs on every eager decode call, and a decode loop asks for the same few shapes again
+# and again.
 @functools.lru_cache(maxsize=4096)
 def num_splits_heuristic(batch: int, num_kv_heads: int, seqlen: int, num_sms: int = NOMINAL_SMS) -> int:
     """Number of key splits of :func:`flash_decode` for a step, from shapes only.
@@ -96,11 +99,14 @@ def num_splits_heuristic(batch: int, num_kv_heads: int, seqlen: int, num_sms: in
     ``num_sms`` SMs holds ``PROGRAMS_PER_SM`` of them (one *wave*). With ``waves(s) = programs /
     (num_sms * PROGRAMS_PER_SM)`` the fraction of program slots doing work is ``waves / ceil(waves)``
     (below one wave: the fraction of the GPU used; above: the last wave's tail). The heuristic
-    returns the smallest ``s`` in ``[1, s_max]`` whose efficiency reaches ``WAVE_EFFICIENCY``, else
-    the most efficient ``s`` (the smallest among ties), where ``s_max = clamp(seqlen //
-    MIN_SPLIT_TOKENS, 1, MAX_SPLITS)`` keeps every split at least ``MIN_SPLIT_TOKENS`` keys long.
-    Large batches thus get one split (no workspace, no combine), batch 1 at long context many:
-    B = 1, 8 KV heads, 132 SMs -> 16 splits at 2k keys, 60 from 8k on (480 programs of 528 slots).
+    returns the smallest power of two ``s`` in ``[1, s_max]`` whose efficiency reaches
+    ``WAVE_EFFICIENCY``, else the most efficient one (the smallest among ties), where ``s_max =
+    clamp(seqlen // MIN_SPLIT_TOKENS, 1, MAX_SPLITS)`` keeps every split at least
+    ``MIN_SPLIT_TOKENS`` keys long. Powers of two cut power-of-two lengths into whole tiles (see
+    the module docstring; on the H200 64 splits beat 60 at 8k and 128k keys, and 8 beat 6, 11 and
+    12 at batch 8). Large batches thus get one split (no workspace, no combine), batch 1 at long
+    context many: B = 1, 8 KV heads, 132 SMs -> 16 splits at 2k keys, 64 from 8k on (512 programs
+    of 528 slots); B = 8 -> 8 splits.
 
     The same idea as FlashAttention's ``num_splits_heuristic`` (flash-attn ``flash_api.cpp``,
     wave efficiency over a range of split counts); the constants here are our own.
@@ -118,13 +124,15 @@ def num_splits_heuristic(batch: int, num_kv_heads: int, seqlen: int, num_sms: in
     slots = max(num_sms, 1) * PROGRAMS_PER_SM
     s_max = min(max(seqlen // MIN_SPLIT_TOKENS, 1), MAX_SPLITS)
     best, best_efficiency = 1, 0.0
-    for splits in range(1, s_max + 1):
+    splits = 1
+    while splits <= s_max:
         waves = programs * splits / slots
         efficiency = waves / math.ceil(waves)
         if efficiency >= WAVE_EFFICIENCY:
             return splits
         if efficiency > best_efficiency:
             best, best_efficiency = splits, efficiency
+        splits *= 2
     return best
 
 
@@ -136,48 +144,60 @@ def _num_sms(device: torch.device) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# Autotune configs
+# Tile configs
 # ----------------------------------------------------------------------------------------------
 
-# Under the interpreter: one config with 16-key tiles, so test lengths (17, 65, 127) span several
-# tiles and splits. On CUDA: a short list of (BLOCK_N, num_warps, num_stages), keyed on head dim,
-# padded group and the keys per split.
+# Under the interpreter: 16-key tiles, so test lengths (17, 65, 127) span several tiles and splits.
 INTERPRET_BLOCK_N = 16
-# Splits the combine kernel reads per pass. On CUDA up to 64 (the heuristic's 60 at batch 1 in one
+# Splits the combine kernel reads per pass. On CUDA up to 64 (the heuristic's 64 at batch 1 in one
 # pass: a (64, 128) fp32 tile is 64 registers a thread at 4 warps), since each extra pass adds a
 # dependent round trip to L2 while the step waits on the combine. Under the interpreter 4, so the
 # tests' 5 and 16 splits run the running-max merge across passes.
 COMBINE_BLOCK_S = 4 if _INTERPRET else 64
-if _INTERPRET:
-    _CONFIGS = [triton.Config({"BLOCK_N": INTERPRET_BLOCK_N}, num_warps=4, num_stages=1)]
-else:
-    _CONFIGS = [
-        triton.Config({"BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
-        for block_n, warps, stages in ((32, 4, 3), (64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2))
-    ]
-
-
-def _prune_configs(configs, named_args, **kwargs):
-    """Drop configs whose K tile exceeds 32 KB in 16 bits (head dim 256 keeps BLOCK_N <= 64, so
-    K and V over the pipeline stages fit in shared memory); fp32 / fp64 inputs get one 32-key
-    config, since their IEEE dots run on FMA units and unroll completely (CUDA only)."""
-    if _INTERPRET:
-        return configs
-    args = {**named_args, **kwargs}
-    if args["Q"].dtype in (torch.float32, torch.float64):
-        return [triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=2)]
-    return [c for c in configs if c.kwargs["BLOCK_N"] * args["BLOCK_D"] <= 16384]
-
-
-_AUTOTUNE_KEY = ["BLOCK_D", "BLOCK_G", "SPLIT_BUCKET"]
 # Lengths, the group size, the page size and the split count vary at run time; specialising on
 # them would compile a kernel per value class for no speed gain (they only feed bounds and masks).
-_RUNTIME_INTS = ["group", "block_size", "window", "num_splits", "SPLIT_BUCKET"]
+_RUNTIME_INTS = ["group", "block_size", "window", "num_splits"]
 
 
-def _split_bucket(seqlen: int, num_splits: int) -> int:
-    """Autotune key: keys per split rounded up to a power of two, clamped to [64, 8192]."""
-    return min(max(triton.next_power_of_2(max(triton.cdiv(seqlen, num_splits), 1)), 64), 8192)
+def split_config(
+    dtype: torch.dtype, block_d: int, programs: int, keys_per_split: int, num_sms: int = NOMINAL_SMS
+) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of the split kernel, chosen from the launch's shape.
+
+    A rule rather than Triton's autotuner: the autotuner times eager launches, and from Python a
+    decode launch costs ~100 µs of host time against a 10-20 µs kernel at batch 1, so it timed the
+    host and picked at random (on the H200 the step was 20.4 µs at B1 8k where the best config
+    takes 18.2). The rule is the fastest of 12 configs in CUDA graphs on the H200 (2026-12-01, bf16,
+    head dim 128, GQA 4, batch 1 and 8, 2k-128k keys, power-of-two splits): at most one program per
+    SM (batch 1, 2k keys: 128 programs) -> 128-key tiles, the most bytes in flight per program
+    (10.5 µs against 12.6 with 32-key tiles); chunks of <= 128 keys over several programs per SM
+    (B1 8k) -> 32-key tiles in 3 stages, whole tiles with the loads of three in flight (18.2
+    against 19.6 with 64); longer chunks -> 64-key tiles in 2 stages (B1 32k-128k, B8 8k-32k:
+    within 1-5% of the best everywhere). Tiles stay <= 32 KB a stage in 16 bits (head dim 256:
+    64 keys). fp32 / fp64 inputs get 32-key tiles in 2 stages: their IEEE dots run on FMA units and
+    unroll completely. Under the interpreter, INTERPRET_BLOCK_N keys in one stage.
+
+    Args:
+        dtype: q's dtype.
+        block_d: head dim padded to a power of two (>= 16).
+        programs: split programs launched, ``B * Hkv * num_splits``.
+        keys_per_split: ``ceil(seqlen / num_splits)`` for the longest possible sequence.
+        num_sms: streaming multiprocessors of the GPU.
+
+    Returns:
+        (BLOCK_N, num_warps, num_stages).
+    """
+    if _INTERPRET:
+        return INTERPRET_BLOCK_N, 4, 1
+    if dtype in (torch.float32, torch.float64):
+        return 32, 4, 2
+    if programs <= num_sms:
+        block_n, stages = 128, 2
+    elif keys_per_split <= 128:
+        block_n, stages = 32, 3
+    else:
+        block_n, stages = 64, 2
+    return min(block_n, 16384 // block_d), 4, stages
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,7 +214,6 @@ def _exp(x, FP64: tl.constexpr):
         return tl.exp2(x)
 
 
-@triton.autotune(configs=_CONFIGS, key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_configs})
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def flash_decode_split_kernel(
     Q, K, V, BLOCK_TABLE, SEQLENS, OUT, O_PART, M_PART, L_PART,
@@ -203,7 +222,7 @@ def flash_decode_split_kernel(
     stride_vp, stride_vs, stride_vh, stride_vd,
     stride_tb, stride_tp, stride_sb,
     stride_ob, stride_oh, stride_od,
-    group, block_size, window, num_splits, qk_scale, qk_scale_lo, SPLIT_BUCKET,
+    group, block_size, window, num_splits, qk_scale, qk_scale_lo,
     HAS_WINDOW: tl.constexpr, SPLIT: tl.constexpr, FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
@@ -432,13 +451,19 @@ def flash_decode(
     # scale * log2(e) turns exp into exp2 (scores in base 2); fp64 keeps the natural base, exact.
     qk_scale, qk_scale_lo = _split_fp64(scale) if fp64 else (scale * _LOG2E, 0.0)
     block_d = max(16, triton.next_power_of_2(head_dim))
+    block_n, num_warps, num_stages = split_config(
+        q.dtype, block_d, batch * num_kv_heads * num_splits, -(-seqlen // num_splits), _num_sms(q.device)
+    )
     group = num_heads // num_kv_heads
     split = num_splits > 1
     acc_dtype = torch.float64 if fp64 else torch.float32
     if split:
-        o_part = torch.empty((batch, num_heads, num_splits, head_dim), dtype=acc_dtype, device=q.device)
-        m_part = torch.empty((batch, num_heads, num_splits), dtype=acc_dtype, device=q.device)
-        l_part = torch.empty((batch, num_heads, num_splits), dtype=acc_dtype, device=q.device)
+        # One flat allocation (an eager step is host-bound at small batch): the (B, Hq, num_splits,
+        # D) partial outputs, then the (B, Hq, num_splits) m and l, indexed by the kernels' row.
+        rows = batch * num_heads * num_splits
+        o_part = torch.empty(rows * (head_dim + 2), dtype=acc_dtype, device=q.device)
+        m_part = o_part[rows * head_dim :]
+        l_part = o_part[rows * (head_dim + 1) :]
     else:  # one chunk writes the output itself; the workspace pointers are unused
         o_part = m_part = l_part = out
 
@@ -448,12 +473,12 @@ def flash_decode(
             *q.stride(), *k_cache.stride(), *v_cache.stride(),
             *block_table.stride(), seqlens.stride(0), *out.stride(),
             group, block_size, window or 0, num_splits, qk_scale, qk_scale_lo,
-            _split_bucket(seqlen, num_splits),
             HAS_WINDOW=window is not None, SPLIT=split, FP64=fp64,
             # fp32 inputs: IEEE fp32 products (TF32 would cost ~1e-3 relative error); 16-bit inputs
             # multiply exactly in the tensor cores either way.
             DOT_PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_G=max(16, triton.next_power_of_2(group)),
+            BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
         if split:
             flash_decode_combine_kernel[(num_heads, batch)](

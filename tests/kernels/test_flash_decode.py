@@ -245,14 +245,29 @@ def test_num_splits_heuristic():
     heuristic = fd.num_splits_heuristic
     # Batch 1, 8 KV heads on 132 SMs: split until ~4 programs per SM, at >= 128 keys per split.
     assert heuristic(1, 8, 2048, 132) == 16
-    assert heuristic(1, 8, 8192, 132) == 60  # 480 programs: the first count filling >= 90% of 528 slots
-    assert heuristic(1, 8, 131072, 132) == 60
+    assert heuristic(1, 8, 8192, 132) == 64  # 512 programs: first power of two filling >= 90% of 528
+    assert heuristic(1, 8, 131072, 132) == 64
+    assert heuristic(8, 8, 8192, 132) == 8
+    assert heuristic(2, 8, 8192, 132) == 32
     assert heuristic(64, 8, 32768, 132) == 1  # 512 programs already fill 528 slots
     assert heuristic(1, 8, 100, 132) == 1  # too short to split
     for batch in (1, 3, 17, 64, 1000):
         for seqlen in (1, 129, 4096, 1 << 17):
             splits = heuristic(batch, 8, seqlen, 132)
             assert 1 <= splits <= max(1, min(fd.MAX_SPLITS, seqlen // fd.MIN_SPLIT_TOKENS))
+            assert splits & (splits - 1) == 0  # a power of two
+
+
+def test_split_config(monkeypatch):
+    # The CUDA rule (the module is imported under the interpreter here, which has its own config).
+    assert fd.split_config(torch.bfloat16, 128, 128, 128) == (fd.INTERPRET_BLOCK_N, 4, 1)
+    monkeypatch.setattr(fd, "_INTERPRET", False)
+    assert fd.split_config(torch.bfloat16, 128, 8 * 16, 128, 132) == (128, 4, 2)  # B1 2k: <= 1 program / SM
+    assert fd.split_config(torch.bfloat16, 256, 8 * 16, 128, 132) == (64, 4, 2)  # <= 32 KB tiles
+    assert fd.split_config(torch.float16, 128, 8 * 64, 128, 132) == (32, 4, 3)  # B1 8k: short chunks
+    assert fd.split_config(torch.bfloat16, 128, 8 * 64, 2048, 132) == (64, 4, 2)  # B1 128k
+    assert fd.split_config(torch.float32, 128, 8, 4096, 132) == (32, 4, 2)
+    assert fd.split_config(torch.float64, 64, 1000, 16, 132) == (32, 4, 2)
 
 
 # ----------------------------------------------------------------------------------------------
