@@ -499,6 +499,28 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Mapping[str, 
         print(line)
 
 
+def output_path(cfg: DictConfig, ctx: EvalContext, name: str, variant: str | None = None) -> Path:
+    """Where :func:`finish` writes the records: ``cfg.output``, else ``<checkpoint>.<name>.json``
+    next to the checkpoint (``<checkpoint>.<name>.<variant>.json`` with a ``variant``)."""
+    suffix = name if variant is None else f"{name}.{variant}"
+    return Path(cfg.output) if cfg.output else ctx.ckpt.with_name(f"{ctx.ckpt.name}.{suffix}.json")
+
+
+def check_default_output(cfg: DictConfig, ctx: EvalContext, name: str, variant: str | None = None) -> None:
+    """Refuse, before evaluating, a default output path (no ``output=``) that is a directory
+    (``output=`` itself is checked by :func:`check_settings`).
+
+    Raises:
+        ValueError: ``<checkpoint>.<name>[.<variant>].json`` exists as a directory.
+    """
+    path = output_path(cfg, ctx, name, variant)
+    if not cfg.output and path.is_dir():
+        raise ValueError(
+            f"the default output {path} is a directory, so the results cannot be written there; "
+            f"move it away or pass output=<a file path> (e.g. output={path.parent / (name + '.json')})"
+        )
+
+
 def finish(
     records: list[dict[str, Any]], cfg: DictConfig, ctx: EvalContext, name: str, variant: str | None = None
 ) -> Path:
@@ -510,8 +532,7 @@ def finish(
     Returns:
         The path of the record file.
     """
-    suffix = name if variant is None else f"{name}.{variant}"
-    output = Path(cfg.output) if cfg.output else ctx.ckpt.with_name(f"{ctx.ckpt.name}.{suffix}.json")
+    output = output_path(cfg, ctx, name, variant)
     if output.exists():
         # Said out loud: a quick check with fewer examples would otherwise silently replace a full run.
         print(f"replacing the earlier results in {output} (pass output=PATH to keep both)")

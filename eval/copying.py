@@ -45,6 +45,7 @@ from data.synthetic import exact_match, token_accuracy
 from eval.cli import user_errors
 from eval.common import (
     build_datamodule,
+    check_default_output,
     check_settings,
     evaluate,
     finish,
@@ -90,6 +91,7 @@ def copying_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     check_settings(cfg, "copying")
     device = resolve_device(cfg.device)
     ctx = load_checkpoint(cfg.ckpt, device, TASKS, "eval/copying.py")
+    check_default_output(cfg, ctx, "copying")
     overrides: dict[str, Any] = {"num_test_examples": cfg.num_examples, "batch_size": cfg.batch_size}
     if cfg.test_configs is not None:
         overrides["test_configs"] = OmegaConf.to_container(cfg.test_configs, resolve=True)
@@ -122,7 +124,8 @@ def copying_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         rows.append(row)
 
     columns = [f"{m} {p}" for m in SCORERS[ctx.task] for p in cfg.decode_paths]
-    print_table(f"{ctx.task} ({ctx.model.config.name}); accuracy = string exact match", columns, rows)
+    meaning = "the whole string right" if ctx.task == "copy" else "every data token right"
+    print_table(f"{ctx.task} ({ctx.model.config.name}); accuracy = {meaning}", columns, rows)
     finish(records, cfg, ctx, "copying")
     return records
 

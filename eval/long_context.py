@@ -52,6 +52,7 @@ from eval.common import (
     EvalContext,
     Scores,
     build_datamodule,
+    check_default_output,
     check_position_limit,
     check_settings,
     evaluate,
@@ -152,6 +153,7 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     device = resolve_device(cfg.device)
     ctx = load_checkpoint(cfg.ckpt, device, None, "eval/long_context.py")
     task = choose_task(ctx, cfg.task)
+    check_default_output(cfg, ctx, "long_context", variant=None if task == ctx.task else task)
     train_seqlen = int(ctx.data["seqlen"])
     lengths = sorted(set(values if length_option == "seqlens" else [train_seqlen * m for m in values]))
     buckets = cfg.num_depth_buckets

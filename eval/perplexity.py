@@ -36,6 +36,7 @@ from eval.cli import user_errors
 from eval.common import (
     EvalContext,
     build_datamodule,
+    check_default_output,
     check_settings,
     finish,
     load_checkpoint,
@@ -146,6 +147,7 @@ def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         raise ValueError(f"tolerance must be >= 0 (nats), got {cfg.tolerance}")
     device = resolve_device(cfg.device)
     ctx = load_checkpoint(cfg.ckpt, device, TASKS, "eval/perplexity.py")
+    check_default_output(cfg, ctx, "perplexity")
     dm = text_datamodule(ctx, OmegaConf.to_container(cfg.data, resolve=True), cfg.batch_size)
     seqlen, model = dm.seqlen, ctx.model
     # What was evaluated, so a run on another corpus or on a few batches is never taken for the

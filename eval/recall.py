@@ -38,6 +38,7 @@ from eval.cli import user_errors
 from eval.common import (
     EvalContext,
     build_datamodule,
+    check_default_output,
     check_position_limit,
     check_settings,
     evaluate,
@@ -119,6 +120,7 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     check_settings(cfg, "recall")
     device = resolve_device(cfg.device)
     ctx = load_checkpoint(cfg.ckpt, device, TASKS, "eval/recall.py")
+    check_default_output(cfg, ctx, "recall")
     if ctx.task == "mqar" and cfg.seqlens is not None:
         # before seqlens' own checks: any advice on its form would lead to this error next
         raise ValueError(

@@ -16,6 +16,7 @@ import pytest
 import torch
 from helpers import REPO_ROOT, compose_eval, compose_train
 
+import eval.copying as copying_module
 import eval.long_context as long_context
 import train as train_module
 from data.synthetic import generated_to_predictions
@@ -165,6 +166,7 @@ def test_copying_eval_on_copy(copy_run, tmp_path, capsys):
     assert table["accuracy", "len13-24", "decode"]["max_len"] == 24
     printed = capsys.readouterr().out
     assert "len13-24" in printed and "char_accuracy decode" in printed
+    assert "accuracy = the whole string right" in printed
 
 
 def test_copying_eval_test_lengths_override_and_default_output(copy_run):
@@ -177,10 +179,40 @@ def test_copying_eval_test_lengths_override_and_default_output(copy_run):
         copying_eval(compose_eval("copying", overrides[:-1] + ["test_configs=[{min_len:9,max_len:3}]"]))
 
 
-def test_copying_eval_on_selective_copying(tmp_path_factory, tmp_path):
+def test_default_output_that_is_a_directory_is_refused_before_evaluating(
+    copy_run, passkey_run, tmp_path, monkeypatch
+):
+    def copy_of(run, name):
+        ckpt = tmp_path / name
+        ckpt.write_bytes(Path(run["last_ckpt"]).read_bytes())
+        return ckpt
+
+    def no_data(*args, **kwargs):
+        pytest.fail("the evaluation started before the output check")
+
+    monkeypatch.setattr(copying_module, "build_datamodule", no_data)
+    monkeypatch.setattr(long_context, "build_datamodule", no_data)
+    ckpt = copy_of(copy_run, "copy.ckpt")
+    (tmp_path / "copy.ckpt.copying.json").mkdir()
+    with pytest.raises(
+        ValueError, match=r"default output .*copy\.ckpt\.copying\.json is a directory.*output="
+    ):
+        copying_eval(compose_eval("copying", [f"ckpt={ckpt}", "device=cpu"]))
+    ckpt = copy_of(passkey_run, "passkey.ckpt")
+    (tmp_path / "passkey.ckpt.long_context.multikey_needle.json").mkdir()
+    with pytest.raises(
+        ValueError, match=r"passkey\.ckpt\.long_context\.multikey_needle\.json is a directory"
+    ):
+        long_context_eval(
+            compose_eval("long_context", [f"ckpt={ckpt}", "device=cpu", "task=multikey_needle"])
+        )
+
+
+def test_copying_eval_on_selective_copying(tmp_path_factory, tmp_path, capsys):
     data = ["data=selective_copying", "data.seqlen=16", "data.num_data_tokens=4"]
     run = train_tiny(tmp_path_factory, "selective", ["mixer=mamba"] + data + SYNTHETIC)
     records, _ = evaluate_with(copying_eval, "copying", run, tmp_path, "num_examples=4")
+    assert "accuracy = every data token right" in capsys.readouterr().out
     table = check_records(records, "selective_copying", {"accuracy", "char_accuracy"})
     assert {s for _, s, _ in table} == {"T16_data4", "T32_data4", "T64_data4"}
     # The markers are inputs, never the model's outputs: both paths compute the same predictions.
