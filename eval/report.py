@@ -807,6 +807,11 @@ def build_report(cfg: DictConfig) -> Report:
             "Best over learning rates: a run with eval/recall.py records is scored on them, in the "
             "(test) table only; the (val) table holds the runs without any (train.py's validation)"
         )
+    if any(g.by_loss for g in groups):
+        notes.append(
+            "Best over learning rates: text runs are ranked by their best validation loss (lowest first), "
+            "with next-token accuracy beside it"
+        )
     shared = [g for g in groups if len(g.runs) > len(g.lrs)]
     if shared:
         notes.append(

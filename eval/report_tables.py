@@ -10,8 +10,10 @@ each record carries ``record_file``):
 - ``Best over learning rates: ...`` (Zoology, Arora et al. 2024, Figure 2): runs that differ only in
   the learning rate form a group (:func:`lr_groups`); a table per task, split, main slice and depth
   has a row per mixer and a column per ``d_model``, each cell the group's best accuracy with its
-  learning rate and the number of learning rates tried (``0.987 (lr 2.2e-3, 2 lrs)``), or ``no record``
-  (no run of that mixer and width recorded its accuracy: not run, or run without writing records).
+  learning rate and the number of learning rates tried (``0.987 (lr 2.2e-3, 2 lrs)``; for
+  ``task=text`` the lowest validation loss, ``loss 1.490, acc 0.569 (lr 1e-3, 1 lr)``), or ``no
+  record`` (no run of that mixer and width recorded its accuracy: not run, or run without writing
+  records).
 """
 
 from __future__ import annotations
@@ -173,6 +175,8 @@ class RunScore:
         seqlen, slice: the main slice (``slice`` is None where the records do not name it).
         lr, d_model, n_layers, batch_size: from any record of the run (train.py writes them, the
             batch size per process); None where none has it.
+        loss: train.py's best ``val/loss`` (nats per token) for ``task=text``, whose runs are ranked
+            by it (next-token accuracy is not what a language model is compared on); None otherwise.
     """
 
     run: str
@@ -188,9 +192,10 @@ class RunScore:
     params: int | None
     layout: tuple[str, ...]
     batch_size: int | None = None
+    loss: float | None = None
 
     def group_key(self) -> tuple:
-        """What runs that differ only in the learning rate share: everything but run, lr and accuracy."""
+        """What runs that differ only in the learning rate share: everything but run, lr, accuracy and loss."""
         return (
             self.task,
             self.split,
@@ -213,11 +218,13 @@ def run_scores(records: list[dict[str, Any]], task: str, path: str) -> list[RunS
     decode paths ran and of ``best.ckpt`` where several checkpoints were evaluated. A run without
     them is scored on train.py's ``val/acc`` (the first validation slice, which train.py's configs
     make the training length). ``lr``, ``d_model`` and ``n_layers`` come from any record of the run
-    (run and mixer, as in the rest of the report): recall records get them from train.py's.
+    (run and mixer, as in the rest of the report): recall records get them from train.py's. For
+    ``task=text`` each score also carries the run's ``val/loss``.
     """
     info: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
     test: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     val: dict[tuple[str, str], dict[str, Any]] = {}
+    val_loss: dict[tuple[str, str], float] = {}
     for r in records:
         key = (r["run"], r["mixer"])
         for field in ("lr", "d_model", "n_layers", "batch_size"):
@@ -236,6 +243,8 @@ def run_scores(records: list[dict[str, Any]], task: str, path: str) -> list[RunS
             test[key].append(r)
         elif r["metric"] == "val/acc":
             val.setdefault(key, r)
+        elif r["metric"] == "val/loss" and task == "text":
+            val_loss.setdefault(key, float(r["value"]))
     scores = []
     for key in dict.fromkeys([*test, *val]):
         if key in test:
@@ -258,6 +267,7 @@ def run_scores(records: list[dict[str, Any]], task: str, path: str) -> list[RunS
                 params=r.get("params"),
                 layout=tuple(r.get("layout") or ()),
                 batch_size=info[key].get("batch_size"),
+                loss=val_loss.get(key) if split == "val" else None,
             )
         )
     return scores
@@ -280,12 +290,21 @@ class LrGroup:
     runs: tuple[RunScore, ...]
 
     @property
+    def by_loss(self) -> bool:
+        """Whether the group is ranked by validation loss: every run records one (``task=text``)."""
+        return all(s.loss is not None for s in self.runs)
+
+    @property
     def best(self) -> RunScore:
-        """The run of highest accuracy; on a tie the smaller learning rate, then the run name. A NaN
-        accuracy (a diverged run) ranks below every number."""
-        return min(
-            self.runs, key=lambda s: (-s.accuracy if not math.isnan(s.accuracy) else math.inf, s.lr, s.run)
-        )
+        """The run of lowest validation loss where :attr:`by_loss`, else of highest accuracy; on a
+        tie the smaller learning rate, then the run name. A NaN (a diverged run) ranks below every
+        number."""
+
+        def rank(s: RunScore) -> float:
+            value = s.loss if self.by_loss else -s.accuracy
+            return math.inf if math.isnan(value) else value
+
+        return min(self.runs, key=lambda s: (rank(s), s.lr, s.run))
 
     @property
     def lrs(self) -> list[float]:
@@ -293,14 +312,16 @@ class LrGroup:
         return sorted({s.lr for s in self.runs})
 
     def cell(self, with_params: bool = False, with_batch: bool = False) -> str:
-        """``0.987 (lr 2.2e-3, 2 lrs)``; ``, 4 runs`` where runs share a learning rate (they differ in
+        """``0.987 (lr 2.2e-3, 2 lrs)`` (ranked by loss: ``loss 1.490, acc 0.569 (lr 1e-3, 1 lr)``);
+        ``, 4 runs`` where runs share a learning rate (they differ in
         a setting the records do not carry); with ``with_batch`` the group's batch size, with
         ``with_params`` its parameter count."""
         best, n = self.best, len(self.lrs)
         runs = f", {len(self.runs)} runs" if len(self.runs) > n else ""
         batch = f", batch {best.batch_size}" if with_batch and best.batch_size is not None else ""
         params = f", {best.params:,} params" if with_params and best.params is not None else ""
-        return f"{best.accuracy:.3f} (lr {format_lr(best.lr)}, {n} lr{'s' if n != 1 else ''}{runs}{batch}{params})"
+        score = f"loss {best.loss:.3f}, acc {best.accuracy:.3f}" if self.by_loss else f"{best.accuracy:.3f}"
+        return f"{score} (lr {format_lr(best.lr)}, {n} lr{'s' if n != 1 else ''}{runs}{batch}{params})"
 
 
 def lr_groups(scores: list[RunScore]) -> list[LrGroup]:

@@ -709,6 +709,30 @@ def test_text_task_draws_no_recall_plot(tmp_path):
     assert "Results: text (val)" in {t.title for t in rep.tables}
 
 
+def test_text_runs_are_ranked_by_validation_loss(tmp_path):
+    # The lr with the higher next-token accuracy has the worse loss (it overfit): loss decides.
+    common = {"task": "text", "split": "val", "d_model": 64, "n_layers": 2}
+    for lr, acc, loss in ((1e-3, 0.57, 1.49), (3e-3, 0.58, 1.62)):
+        run = f"text-lr{lr}"
+        write_json(tmp_path / run / "results" / "train.json", [
+            rec(run, "attention", "val/acc", acc, 256, lr=lr, **common),
+            rec(run, "attention", "val/loss", loss, 256, lr=lr, **common),
+        ])  # fmt: skip
+    # A MQAR sweep in the same folder keeps ranking by accuracy.
+    for lr, acc in ((1e-3, 0.4), (3e-3, 0.5)):
+        run = f"mqar-lr{lr}"
+        write_json(tmp_path / run / "results" / "train.json",
+                   sweep_records(run, "attention", 64, lr, {"T64_kv4": (64, acc)}))  # fmt: skip
+    rep = make_report(f"[{tmp_path}/text-*]", tmp_path / "text", "task=text")
+    (table,) = [t for t in rep.tables if t.title.startswith("Best over learning rates")]
+    assert table.rows == [["attention", "loss 1.490, acc 0.570 (lr 1e-3, 2 lrs)"]]
+    assert any("text runs are ranked by their best validation loss" in n for n in rep.notes)
+    rep = make_report(f"[{tmp_path}/mqar-*]", tmp_path / "mqar")
+    (table,) = [t for t in rep.tables if t.title.startswith("Best over learning rates")]
+    assert table.rows == [["attention", "0.500 (lr 3e-3, 2 lrs)"]]
+    assert not any("ranked by their best validation loss" in n for n in rep.notes)
+
+
 # Best over learning rates (Zoology, Figure 2): a sweep of mixer x d_model x lr, as train.py writes it.
 
 LRS = (4.6e-4, 2.2e-3)
