@@ -21,13 +21,32 @@ def device_guard(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
+def check_interpreter_dtype(op: str, *tensors: torch.Tensor | None) -> None:
+    """Refuse bfloat16 CPU tensors under the interpreter: Triton's CPU emulation computes bf16
+    arithmetic and bf16 ``tl.dot`` wrongly (a 16 x 16 bf16 dot came out ~1e10 off with Triton 3.9),
+    which would be silent wrong numbers. On CPU the kernels are tested in float16 / float32 / float64.
+
+    Raises:
+        ValueError: ``INTERPRET`` is set and a (non-None) CPU tensor is bfloat16; the message says to
+            use float16 / float32 or backend='reference'.
+    """
+    if INTERPRET and any(
+        t is not None and t.device.type == "cpu" and t.dtype == torch.bfloat16 for t in tensors
+    ):
+        raise ValueError(
+            f"the Triton {op} cannot run bfloat16 under the CPU interpreter (TRITON_INTERPRET=1 emulates "
+            "bf16 wrongly); use float16 or float32 on CPU, backend='reference', or a CUDA GPU"
+        )
+
+
 def check_devices(op: str, *tensors: torch.Tensor | None) -> None:
     """A Triton op's own limits: its tensors (None ones skipped) on one device, and that device CUDA
     or the CPU under ``TRITON_INTERPRET=1``.
 
     Raises:
-        ValueError: tensors on several devices, or CPU tensors without the interpreter (the message
-            says to set TRITON_INTERPRET=1 or use backend='reference').
+        ValueError: tensors on several devices, CPU tensors without the interpreter (the message
+            says to set TRITON_INTERPRET=1 or use backend='reference'), or bfloat16 CPU tensors
+            under it (:func:`check_interpreter_dtype`).
     """
     devices = {t.device for t in tensors if t is not None}
     if len(devices) > 1:
@@ -38,3 +57,4 @@ def check_devices(op: str, *tensors: torch.Tensor | None) -> None:
             f"the Triton {op} needs CUDA tensors (got {device}); on CPU set TRITON_INTERPRET=1 "
             "before importing kernels, or use backend='reference'"
         )
+    check_interpreter_dtype(op, *tensors)

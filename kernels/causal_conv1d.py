@@ -555,7 +555,7 @@ def causal_conv1d(
         The reference's errors, from the same checks (TypeError: non-tensor or non-floating inputs,
         bias of another dtype than weight; ValueError: wrong ndim or shapes, width 0, an unknown
         activation), and, for this backend only, ValueError for inputs on different devices or CPU
-        inputs without ``TRITON_INTERPRET=1``.
+        inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     _check_causal_conv1d_args(x, weight, bias, activation)
     check_devices("causal_conv1d", x, weight, bias)
@@ -595,7 +595,7 @@ def causal_conv1d_update(
         The reference's errors, from the same checks (TypeError: non-tensor or non-floating inputs,
         bias of another dtype than weight; ValueError: wrong ndim or shapes, width 0, an expanded
         conv_state, an unknown activation), and, for this backend only, ValueError for inputs on
-        different devices or CPU inputs without ``TRITON_INTERPRET=1``, and RuntimeError when called with grad mode on and
+        different devices or CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it), and RuntimeError when called with grad mode on and
         an input that requires grad (use torch.no_grad(), or backend='reference').
     """
     batch, dim, width = _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation)

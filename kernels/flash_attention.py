@@ -48,6 +48,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
+from kernels._host import check_interpreter_dtype
 from kernels.reference import (
     _check_attention_args,
     _compute_dtype,
@@ -874,7 +875,7 @@ def flash_attention(
         head_dim 0, Hq not a multiple of Hkv, Tk == 0, window <= 0, window with causal=False,
         non-finite scale), and, for this backend only, ValueError for head_dim above 256, a scale
         beyond float32's range, inputs on different devices or on a device other than CUDA / CPU,
-        or CPU inputs without ``TRITON_INTERPRET=1``.
+        or CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     # The reference's validation: same checks, order and messages.
     batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale = _check_attention_args(
@@ -902,5 +903,6 @@ def flash_attention(
             f"the Triton flash_attention needs CUDA tensors (got {q.device}); on CPU set TRITON_INTERPRET=1 "
             "before importing kernels, or use backend='reference'"
         )
+    check_interpreter_dtype("flash_attention", q, k, v)
 
     return _FlashAttentionFunction.apply(q, k, v, bool(causal), window, float(scale), bool(return_lse))

@@ -62,6 +62,7 @@ import triton
 import triton.language as tl
 
 from kernels._host import INTERPRET as _INTERPRET
+from kernels._host import check_interpreter_dtype
 from kernels.reference import _check_decode_args
 
 __all__ = ["flash_decode", "num_splits_heuristic", "split_config"]
@@ -407,7 +408,7 @@ def flash_decode(
         out of [0, max_blocks * block_size], a used page index outside [0, num_blocks), window <= 0,
         num_splits < 1), and, for this backend only, ValueError for head_dim outside [1, 256],
         inputs on different devices, batch or KV heads above 65535, or CPU inputs without
-        ``TRITON_INTERPRET=1``.
+        ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     # The reference's validation: same checks, order and messages.
     batch, num_heads, num_kv_heads, head_dim, _, block_size, max_blocks, scale = _check_decode_args(
@@ -430,6 +431,7 @@ def flash_decode(
             f"the Triton flash_decode needs CUDA tensors (got {q.device}); on CPU set TRITON_INTERPRET=1 "
             "before importing kernels, or use backend='reference'"
         )
+    check_interpreter_dtype("flash_decode", q)
     if batch > _MAX_GRID_YZ or num_kv_heads > _MAX_GRID_YZ:
         raise ValueError(
             f"the Triton flash_decode supports batch and num_kv_heads up to {_MAX_GRID_YZ}, got "

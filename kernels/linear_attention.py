@@ -74,7 +74,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import device_guard, strides
+from kernels._host import check_interpreter_dtype, device_guard, strides
 from kernels.reference import (
     _check_linear_attention_args,
     _check_linear_attention_step_args,
@@ -820,7 +820,7 @@ class _LinearAttentionFunction(torch.autograd.Function):
 
 
 def _check_backend(op: str, tensors: dict[str, torch.Tensor | None]) -> None:
-    """This backend's own limits: one device, and CUDA or the interpreter."""
+    """This backend's own limits: one device, CUDA or the interpreter, no bf16 under the interpreter."""
     present = {name: t for name, t in tensors.items() if t is not None}
     devices = {t.device for t in present.values()}
     if len(devices) > 1:
@@ -832,6 +832,7 @@ def _check_backend(op: str, tensors: dict[str, torch.Tensor | None]) -> None:
             f"the Triton {op} needs CUDA tensors (got {device}); on CPU set TRITON_INTERPRET=1 before "
             "importing kernels, or use backend='reference'"
         )
+    check_interpreter_dtype(op, *present.values())
 
 
 def linear_attention(
@@ -879,7 +880,7 @@ def linear_attention(
         mismatched dtypes, bad scale, a normalize or output_final_state that is not a bool, the wrong
         state form for ``normalize``; ValueError: wrong ndim or mismatched shapes), and, for this
         backend only, ValueError for tensors on different devices or CPU tensors without
-        ``TRITON_INTERPRET=1``.
+        ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     # The reference's validation: same checks, order and messages.
     batch, _, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(
@@ -934,7 +935,7 @@ def linear_attention_step(
         The reference's errors, from the same checks (TypeError: non-tensor / non-floating inputs or
         mismatched q / k / v dtypes, bad scale; ValueError: wrong ndim or mismatched shapes), and,
         for this backend only, ValueError for tensors on different devices or CPU tensors without
-        ``TRITON_INTERPRET=1``.
+        ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps)
     _check_backend("linear_attention_step", {"q": q, "k": k, "v": v, "state": state, "z_state": z_state})

@@ -825,7 +825,7 @@ def selective_scan(
         The reference's errors, from the same checks (TypeError: non-tensor or non-floating
         inputs, delta_softplus or return_last_state not a bool; ValueError: wrong ndim or any shape
         mismatch, G not dividing dim), and, for this backend only, ValueError for inputs on
-        different devices or CPU inputs without ``TRITON_INTERPRET=1``.
+        different devices or CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     _check_selective_scan_args(
         u, delta, A, B, C, D, z, delta_bias, initial_state, delta_softplus, return_last_state
@@ -877,7 +877,7 @@ def selective_state_update(
         The reference's errors, from the same checks (TypeError: non-tensor or non-floating
         inputs, dt_softplus not a bool; ValueError: wrong ndim or any shape mismatch, G not
         dividing dim), and, for this backend only, ValueError for inputs on different devices or
-        CPU inputs without ``TRITON_INTERPRET=1``, and RuntimeError when called with grad mode on and an input that
+        CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it), and RuntimeError when called with grad mode on and an input that
         requires grad (use torch.no_grad(), or backend='reference').
     """
     batch, dim, d_state, groups = _check_selective_state_update_args(
