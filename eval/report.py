@@ -808,9 +808,11 @@ def build_report(cfg: DictConfig) -> Report:
             "(test) table only; the (val) table holds the runs without any (train.py's validation)"
         )
     if any(g.by_loss for g in groups):
+        lossless = sorted(s.run for g in groups if g.by_loss for s in g.runs if s.loss is None)
+        missing = f"; runs without a val/loss record rank last: {', '.join(lossless)}" if lossless else ""
         notes.append(
             "Best over learning rates: text runs are ranked by their best validation loss (lowest first), "
-            "with next-token accuracy beside it"
+            f"with next-token accuracy beside it{missing}"
         )
     shared = [g for g in groups if len(g.runs) > len(g.lrs)]
     if shared:

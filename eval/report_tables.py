@@ -291,17 +291,17 @@ class LrGroup:
 
     @property
     def by_loss(self) -> bool:
-        """Whether the group is ranked by validation loss: every run records one (``task=text``)."""
-        return all(s.loss is not None for s in self.runs)
+        """Whether the group is ranked by validation loss: a run of it records one (``task=text``)."""
+        return any(s.loss is not None for s in self.runs)
 
     @property
     def best(self) -> RunScore:
         """The run of lowest validation loss where :attr:`by_loss`, else of highest accuracy; on a
-        tie the smaller learning rate, then the run name. A NaN (a diverged run) ranks below every
-        number."""
+        tie the smaller learning rate, then the run name. A NaN (a diverged run), or a missing loss
+        where the group is ranked by loss, ranks below every number."""
 
         def rank(s: RunScore) -> float:
-            value = s.loss if self.by_loss else -s.accuracy
+            value = (s.loss if s.loss is not None else math.nan) if self.by_loss else -s.accuracy
             return math.inf if math.isnan(value) else value
 
         return min(self.runs, key=lambda s: (rank(s), s.lr, s.run))

@@ -727,6 +727,14 @@ def test_text_runs_are_ranked_by_validation_loss(tmp_path):
     (table,) = [t for t in rep.tables if t.title.startswith("Best over learning rates")]
     assert table.rows == [["attention", "loss 1.490, acc 0.570 (lr 1e-3, 2 lrs)"]]
     assert any("text runs are ranked by their best validation loss" in n for n in rep.notes)
+    # A run without val/loss (and the best accuracy) ranks after every run with one, said in the note.
+    write_json(tmp_path / "text-lr1e-2" / "results" / "train.json", [
+        rec("text-lr1e-2", "attention", "val/acc", 0.6, 256, lr=1e-2, **common),
+    ])  # fmt: skip
+    rep = make_report(f"[{tmp_path}/text-*]", tmp_path / "text2", "task=text")
+    (table,) = [t for t in rep.tables if t.title.startswith("Best over learning rates")]
+    assert table.rows == [["attention", "loss 1.490, acc 0.570 (lr 1e-3, 3 lrs)"]]
+    assert any("runs without a val/loss record rank last: text-lr1e-2" in n for n in rep.notes)
     rep = make_report(f"[{tmp_path}/mqar-*]", tmp_path / "mqar")
     (table,) = [t for t in rep.tables if t.title.startswith("Best over learning rates")]
     assert table.rows == [["attention", "0.500 (lr 3e-3, 2 lrs)"]]
