@@ -8,7 +8,7 @@
 The issue's setting (issue 6): one query token per sequence, 32 query heads over 8 KV heads, head
 dim 128, bf16, every sequence of the batch at the full KV length. Providers, all in this process,
 each timed with ``triton.testing.do_bench`` (median, L2 flushed before every repetition) after a
-warm-up call that also autotunes:
+warm-up call (compilation; its tiles come from ``kernels.flash_decode.split_config``):
 
 - ``ours``: ``kernels.flash_decode(..., check_values=False, backend="triton")`` (as the mixers call
   it: no device sync to check the table's values) on a contiguous cache (one page of the whole

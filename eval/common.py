@@ -515,9 +515,10 @@ def check_default_output(cfg: DictConfig, ctx: EvalContext, name: str, variant: 
     """
     path = output_path(cfg, ctx, name, variant)
     if not cfg.output and path.is_dir():
+        example = path.parent / (name + (f".{variant}" if variant else "") + ".json")
         raise ValueError(
             f"the default output {path} is a directory, so the results cannot be written there; "
-            f"move it away or pass output=<a file path> (e.g. output={path.parent / (name + '.json')})"
+            f"move it away or pass output=<a file path> (e.g. output={example})"
         )
 
 

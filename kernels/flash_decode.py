@@ -144,6 +144,20 @@ def _num_sms(device: torch.device) -> int:
     return NOMINAL_SMS
 
 
+# Shared memory a program may opt into where there is none to query: an H100 / H200's 227 KB.
+NOMINAL_SHARED_BYTES = 232448
+
+
+@functools.cache
+def _max_shared_bytes(device: torch.device) -> int:
+    """Opt-in shared memory per program in bytes (Triton's own figure, which it checks launches
+    against); the nominal H200 figure off CUDA."""
+    if device.type != "cuda":
+        return NOMINAL_SHARED_BYTES
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
 # ----------------------------------------------------------------------------------------------
 # Tile configs
 # ----------------------------------------------------------------------------------------------
@@ -161,7 +175,12 @@ _RUNTIME_INTS = ["group", "block_size", "window", "num_splits"]
 
 
 def split_config(
-    dtype: torch.dtype, block_d: int, programs: int, keys_per_split: int, num_sms: int = NOMINAL_SMS
+    dtype: torch.dtype,
+    block_d: int,
+    programs: int,
+    keys_per_split: int,
+    num_sms: int = NOMINAL_SMS,
+    max_shared: int = NOMINAL_SHARED_BYTES,
 ) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages) of the split kernel, chosen from the launch's shape.
 
@@ -175,8 +194,11 @@ def split_config(
     (B1 8k) -> 32-key tiles in 3 stages, whole tiles with the loads of three in flight (18.2
     against 19.6 with 64); longer chunks -> 64-key tiles in 2 stages (B1 32k-128k, B8 8k-32k:
     within 1-5% of the best everywhere). Tiles stay <= 32 KB a stage in 16 bits (head dim 256:
-    64 keys). fp32 / fp64 inputs get 32-key tiles in 2 stages: their IEEE dots run on FMA units and
-    unroll completely. Under the interpreter, INTERPRET_BLOCK_N keys in one stage.
+    64 keys), and the K and V tiles of all stages within 3/4 of ``max_shared`` (the rest is room
+    for the compiler's own buffers): on a GPU with ~100 KB a program (sm_86 / sm_89) the key tile
+    halves, then the stages drop, until they fit; the H200's 227 KB fits every choice above. fp32 /
+    fp64 inputs get 32-key tiles in 2 stages: their IEEE dots run on FMA units and unroll
+    completely. Under the interpreter, INTERPRET_BLOCK_N keys in one stage.
 
     Args:
         dtype: q's dtype.
@@ -184,6 +206,7 @@ def split_config(
         programs: split programs launched, ``B * Hkv * num_splits``.
         keys_per_split: ``ceil(seqlen / num_splits)`` for the longest possible sequence.
         num_sms: streaming multiprocessors of the GPU.
+        max_shared: opt-in shared memory per program of the GPU, bytes.
 
     Returns:
         (BLOCK_N, num_warps, num_stages).
@@ -198,7 +221,14 @@ def split_config(
         block_n, stages = 32, 3
     else:
         block_n, stages = 64, 2
-    return min(block_n, 16384 // block_d), 4, stages
+    block_n = min(block_n, 16384 // block_d)
+    # K and V tiles of every stage, 16-bit: 2 * stages * block_n * block_d * 2 bytes.
+    while 4 * stages * block_n * block_d > max_shared * 3 // 4 and (block_n > 16 or stages > 1):
+        if block_n > 16:
+            block_n //= 2
+        else:
+            stages -= 1
+    return block_n, 4, stages
 
 
 # ----------------------------------------------------------------------------------------------
@@ -454,8 +484,9 @@ def flash_decode(
     qk_scale, qk_scale_lo = _split_fp64(scale) if fp64 else (scale * _LOG2E, 0.0)
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_n, num_warps, num_stages = split_config(
-        q.dtype, block_d, batch * num_kv_heads * num_splits, -(-seqlen // num_splits), _num_sms(q.device)
-    )
+        q.dtype, block_d, batch * num_kv_heads * num_splits, -(-seqlen // num_splits), _num_sms(q.device),
+        _max_shared_bytes(q.device),
+    )  # fmt: skip
     group = num_heads // num_kv_heads
     split = num_splits > 1
     acc_dtype = torch.float64 if fp64 else torch.float32

@@ -390,6 +390,10 @@ def flash_decode(
         q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits, check_values
     )
     capacity = max_blocks * block_size
+    if capacity == 0 or num_blocks == 0:
+        # No token can be cached (a pool or table of size 0): every sequence has length 0 (checked
+        # with check_values), and an empty sequence's output is 0.
+        return torch.zeros_like(q)
     seqlens = seqlens.long()
 
     dtype = _compute_dtype(q.dtype)

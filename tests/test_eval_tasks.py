@@ -201,7 +201,8 @@ def test_default_output_that_is_a_directory_is_refused_before_evaluating(
     ckpt = copy_of(passkey_run, "passkey.ckpt")
     (tmp_path / "passkey.ckpt.long_context.multikey_needle.json").mkdir()
     with pytest.raises(
-        ValueError, match=r"passkey\.ckpt\.long_context\.multikey_needle\.json is a directory"
+        ValueError,
+        match=r"passkey\.ckpt\.long_context\.multikey_needle\.json is a directory.*output=.*/long_context\.multikey_needle\.json\)",
     ):
         long_context_eval(
             compose_eval("long_context", [f"ckpt={ckpt}", "device=cpu", "task=multikey_needle"])

@@ -239,6 +239,11 @@ def test_empty_batch_and_all_empty_sequences():
         assert torch.equal(out, torch.zeros_like(out))
     out = decode((q[:0], k_cache, v_cache, table[:0], seqlens[:0]))
     assert out.shape == (0, 4, 64)
+    # A pool, a table or pages of size 0 hold no token: both backends return zeros.
+    for k0, t0 in ((k_cache[:0], table), (k_cache, table[:, :0]), (k_cache[:, :0], table)):
+        for backend in ("reference", "triton"):
+            out = kernels.flash_decode(q, k0, k0.clone(), t0, seqlens, backend=backend)
+            assert torch.equal(out, torch.zeros_like(out))
 
 
 def test_num_splits_heuristic():
@@ -267,6 +272,16 @@ def test_split_config(monkeypatch):
     assert fd.split_config(torch.float16, 128, 8 * 64, 128, 132) == (32, 4, 3)  # B1 8k: short chunks
     assert fd.split_config(torch.bfloat16, 128, 8 * 64, 2048, 132) == (64, 4, 2)  # B1 128k
     assert fd.split_config(torch.float32, 128, 8, 4096, 132) == (32, 4, 2)
+    # ~100 KB of shared memory (sm_86 / sm_89): the tiles shrink until K and V of all stages fit 3/4 of it.
+    small = 101376
+    assert fd.split_config(torch.bfloat16, 128, 8 * 16, 128, 132, small) == (64, 4, 2)
+    assert fd.split_config(torch.bfloat16, 256, 8 * 64, 128, 132, small) == (16, 4, 3)
+    assert fd.split_config(torch.bfloat16, 256, 8 * 64, 2048, 132, small) == (32, 4, 2)
+    for block_d in (16, 64, 128, 256):  # the H200's 227 KB keeps every choice of the sweep
+        for programs, keys in ((8, 64), (1000, 128), (1000, 4096)):
+            assert fd.split_config(torch.float16, block_d, programs, keys, 132) == fd.split_config(
+                torch.float16, block_d, programs, keys, 132, 1 << 30
+            )
     assert fd.split_config(torch.float64, 64, 1000, 16, 132) == (32, 4, 2)
 
 
