@@ -60,6 +60,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import driver
 
 from kernels._host import INTERPRET as _INTERPRET
 from kernels._host import check_interpreter_dtype
@@ -155,7 +156,7 @@ def _max_shared_bytes(device: torch.device) -> int:
     if device.type != "cuda":
         return NOMINAL_SHARED_BYTES
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
 
 
 # ----------------------------------------------------------------------------------------------
