@@ -499,10 +499,15 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Mapping[str, 
         print(line)
 
 
+def _output_suffix(name: str, variant: str | None) -> str:
+    """``name`` or ``name.variant``: the part of a default record file name after the checkpoint's."""
+    return name if variant is None else f"{name}.{variant}"
+
+
 def output_path(cfg: DictConfig, ctx: EvalContext, name: str, variant: str | None = None) -> Path:
     """Where :func:`finish` writes the records: ``cfg.output``, else ``<checkpoint>.<name>.json``
     next to the checkpoint (``<checkpoint>.<name>.<variant>.json`` with a ``variant``)."""
-    suffix = name if variant is None else f"{name}.{variant}"
+    suffix = _output_suffix(name, variant)
     return Path(cfg.output) if cfg.output else ctx.ckpt.with_name(f"{ctx.ckpt.name}.{suffix}.json")
 
 
@@ -515,7 +520,7 @@ def check_default_output(cfg: DictConfig, ctx: EvalContext, name: str, variant: 
     """
     path = output_path(cfg, ctx, name, variant)
     if not cfg.output and path.is_dir():
-        example = path.parent / (name + (f".{variant}" if variant else "") + ".json")
+        example = path.parent / f"{_output_suffix(name, variant)}.json"
         raise ValueError(
             f"the default output {path} is a directory, so the results cannot be written there; "
             f"move it away or pass output=<a file path> (e.g. output={example})"
