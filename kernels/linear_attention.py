@@ -18,7 +18,22 @@ Hardware-Efficient Training", Sec. 3 / eq. 3-4 with the gates set to 1; fla's ``
 
     O_c = scale (Q_c S_c + (Q_c K_c^T * M) V_c),   S_{c+1} = S_c + K_c^T V_c,   M = tril(ones(C, C))
 
-Forward, two launches:
+Forward for K <= 128 (K <= 64 with normalize), fused (``uses_fused_forward``):
+
+- ``linear_attention_segment_kernel``: the sequence is cut into a few segments of whole chunks
+  (``num_segments``: enough (V tile, segment, head) programs to fill the SMs once); one program per
+  (K tile, V tile, segment, batch * head) sums its segment's K_c^T V_c in fp32. Skipped with one
+  segment (B8 T2048 H32 on an H200).
+- ``linear_attention_fused_fwd_kernel``: one program per (V tile, segment, batch * head) starts from
+  the initial state plus the earlier segments' sums, keeps the whole (K, V tile) state in fp32
+  registers and walks its chunks in order: O_c from S_c and the masked (C x C) scores, then
+  S_{c+1} = S_c + K_c^T V_c. The per-chunk states never make the round trip through HBM that the
+  two-kernel path takes (written once for the backward, only when autograd will need them);
+  1.25x fla's forward at B2 T8192 H16 D128 and 1.8x at B8 T2048 H32 D64 with the states stored
+  (H200, 2026-12-01). Wider K would not fit the state in registers; normalised K = 128 spilled
+  (its q . z reload): both keep the two launches below.
+
+Forward otherwise, two launches:
 
 - ``linear_attention_state_kernel``: one program per (K tile, V tile, batch * head) runs over the
   chunks in order, keeps S in fp32 registers and writes every S_c (in the input dtype: it only
@@ -418,6 +433,182 @@ def linear_attention_fwd_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
+# Fused forward (K <= 128; K <= 64 with normalize): segment sums, then one scan-and-output kernel
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["num_heads", "T", "chunks_per_seg"])
+def linear_attention_segment_kernel(
+    K, V, SEG, ZSEG,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_vb, stride_vt, stride_vh, stride_ve,
+    num_heads, T, D_DIM, E_DIM, chunks_per_seg,
+    HAS_Z: tl.constexpr, FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """SEG[bh, g] = sum over the chunks of segment g of K_c^T V_c (and ZSEG[bh, g] = the sum of those
+    rows of K with HAS_Z), in the accumulator dtype; grid (cdiv(D, BLOCK_D) * cdiv(E, BLOCK_E) *
+    (n_seg - 1), H, B): the last segment's sum is never needed. SEG (B*H, n_seg - 1, D, E) and ZSEG
+    (B*H, n_seg - 1, D) contiguous. Segments hold ``chunks_per_seg`` chunks of BLOCK_T tokens.
+    """
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    n_d = tl.cdiv(D_DIM, BLOCK_D)
+    n_e = tl.cdiv(E_DIM, BLOCK_E)
+    pid = tl.program_id(0)
+    pid_e = pid % n_e
+    pid_d = (pid // n_e) % n_d
+    seg = pid // (n_e * n_d)
+    n_prev = tl.num_programs(0) // (n_e * n_d)  # n_seg - 1
+    head = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    bh = batch * num_heads + head
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    d_mask = offs_d < D_DIM
+    z_cols = tl.arange(0, 16)
+    # The row sums of K come from the tensor cores (see the state kernel): K_c^T times a
+    # (BLOCK_T, 16) tile whose column 0 is ones and the rest zeros, so z is the sum of z_acc's row.
+    ones = tl.where(z_cols[None, :] == 0, tl.full([BLOCK_T, 16], 1.0, dtype=ACC), 0.0).to(K.dtype.element_ty)
+    s = tl.zeros([BLOCK_D, BLOCK_E], dtype=ACC)
+    z_acc = tl.zeros([BLOCK_D, 16], dtype=ACC)
+    k_base = K + batch * stride_kb + head * stride_kh
+    v_base = V + batch * stride_vb + head * stride_vh
+    first = seg * chunks_per_seg
+    for chunk in range(first, first + chunks_per_seg):
+        offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_mask = offs_t < T
+        k_t = tl.load(
+            k_base + offs_d[:, None] * stride_kd + offs_t[None, :] * stride_kt,
+            mask=d_mask[:, None] & t_mask[None, :], other=0.0
+        )  # (BLOCK_D, BLOCK_T): K_c^T through its strides
+        v = tl.load(
+            v_base + offs_t[:, None] * stride_vt + offs_e[None, :] * stride_ve,
+            mask=t_mask[:, None] & (offs_e < E_DIM)[None, :], other=0.0
+        )
+        s = tl.dot(k_t, v, s, input_precision=DOT_PRECISION, out_dtype=ACC)
+        if HAS_Z:
+            z_acc += tl.dot(k_t, ones, input_precision=DOT_PRECISION, out_dtype=ACC)
+    row = bh * n_prev + seg
+    tl.store(
+        SEG + row * (D_DIM * E_DIM) + offs_d[:, None] * E_DIM + offs_e[None, :], s,
+        mask=d_mask[:, None] & (offs_e < E_DIM)[None, :]
+    )
+    if HAS_Z:
+        tl.store(ZSEG + row * D_DIM + offs_d, tl.sum(z_acc, 1), mask=d_mask & (tl.zeros_like(offs_d) + pid_e == 0))
+
+
+@triton.jit(do_not_specialize=["num_heads", "T", "chunks_per_seg"])
+def linear_attention_fused_fwd_kernel(
+    Q, K, V, S_IN, Z_IN, SEG, ZSEG, STATES, ZSTATES, Out, DEN, S_OUT, Z_OUT,
+    stride_qb, stride_qt, stride_qh, stride_qd,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_vb, stride_vt, stride_vh, stride_ve,
+    stride_ob, stride_ot, stride_oh, stride_oe,
+    stride_sb, stride_sh, stride_sd, stride_se,
+    stride_zb, stride_zh, stride_zd,
+    num_heads, T, D_DIM, E_DIM, chunks_per_seg, scale, scale_lo, eps,
+    HAS_S_IN: tl.constexpr, HAS_Z_IN: tl.constexpr, NORMALIZE: tl.constexpr, STORE_STATES: tl.constexpr,
+    FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """The state scan and the output of one (V tile, segment, batch * head) in one pass; grid
+    (cdiv(E, BLOCK_E) * n_seg, H, B), BLOCK_D >= D (the whole (D, BLOCK_E) state stays in registers).
+
+    S starts as S_IN plus SEG[bh, g'] for every earlier segment g' (z likewise), then for each chunk
+    c of the segment: O_c = scale (Q_c S_c + (Q_c K_c^T * M) V_c) [/ den], S_{c+1} = S_c + K_c^T V_c.
+    The last segment writes the final S_OUT (B*H, D, E) and Z_OUT (B*H, D) in the accumulator dtype.
+    With STORE_STATES, S_c (input dtype) and z_c (accumulator dtype) go to STATES (B*H, n_chunks,
+    D, E) / ZSTATES (B*H, n_chunks, D) for the backward; with NORMALIZE, den to DEN (B*H, T).
+    """
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    n_e = tl.cdiv(E_DIM, BLOCK_E)
+    pid_e = tl.program_id(0) % n_e
+    seg = tl.program_id(0) // n_e
+    n_seg = tl.num_programs(0) // n_e
+    head = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    bh = batch * num_heads + head
+    n_chunks = tl.cdiv(T, BLOCK_T)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    d_mask = offs_d < D_DIM
+    e_mask = offs_e < E_DIM
+    de_mask = d_mask[:, None] & e_mask[None, :]
+    z_first = d_mask & (tl.zeros_like(offs_d) + pid_e == 0)  # z is stored by the first V tile only
+    state_offs = offs_d[:, None] * E_DIM + offs_e[None, :]
+
+    s = tl.zeros([BLOCK_D, BLOCK_E], dtype=ACC)
+    z = tl.zeros([BLOCK_D], dtype=ACC)
+    if HAS_S_IN:
+        s = tl.load(
+            S_IN + batch * stride_sb + head * stride_sh + offs_d[:, None] * stride_sd + offs_e[None, :] * stride_se,
+            mask=de_mask, other=0.0
+        ).to(ACC)
+    if NORMALIZE and HAS_Z_IN:
+        z = tl.load(Z_IN + batch * stride_zb + head * stride_zh + offs_d * stride_zd, mask=d_mask, other=0.0).to(ACC)
+    for prev in range(0, seg):
+        row = bh * (n_seg - 1) + prev
+        s += tl.load(SEG + row * (D_DIM * E_DIM) + state_offs, mask=de_mask, other=0.0)
+        if NORMALIZE:
+            z += tl.load(ZSEG + row * D_DIM + offs_d, mask=d_mask, other=0.0)
+    # z rides in column 0 of a (BLOCK_D, 16) tile that the tensor cores update (the segment kernel's
+    # ones trick); tl.sum(z_acc, 1) reads it back.
+    z_cols = tl.arange(0, 16)
+    z_acc = tl.where(z_cols[None, :] == 0, z[:, None], 0.0)
+    ones = tl.where(z_cols[None, :] == 0, tl.full([BLOCK_T, 16], 1.0, dtype=ACC), 0.0).to(K.dtype.element_ty)
+
+    q_base = Q + batch * stride_qb + head * stride_qh
+    k_base = K + batch * stride_kb + head * stride_kh
+    v_base = V + batch * stride_vb + head * stride_vh
+    o_base = Out + batch * stride_ob + head * stride_oh
+    first = seg * chunks_per_seg
+    for chunk in range(first, tl.minimum(first + chunks_per_seg, n_chunks)):
+        offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_mask = offs_t < T
+        q = tl.load(
+            q_base + offs_t[:, None] * stride_qt + offs_d[None, :] * stride_qd,
+            mask=t_mask[:, None] & d_mask[None, :], other=0.0
+        )
+        k_t = tl.load(
+            k_base + offs_d[:, None] * stride_kd + offs_t[None, :] * stride_kt,
+            mask=d_mask[:, None] & t_mask[None, :], other=0.0
+        )  # (BLOCK_D, BLOCK_T): K_c^T through its strides, operand of both Q K^T and K^T V
+        v = tl.load(
+            v_base + offs_t[:, None] * stride_vt + offs_e[None, :] * stride_ve,
+            mask=t_mask[:, None] & e_mask[None, :], other=0.0
+        )
+        # S_c in the input dtype: the rounding the tensor-core product Q_c S_c applies anyway, and
+        # what the two-kernel path stores.
+        s_c = s.to(Q.dtype.element_ty)
+        if STORE_STATES:
+            tl.store(STATES + (bh * n_chunks + chunk) * (D_DIM * E_DIM) + state_offs, s_c, mask=de_mask)
+            if NORMALIZE:
+                tl.store(ZSTATES + (bh * n_chunks + chunk) * D_DIM + offs_d, tl.sum(z_acc, 1), mask=z_first)
+        scores = tl.dot(q, k_t, input_precision=DOT_PRECISION, out_dtype=ACC)
+        scores = tl.where(offs_t[:, None] >= offs_t[None, :], scores, 0.0)
+        o = tl.dot(q, s_c, input_precision=DOT_PRECISION, out_dtype=ACC)
+        o = _scaled(tl.dot(scores.to(v.dtype), v, o, input_precision=DOT_PRECISION, out_dtype=ACC), scale, scale_lo, FP64)
+        if NORMALIZE:
+            # q . z_c from q's own load (a tl.sum over the dot operand is miscompiled on Hopper) and the
+            # in-chunk part from the fp32 masked scores. A tensor-core q . z (z split in two 16-bit
+            # halves) made Triton 3.6 emit illegal addresses on the H200 (2026-12-01).
+            qz = tl.sum(_own_copy(q_base, offs_t, offs_d, stride_qt, stride_qd, T, D_DIM, ACC) * tl.sum(z_acc, 1)[None, :], 1)
+            den = _scaled(tl.sum(scores, 1) + qz, scale, scale_lo, FP64) + eps
+            den = tl.where(t_mask, den, 1.0)  # padding rows (never stored) must not divide 0 by 0
+            o = o / den[:, None]
+            tl.store(DEN + bh * T + offs_t, den, mask=t_mask & (tl.zeros_like(offs_t) + pid_e == 0))
+            z_acc += tl.dot(k_t, ones, input_precision=DOT_PRECISION, out_dtype=ACC)
+        tl.store(o_base + offs_t[:, None] * stride_ot + offs_e[None, :] * stride_oe, o.to(Out.dtype.element_ty),
+                 mask=t_mask[:, None] & e_mask[None, :])
+        s = tl.dot(k_t, v, s, input_precision=DOT_PRECISION, out_dtype=ACC)
+
+    if seg == n_seg - 1:
+        tl.store(S_OUT + bh * (D_DIM * E_DIM) + state_offs, s, mask=de_mask)
+        if NORMALIZE:
+            tl.store(Z_OUT + bh * D_DIM + offs_d, tl.sum(z_acc, 1), mask=z_first)
+
+
+# ----------------------------------------------------------------------------------------------
 # Backward
 # ----------------------------------------------------------------------------------------------
 
@@ -712,9 +903,112 @@ def _scan(x, y, w, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool, sc
     return states, zstates, s_out, z_out
 
 
-def _forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float):
+# The fused forward holds the whole (K, BLOCK_E) state in registers: K up to 128, and up to 64 with
+# normalize, whose q . z reload spilled at K = 128 (H200, 2026-12-01, B2 T8192 H16: 276 us fused
+# against 233 us in two kernels; at K = V = 64 fused 115 us against 190 us).
+FUSED_MAX_K = 128
+FUSED_MAX_K_NORMALIZED = 64
+# Under the interpreter, the SM count the segment rule sees: small test shapes split into segments.
+INTERPRET_SMS = 4
+
+
+def uses_fused_forward(k_dim: int, v_dim: int, normalize: bool) -> bool:
+    """Whether :func:`linear_attention`'s forward runs the fused scan-and-output kernel (else the
+    state kernel plus the chunk-parallel output kernel). K, V >= 1 and K padded to a power of two
+    at most FUSED_MAX_K (FUSED_MAX_K_NORMALIZED with normalize)."""
+    limit = FUSED_MAX_K_NORMALIZED if normalize else FUSED_MAX_K
+    return k_dim > 0 and v_dim > 0 and _pad(k_dim) <= limit
+
+
+def fused_config(dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK_E, num_warps, num_stages) of the fused forward kernel for inputs of ``dtype``.
+
+    16-bit: 64-wide V tiles in 3 stages, 4 warps (H200, 2026-12-01, bf16, fastest of 32 / 64 / 128 x
+    4 / 8 warps x 2 / 3 stages at B2 T8192 H16 D128 and B8 T2048 H32 D64 with the states stored).
+    fp32 / fp64 (IEEE products on the FMA units): 32-wide tiles, 2 stages. Interpreter: one stage.
+    """
+    if _INTERPRET:
+        return INTERPRET_BLOCK, 4, 1
+    if dtype in (torch.float16, torch.bfloat16):
+        return 64, 4, 3
+    return 32, 4, 2
+
+
+def num_segments(programs: int, n_chunks: int, num_sms: int) -> int:
+    """Segments the sequence is cut into for the fused forward: enough that the (V tile, segment,
+    head) programs fill the SMs once, ``max(1, min(n_chunks, num_sms // programs))``.
+
+    More segments add parallelism but cost a segment-sum pass over K and V and the prefix loads;
+    one wave was the fastest split measured (H200, 2026-12-01: B2 T8192 H16 D128, 64 programs ->
+    2 segments, 157 us against 158 / 188 us for 4 / 8; B8 T2048 H32 D64, 256 programs -> 1, 96 us
+    against 140 us for 2).
+    """
+    return max(1, min(n_chunks, num_sms // max(programs, 1)))
+
+
+def _sm_count(device: torch.device) -> int:
+    if _INTERPRET:
+        return INTERPRET_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _fused_forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, store_states: bool):
+    """The fused path of :func:`_forward` (same returns); states and zstates are None unless
+    ``store_states`` (only the backward reads them)."""
+    batch, seqlen, num_heads, k_dim = q.shape
+    v_dim = v.shape[3]
+    acc = _compute_dtype(q.dtype)
+    fp64 = acc == torch.float64
+    device = q.device
+    chunk = chunk_size(q.dtype)
+    n_chunks = triton.cdiv(seqlen, chunk)
+    block_e, num_warps, num_stages = fused_config(q.dtype)
+    e_tiles = triton.cdiv(v_dim, block_e)
+    n_seg = num_segments(batch * num_heads * e_tiles, n_chunks, _sm_count(device))
+    chunks_per_seg = triton.cdiv(n_chunks, n_seg) if n_chunks else 1
+    n_seg = max(1, triton.cdiv(n_chunks, chunks_per_seg))  # no empty trailing segment
+
+    o = torch.empty((batch, seqlen, num_heads, v_dim), dtype=q.dtype, device=device)
+    kv = torch.empty((batch, num_heads, k_dim, v_dim), dtype=acc, device=device)
+    z = torch.empty((batch, num_heads, k_dim), dtype=acc, device=device) if normalize else None
+    den = torch.empty((batch, num_heads, seqlen), dtype=acc, device=device) if normalize else None
+    states = zstates = None
+    if store_states:
+        states = torch.empty((batch, num_heads, n_chunks, k_dim, v_dim), dtype=q.dtype, device=device)
+        if normalize:
+            zstates = torch.empty((batch, num_heads, n_chunks, k_dim), dtype=acc, device=device)
+    if batch * num_heads == 0:
+        return o, kv, z, states, zstates, den
+    seg = zseg = kv  # dummies when there is one segment (never read)
+    dot_precision = _dot_precision(q.dtype)
+    if n_seg > 1:
+        seg = torch.empty((batch * num_heads, n_seg - 1, k_dim, v_dim), dtype=acc, device=device)
+        zseg = torch.empty((batch * num_heads, n_seg - 1, k_dim), dtype=acc, device=device) if normalize else kv
+        block_d = min(_pad(k_dim), block_e)
+        linear_attention_segment_kernel[(triton.cdiv(k_dim, block_d) * e_tiles * (n_seg - 1), num_heads, batch)](
+            k, v, seg, zseg, *k.stride(), *v.stride(), num_heads, seqlen, k_dim, v_dim, chunks_per_seg,
+            HAS_Z=normalize, FP64=fp64, DOT_PRECISION=dot_precision, BLOCK_T=chunk, BLOCK_D=block_d,
+            BLOCK_E=block_e, num_warps=num_warps, num_stages=num_stages,
+        )  # fmt: skip
+    dummy = kv
+    linear_attention_fused_fwd_kernel[(e_tiles * n_seg, num_heads, batch)](
+        q, k, v, kv0 if kv0 is not None else dummy, z0 if z0 is not None else dummy, seg, zseg,
+        states if store_states else dummy, zstates if zstates is not None else dummy, o,
+        den if normalize else dummy, kv, z if normalize else dummy,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *strides(kv0, 4), *strides(z0, 3),
+        num_heads, seqlen, k_dim, v_dim, chunks_per_seg, *_scale_args(scale, fp64), eps,
+        HAS_S_IN=kv0 is not None, HAS_Z_IN=z0 is not None, NORMALIZE=normalize, STORE_STATES=store_states,
+        FP64=fp64, DOT_PRECISION=dot_precision, BLOCK_T=chunk, BLOCK_D=_pad(k_dim), BLOCK_E=block_e,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return o, kv, z, states, zstates, den
+
+
+def _forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, store_states: bool):
     """o (B, T, H, V), final kv, final z (or None), and what the backward needs:
     states, zstates (or None), den (B, H, T) (or None)."""
+    if uses_fused_forward(q.shape[3], v.shape[3], normalize):
+        return _fused_forward(q, k, v, kv0, z0, scale, normalize, eps, store_states)
     batch, seqlen, num_heads, k_dim = q.shape
     v_dim = v.shape[3]
     chunk = chunk_size(q.dtype)
@@ -795,9 +1089,9 @@ class _LinearAttentionFunction(torch.autograd.Function):
     """Autograd glue: saves q, k, v, the per-chunk states (and o, z states, den when normalising)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, kv0, z0, scale, normalize, eps):
+    def forward(ctx, q, k, v, kv0, z0, scale, normalize, eps, store_states):
         with device_guard(q):
-            o, kv, z, states, zstates, den = _forward(q, k, v, kv0, z0, scale, normalize, eps)
+            o, kv, z, states, zstates, den = _forward(q, k, v, kv0, z0, scale, normalize, eps, store_states)
         ctx.save_for_backward(q, k, v, o if normalize else None, states, zstates, den)
         ctx.scale, ctx.normalize = scale, normalize
         ctx.state_dtypes = (kv0.dtype if kv0 is not None else None, z0.dtype if z0 is not None else None)
@@ -816,7 +1110,7 @@ class _LinearAttentionFunction(torch.autograd.Function):
         kv0_dtype, z0_dtype = ctx.state_dtypes
         dkv0 = dkv0.to(kv0_dtype) if ctx.needs_input_grad[3] else None
         dz0 = dz0.to(z0_dtype) if ctx.needs_input_grad[4] else None
-        return dq, dk, dv, dkv0, dz0, None, None, None
+        return dq, dk, dv, dkv0, dz0, None, None, None, None
 
 
 def _check_backend(op: str, tensors: dict[str, torch.Tensor | None]) -> None:
@@ -894,7 +1188,13 @@ def linear_attention(
     )
 
     normalize = bool(normalize)
-    o, kv, z = _LinearAttentionFunction.apply(q, k, v, kv0, z0, float(scale), normalize, float(eps))
+    # The per-chunk states are only written when a backward can follow.
+    store_states = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, kv0, z0)
+    )
+    o, kv, z = _LinearAttentionFunction.apply(
+        q, k, v, kv0, z0, float(scale), normalize, float(eps), store_states
+    )
     if not output_final_state:
         return o
     return o, ((kv, z) if normalize else kv)

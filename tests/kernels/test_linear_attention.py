@@ -615,6 +615,35 @@ def test_empty_sequence_and_batch(normalize):
             assert torch.equal(g, torch.full_like(g, 2.0))
 
 
+def test_fused_forward_rule_and_segments():
+    # K up to 128 (64 normalised) takes the fused scan-and-output kernel, wider K the two-kernel
+    # path; CASES cover both, and segments (interpreter: 4 SMs, so one program splits into 4).
+    assert la.uses_fused_forward(128, 512, False) and not la.uses_fused_forward(129, 16, False)
+    assert la.uses_fused_forward(64, 16, True) and not la.uses_fused_forward(80, 16, True)
+    assert not la.uses_fused_forward(0, 16, False) and not la.uses_fused_forward(16, 0, False)
+    assert la.num_segments(64, 128, 132) == 2  # B2 H16, 2 V tiles: one wave of 128 programs
+    assert la.num_segments(256, 32, 132) == 1
+    assert la.num_segments(1, 3, 132) == 3  # never more segments than chunks
+    assert la.num_segments(0, 5, 4) == 4
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
+@pytest.mark.parametrize("k_dim", [16, 80], ids=["K16", "K80"])
+def test_forward_without_grad_matches_training_forward(normalize, k_dim):
+    # Without autograd the fused forward skips the per-chunk states; the output and final state
+    # must be bitwise those of the forward that stores them (T = 70: 5 chunks in 4 segments).
+    q, k, v, state = make_inputs(1, 70, 1, k_dim, 24, torch.float32, normalize=normalize, init=True)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    kwargs = dict(normalize=normalize, initial_state=state, output_final_state=True, backend="triton")
+    o_train, s_train = kernels.linear_attention(*leaves, **kwargs)
+    with torch.no_grad():
+        o_eval, s_eval = kernels.linear_attention(*leaves, **kwargs)
+    assert o_train.requires_grad and not o_eval.requires_grad
+    assert torch.equal(o_train.detach(), o_eval)
+    for a, b in zip(s_train if normalize else (s_train,), s_eval if normalize else (s_eval,), strict=True):
+        assert torch.equal(a.detach(), b)
+
+
 # ----------------------------------------------------------------------------------------------
 # Dispatch and errors
 # ----------------------------------------------------------------------------------------------
