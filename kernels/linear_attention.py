@@ -1162,8 +1162,11 @@ def linear_attention(
             normalize=True, or None (zeros); any float dtype (computed in fp32, fp64 for fp64 inputs).
         output_final_state: also return the state after the last token, in the same form.
 
-    Any K, V >= 1 (tiled; padded to powers of two with masks) and any T >= 0. Accumulation and states
-    are fp32 (fp64 for fp64 inputs); 16-bit products run on the tensor cores.
+    Any K, V >= 1 (tiled; padded to powers of two with masks) and any T >= 0. Accumulation, the
+    running state and the returned states are fp32 (fp64 for fp64 inputs); 16-bit products run on
+    the tensor cores, so the per-chunk states they multiply are rounded to the input dtype: with
+    fp16 inputs a state entry beyond fp16's range (65504) overflows to inf (bf16 has fp32's range;
+    fla's chunked kernels round alike).
 
     Returns:
         o (B, T, H, V) in q's dtype, or (o, final_state) with output_final_state; the state is kv
@@ -1172,9 +1175,9 @@ def linear_attention(
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor / non-floating inputs,
         mismatched dtypes, bad scale, a normalize or output_final_state that is not a bool, the wrong
-        state form for ``normalize``; ValueError: wrong ndim or mismatched shapes), and, for this
-        backend only, ValueError for tensors on different devices or CPU tensors without
-        ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
+        state form for ``normalize``; ValueError: wrong ndim or mismatched shapes, K = 0 without a
+        scale), and, for this backend only, ValueError for tensors on different devices or CPU
+        tensors without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     # The reference's validation: same checks, order and messages.
     batch, _, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(
@@ -1233,9 +1236,9 @@ def linear_attention_step(
 
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor / non-floating inputs or
-        mismatched q / k / v dtypes, bad scale; ValueError: wrong ndim or mismatched shapes), and,
-        for this backend only, ValueError for tensors on different devices or CPU tensors without
-        ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
+        mismatched q / k / v dtypes, bad scale; ValueError: wrong ndim or mismatched shapes, K = 0
+        without a scale), and, for this backend only, ValueError for tensors on different devices or
+        CPU tensors without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps)
     _check_backend("linear_attention_step", {"q": q, "k": k, "v": v, "state": state, "z_state": z_state})

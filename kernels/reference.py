@@ -996,8 +996,17 @@ def _check_linear_attention_args(q, k, v, scale, normalize=True, eps=1e-10, outp
         )
     v_dim = v.shape[3]
     if scale is None:
-        scale = k_dim**-0.5
+        scale = _default_linear_scale(k_dim)
     return batch, seqlen, num_heads, k_dim, v_dim, scale
+
+
+def _default_linear_scale(k_dim: int) -> float:
+    """``k_dim ** -0.5``; ValueError for K = 0, which has no default scale."""
+    if k_dim == 0:
+        raise ValueError(
+            "q and k have K = 0 features, so the default scale K ** -0.5 is undefined; pass scale="
+        )
+    return k_dim**-0.5
 
 
 def _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps=1e-10):
@@ -1026,7 +1035,7 @@ def _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps=1e-10)
         if z_state.shape != q.shape:
             raise ValueError(f"z_state must be (B, H, K) = {tuple(q.shape)}, got {tuple(z_state.shape)}")
     if scale is None:
-        scale = k_dim**-0.5
+        scale = _default_linear_scale(k_dim)
     return scale
 
 
@@ -1069,7 +1078,8 @@ def linear_attention(
         TypeError: non-tensor / non-floating inputs, mismatched dtypes, the wrong state form for
             ``normalize`` (e.g. a bare tensor with normalize=True), a scale or eps that is not a
             number, a normalize or output_final_state that is not a bool.
-        ValueError: wrong ndim or mismatched shapes, a non-finite scale, eps < 0 or not finite.
+        ValueError: wrong ndim or mismatched shapes, a non-finite scale, eps < 0 or not finite, K = 0
+            without an explicit scale.
     """
     batch, seqlen, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(
         q, k, v, scale, normalize, eps, output_final_state
@@ -1143,7 +1153,8 @@ def linear_attention_step(
     Raises:
         TypeError: non-tensor / non-floating inputs or mismatched q / k / v dtypes, a scale or eps
             that is not a number.
-        ValueError: wrong ndim or mismatched shapes, a non-finite scale, eps < 0 or not finite.
+        ValueError: wrong ndim or mismatched shapes, a non-finite scale, eps < 0 or not finite, K = 0
+            without an explicit scale.
     """
     scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps)
 

@@ -631,7 +631,7 @@ def test_fused_forward_rule_and_segments():
 @pytest.mark.parametrize("k_dim", [16, 80], ids=["K16", "K80"])
 def test_forward_without_grad_matches_training_forward(normalize, k_dim):
     # Without autograd the fused forward skips the per-chunk states; the output and final state
-    # must be bitwise those of the forward that stores them (T = 70: 5 chunks in 4 segments).
+    # must be bitwise those of the forward that stores them (T = 70: 5 chunks in 3 segments).
     q, k, v, state = make_inputs(1, 70, 1, k_dim, 24, torch.float32, normalize=normalize, init=True)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     kwargs = dict(normalize=normalize, initial_state=state, output_final_state=True, backend="triton")
@@ -704,6 +704,20 @@ def test_errors_identical_to_reference(args, kwargs):
     reference_error = _call("linear_attention", "reference", *args, **kwargs)
     assert reference_error is not None
     assert triton_error == reference_error
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_zero_features_need_an_explicit_scale(backend):
+    # K = 0 has no default scale K ** -0.5: a clear error, not Python's ZeroDivisionError.
+    q = _t(1, 4, 2, 0)
+    v = _t(1, 4, 2, 6)
+    for op, args in (
+        ("linear_attention", (q, q, v)),
+        ("linear_attention_step", (q[:, 0], q[:, 0], v[:, 0], _t(1, 2, 0, 6))),
+    ):
+        error = _call(op, backend, *args)
+        assert error is not None and error[0] is ValueError and "pass scale=" in error[1], (op, error)
+        assert _call(op, backend, *args, scale=1.0) is None  # an explicit scale works
 
 
 STEP_ARGS = (_t(2, 3, 8), _t(2, 3, 8), _t(2, 3, 6), _t(2, 3, 8, 6))
