@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import torch
@@ -19,6 +20,15 @@ def strides(t: torch.Tensor | None, ndim: int) -> tuple[int, ...]:
 def device_guard(t: torch.Tensor):
     """``torch.cuda.device`` of a CUDA tensor (launches go to its GPU); a no-op context otherwise."""
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+@functools.cache
+def sm_count(device: torch.device, fallback: int) -> int:
+    """Streaming multiprocessors of a CUDA device (cached: the query costs host time on every
+    eager launch otherwise); ``fallback`` for any other device (the CPU under the interpreter)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return fallback
 
 
 def check_interpreter_dtype(op: str, *tensors: torch.Tensor | None) -> None:

@@ -63,7 +63,7 @@ import triton.language as tl
 from triton.runtime import driver
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import check_interpreter_dtype
+from kernels._host import check_interpreter_dtype, sm_count
 from kernels.reference import _check_decode_args
 
 __all__ = ["flash_decode", "num_splits_heuristic", "split_config"]
@@ -136,13 +136,6 @@ def num_splits_heuristic(batch: int, num_kv_heads: int, seqlen: int, num_sms: in
             best, best_efficiency = splits, efficiency
         splits *= 2
     return best
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return NOMINAL_SMS
 
 
 # Shared memory a program may opt into where there is none to query: an H100 / H200's 227 KB.
@@ -476,7 +469,7 @@ def flash_decode(
     if window is not None:
         seqlen = min(seqlen, window)
     if num_splits is None:
-        num_splits = num_splits_heuristic(batch, num_kv_heads, seqlen, _num_sms(q.device))
+        num_splits = num_splits_heuristic(batch, num_kv_heads, seqlen, sm_count(q.device, NOMINAL_SMS))
     # Splits past the longest possible sequence would all be empty; the grid axis caps it anyway.
     num_splits = min(num_splits, max(seqlen, 1), _MAX_GRID_YZ)
 
@@ -485,7 +478,7 @@ def flash_decode(
     qk_scale, qk_scale_lo = _split_fp64(scale) if fp64 else (scale * _LOG2E, 0.0)
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_n, num_warps, num_stages = split_config(
-        q.dtype, block_d, batch * num_kv_heads * num_splits, -(-seqlen // num_splits), _num_sms(q.device),
+        q.dtype, block_d, batch * num_kv_heads * num_splits, -(-seqlen // num_splits), sm_count(q.device, NOMINAL_SMS),
         _max_shared_bytes(q.device),
     )  # fmt: skip
     group = num_heads // num_kv_heads

@@ -89,7 +89,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import check_interpreter_dtype, device_guard, strides
+from kernels._host import check_interpreter_dtype, device_guard, sm_count, strides
 from kernels.reference import (
     _check_linear_attention_args,
     _check_linear_attention_step_args,
@@ -908,7 +908,7 @@ def _scan(x, y, w, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool, sc
 # against 233 us in two kernels; at K = V = 64 fused 115 us against 190 us).
 FUSED_MAX_K = 128
 FUSED_MAX_K_NORMALIZED = 64
-# Under the interpreter, the SM count the segment rule sees: small test shapes split into segments.
+# Off CUDA (the interpreter), the SM count the segment rule sees: small test shapes split into segments.
 INTERPRET_SMS = 4
 
 
@@ -946,12 +946,6 @@ def num_segments(programs: int, n_chunks: int, num_sms: int) -> int:
     return max(1, min(n_chunks, num_sms // max(programs, 1)))
 
 
-def _sm_count(device: torch.device) -> int:
-    if _INTERPRET:
-        return INTERPRET_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _fused_forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, store_states: bool):
     """The fused path of :func:`_forward` (same returns); states and zstates are None unless
     ``store_states`` (only the backward reads them)."""
@@ -964,7 +958,7 @@ def _fused_forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, 
     n_chunks = triton.cdiv(seqlen, chunk)
     block_e, num_warps, num_stages = fused_config(q.dtype)
     e_tiles = triton.cdiv(v_dim, block_e)
-    n_seg = num_segments(batch * num_heads * e_tiles, n_chunks, _sm_count(device))
+    n_seg = num_segments(batch * num_heads * e_tiles, n_chunks, sm_count(device, INTERPRET_SMS))
     chunks_per_seg = triton.cdiv(n_chunks, n_seg) if n_chunks else 1
     n_seg = max(1, triton.cdiv(n_chunks, chunks_per_seg))  # no empty trailing segment
 
