@@ -18,7 +18,7 @@ Hardware-Efficient Training", Sec. 3 / eq. 3-4 with the gates set to 1; fla's ``
 
     O_c = scale (Q_c S_c + (Q_c K_c^T * M) V_c),   S_{c+1} = S_c + K_c^T V_c,   M = tril(ones(C, C))
 
-Forward for K <= 128 (K <= 64 with normalize), fused (``uses_fused_forward``):
+Forward for K <= 128, fused (``uses_fused_forward``):
 
 - ``linear_attention_segment_kernel``: the sequence is cut into a few segments of whole chunks
   (``num_segments``: enough (V tile, segment, head) programs to fill the SMs once); one program per
@@ -30,8 +30,8 @@ Forward for K <= 128 (K <= 64 with normalize), fused (``uses_fused_forward``):
   S_{c+1} = S_c + K_c^T V_c. The per-chunk states never make the round trip through HBM that the
   two-kernel path takes (written once for the backward, only when autograd will need them);
   1.25x fla's forward at B2 T8192 H16 D128 and 1.8x at B8 T2048 H32 D64 with the states stored
-  (H200, 2026-12-01). Wider K would not fit the state in registers; normalised K = 128 spilled
-  (its q . z reload): both keep the two launches below.
+  (H200, 2026-12-01). With normalize, q . z_c is one more tensor-core product per chunk. Wider K
+  would not fit the state in registers: it keeps the two launches below.
 
 Forward otherwise, two launches:
 
@@ -433,7 +433,7 @@ def linear_attention_fwd_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
-# Fused forward (K <= 128; K <= 64 with normalize): segment sums, then one scan-and-output kernel
+# Fused forward (K <= 128): segment sums, then one scan-and-output kernel
 # ----------------------------------------------------------------------------------------------
 
 
@@ -556,6 +556,7 @@ def linear_attention_fused_fwd_kernel(
     z_cols = tl.arange(0, 16)
     z_acc = tl.where(z_cols[None, :] == 0, z[:, None], 0.0)
     ones = tl.where(z_cols[None, :] == 0, tl.full([BLOCK_T, 16], 1.0, dtype=ACC), 0.0).to(K.dtype.element_ty)
+    zc_cols = tl.arange(0, 64)
 
     q_base = Q + batch * stride_qb + head * stride_qh
     k_base = K + batch * stride_kb + head * stride_kh
@@ -589,10 +590,16 @@ def linear_attention_fused_fwd_kernel(
         o = tl.dot(q, s_c, input_precision=DOT_PRECISION, out_dtype=ACC)
         o = _scaled(tl.dot(scores.to(v.dtype), v, o, input_precision=DOT_PRECISION, out_dtype=ACC), scale, scale_lo, FP64)
         if NORMALIZE:
-            # q . z_c from q's own load (a tl.sum over the dot operand is miscompiled on Hopper) and the
-            # in-chunk part from the fp32 masked scores. A tensor-core q . z (z split in two 16-bit
-            # halves) made Triton 3.6 emit illegal addresses on the H200 (2026-12-01).
-            qz = tl.sum(_own_copy(q_base, offs_t, offs_d, stride_qt, stride_qd, T, D_DIM, ACC) * tl.sum(z_acc, 1)[None, :], 1)
+            # q . z_c on the tensor cores, the in-chunk part from the fp32 masked scores. z grows
+            # linearly in T, so its input-dtype copy is z / max|z| (no fp16 overflow, relative
+            # rounding as for S_c), rescaled in the accumulator. z_c is a 64-wide operand with z in
+            # column 0: as 16- or 32-wide operands built in registers, Triton 3.6 miscompiled the
+            # product on the H200 (wrong values, then illegal addresses; 2026-12-01).
+            z_now = tl.sum(z_acc, 1)
+            z_max = tl.max(tl.abs(z_now), 0)
+            z_max = tl.where(z_max > 0, z_max, 1.0)
+            z_c = tl.where(zc_cols[None, :] == 0, (z_now / z_max)[:, None], 0.0).to(Q.dtype.element_ty)
+            qz = tl.sum(tl.dot(q, z_c, input_precision=DOT_PRECISION, out_dtype=ACC), 1) * z_max
             den = _scaled(tl.sum(scores, 1) + qz, scale, scale_lo, FP64) + eps
             den = tl.where(t_mask, den, 1.0)  # padding rows (never stored) must not divide 0 by 0
             o = o / den[:, None]
@@ -903,21 +910,17 @@ def _scan(x, y, w, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool, sc
     return states, zstates, s_out, z_out
 
 
-# The fused forward holds the whole (K, BLOCK_E) state in registers: K up to 128, and up to 64 with
-# normalize, whose q . z reload spilled at K = 128 (H200, 2026-12-01, B2 T8192 H16: 276 us fused
-# against 233 us in two kernels; at K = V = 64 fused 115 us against 190 us).
+# The fused forward holds the whole (K, BLOCK_E) state in registers: K up to 128.
 FUSED_MAX_K = 128
-FUSED_MAX_K_NORMALIZED = 64
 # Off CUDA (the interpreter), the SM count the segment rule sees: small test shapes split into segments.
 INTERPRET_SMS = 4
 
 
-def uses_fused_forward(k_dim: int, v_dim: int, normalize: bool) -> bool:
+def uses_fused_forward(k_dim: int, v_dim: int) -> bool:
     """Whether :func:`linear_attention`'s forward runs the fused scan-and-output kernel (else the
-    state kernel plus the chunk-parallel output kernel). K, V >= 1 and K padded to a power of two
-    at most FUSED_MAX_K (FUSED_MAX_K_NORMALIZED with normalize)."""
-    limit = FUSED_MAX_K_NORMALIZED if normalize else FUSED_MAX_K
-    return k_dim > 0 and v_dim > 0 and _pad(k_dim) <= limit
+    state kernel plus the chunk-parallel output kernel): K, V >= 1 and K padded to a power of two at
+    most FUSED_MAX_K, with or without normalize."""
+    return k_dim > 0 and v_dim > 0 and _pad(k_dim) <= FUSED_MAX_K
 
 
 def fused_config(dtype: torch.dtype) -> tuple[int, int, int]:
@@ -1001,7 +1004,7 @@ def _fused_forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, 
 def _forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, store_states: bool):
     """o (B, T, H, V), final kv, final z (or None), and what the backward needs:
     states, zstates (or None), den (B, H, T) (or None)."""
-    if uses_fused_forward(q.shape[3], v.shape[3], normalize):
+    if uses_fused_forward(q.shape[3], v.shape[3]):
         return _fused_forward(q, k, v, kv0, z0, scale, normalize, eps, store_states)
     batch, seqlen, num_heads, k_dim = q.shape
     v_dim = v.shape[3]

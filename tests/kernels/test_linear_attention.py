@@ -616,11 +616,11 @@ def test_empty_sequence_and_batch(normalize):
 
 
 def test_fused_forward_rule_and_segments():
-    # K up to 128 (64 normalised) takes the fused scan-and-output kernel, wider K the two-kernel
+    # K up to 128, normalised or not, takes the fused scan-and-output kernel, wider K the two-kernel
     # path; CASES cover both, and segments (interpreter: 4 SMs, so one program splits into 4).
-    assert la.uses_fused_forward(128, 512, False) and not la.uses_fused_forward(129, 16, False)
-    assert la.uses_fused_forward(64, 16, True) and not la.uses_fused_forward(80, 16, True)
-    assert not la.uses_fused_forward(0, 16, False) and not la.uses_fused_forward(16, 0, False)
+    assert la.uses_fused_forward(128, 512) and la.uses_fused_forward(80, 16)
+    assert not la.uses_fused_forward(129, 16) and not la.uses_fused_forward(273, 16)
+    assert not la.uses_fused_forward(0, 16) and not la.uses_fused_forward(16, 0)
     assert la.num_segments(64, 128, 132) == 2  # B2 H16, 2 V tiles: one wave of 128 programs
     assert la.num_segments(256, 32, 132) == 1
     assert la.num_segments(1, 3, 132) == 3  # never more segments than chunks
