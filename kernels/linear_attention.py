@@ -65,13 +65,16 @@ the orientation it is consumed in (dK uses ``V G^T``, dV uses ``K Q^T``, each it
 transposed operands of the loads are read through swapped strides, and no kernel calls
 ``tl.trans``. Triton 3.6 on Hopper also miscompiles a ``tl.sum`` of a loaded tile that feeds a
 ``tl.dot`` (the normaliser's z and q . z sums): the forward scan's z is a dot of the k tile with
-ones instead, and the other sums read their own copy of the tile (``_own_copy``). No atomics:
+ones instead, and the other sums read their own copy of the tile (``_own_copy``); the fused
+forward's q . z_c is a tensor-core product with a 64-wide operand (16- and 32-wide operands built in
+registers were miscompiled: wrong values, then illegal addresses, 2026-12-01). No atomics:
 every output element is written by exactly one program, so forward and backward are deterministic.
 
 Numerics: products of 16-bit inputs are exact on the tensor cores and accumulate in fp32; the
 running states (and the final and initial-state gradients), the normaliser, its denominator and
 the decode step are fp32 (fp64 for fp64 inputs); the per-chunk states handed to the chunk kernels
-are stored in the input dtype, the rounding their tensor-core products would apply anyway. fp32
+are stored in the input dtype, the rounding their tensor-core products would apply anyway, and so
+is the fused forward's z_c / max|z_c| for its q . z_c product (rescaled in fp32 after). fp32
 inputs use IEEE fp32 products (TF32 would cost ~1e-3 relative error). Triton passes Python floats
 as fp32, so for fp64 inputs the scale arrives as two fp32 halves; every ``tl.dot`` names its accumulator
 dtype (``out_dtype=ACC``), which Triton 3.6 requires of fp64 accumulators.

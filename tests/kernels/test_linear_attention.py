@@ -389,6 +389,27 @@ def test_matches_reference(batch, seqlen, num_heads, k_dim, v_dim, normalize, in
     assert_linear_accuracy(q, k, v, state, normalize=normalize)
 
 
+def test_normaliser_beyond_the_fp16_range():
+    # z grows linearly in T: here it starts at ~1e5, beyond fp16's 65504 (kv0 stays in range, as
+    # for zero-mean v), so a 16-bit copy of z (the fused forward's tensor-core q . z operand) must be
+    # rescaled, not overflow to inf. The naive fp16 form overflows, so the bound is first-order
+    # rounding: a few fp16 units (2^-11) of |q| . |S| / den per output, S rounded to fp16 per chunk.
+    q, k, v, (kv0, z0) = make_inputs(1, 40, 1, 16, 16, torch.float16, normalize=True, init=True)
+    kv0, z0 = kv0 * 1e3, z0 * 1e4
+    assert z0.max() > 65504 > kv0.abs().max()
+    got = kernels.linear_attention(q, k, v, initial_state=(kv0, z0), backend="triton")
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    want = reference.linear_attention(q64, k64, v64, initial_state=(kv0.double(), z0.double()))
+    q64, k64, v64 = q64[0, :, 0], k64[0, :, 0], v64[0, :, 0]  # (T, K), (T, K), (T, V)
+    scale = 16**-0.5
+    den = scale * (q64 * (z0.double()[0, 0] + k64.cumsum(0))).sum(1)  # (T,)
+    s_abs = kv0.double().abs()[0, 0] + k64.T @ v64.abs()  # (K, V): bounds every |S_c|
+    bound = 8 * 2.0**-11 * (scale * (q64 @ s_abs) / den[:, None] + want[0, :, 0].abs())
+    assert torch.isfinite(got).all()
+    err = (got.double() - want)[0, :, 0].abs()
+    assert (err <= bound).all(), f"max error {err.max():.3g} beyond the rounding bound (max {bound.max():.3g})"
+
+
 def test_scale_and_eps_arguments():
     q, k, v, state = make_inputs(1, 20, 2, 16, 16, F64, normalize=True, init=True)
     assert_linear_accuracy(q, k, v, state, normalize=True, scale=0.37)
