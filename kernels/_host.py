@@ -8,6 +8,9 @@ import os
 
 import torch
 
+# Triton passes Python floats to kernels as fp32 scalars.
+FP32_MAX = torch.finfo(torch.float32).max
+
 # Read once at import, like Triton itself (``triton.jit`` picks the interpreter at decoration time).
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
@@ -49,22 +52,54 @@ def check_interpreter_dtype(op: str, *tensors: torch.Tensor | None) -> None:
         )
 
 
-def check_devices(op: str, *tensors: torch.Tensor | None) -> None:
+def check_devices(op: str, *tensors: torch.Tensor | None, names: tuple[str, ...] | None = None) -> None:
     """A Triton op's own limits: its tensors (None ones skipped) on one device, and that device CUDA
-    or the CPU under ``TRITON_INTERPRET=1``.
+    or the CPU under ``TRITON_INTERPRET=1``. With ``names`` (one per tensor), the several-devices
+    message lists each tensor's device by name.
 
     Raises:
-        ValueError: tensors on several devices, CPU tensors without the interpreter (the message
-            says to set TRITON_INTERPRET=1 or use backend='reference'), or bfloat16 CPU tensors
-            under it (:func:`check_interpreter_dtype`).
+        ValueError: tensors on several devices, a device other than CUDA and the CPU, CPU tensors
+            without the interpreter (the message says to set TRITON_INTERPRET=1 or use
+            backend='reference'), or bfloat16 CPU tensors under it (:func:`check_interpreter_dtype`).
     """
-    devices = {t.device for t in tensors if t is not None}
+    present = [(name, t) for name, t in zip(names or [""] * len(tensors), tensors, strict=True) if t is not None]
+    devices = {t.device for _, t in present}
     if len(devices) > 1:
-        raise ValueError(f"{op}: all tensors must be on one device, got {sorted(map(str, devices))}")
+        listing = ", ".join(f"{name} on {t.device}" for name, t in present) if names else sorted(map(str, devices))
+        raise ValueError(f"{op}: all tensors must be on one device, got {listing}")
     device = devices.pop()
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"the Triton {op} runs on CUDA (or the CPU under TRITON_INTERPRET=1), got {device}")
     if device.type != "cuda" and not INTERPRET:
         raise ValueError(
             f"the Triton {op} needs CUDA tensors (got {device}); on CPU set TRITON_INTERPRET=1 "
             "before importing kernels, or use backend='reference'"
         )
     check_interpreter_dtype(op, *tensors)
+
+
+def check_fp32_scalars(op: str, **scalars: float) -> None:
+    """Refuse scalar arguments beyond fp32's range, which a kernel would receive as inf.
+
+    Args:
+        op: the op's name, for the message.
+        scalars: name -> the value the kernel receives (e.g. ``scale=scale * log2(e)``).
+
+    Raises:
+        ValueError: ``|value| > FP32_MAX`` (~3.4e38); the message names the argument and says to use
+            backend='reference'.
+    """
+    for name, value in scalars.items():
+        if abs(value) > FP32_MAX:
+            raise ValueError(
+                f"{op}: {name} {value:g} overflows float32, the Triton kernels' scalar type; "
+                "use backend='reference'"
+            )
+
+
+def split_fp64(x: float) -> tuple[float, float]:
+    """x as hi + lo, both fp32-representable (Triton passes Python floats as fp32), so fp64 kernels
+    can rebuild x to ~2^-48 relative; call :func:`check_fp32_scalars` first (hi of an x beyond fp32's
+    range is inf)."""
+    hi = float(torch.tensor(x, dtype=torch.float32))
+    return hi, x - hi

@@ -39,7 +39,6 @@ device (CUDA, or CPU under the interpreter). The gradient of the returned lse is
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -48,7 +47,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import check_interpreter_dtype
+from kernels._host import check_devices, check_fp32_scalars, device_guard, split_fp64
 from kernels.reference import (
     _check_attention_args,
     _compute_dtype,
@@ -59,7 +58,6 @@ __all__ = ["flash_attention"]
 _MAX_HEAD_DIM = 256
 _LOG2E = math.log2(math.e)
 _LN2 = math.log(2.0)
-_FP32_MAX = torch.finfo(torch.float32).max
 
 # ----------------------------------------------------------------------------------------------
 # Autotune configs
@@ -717,17 +715,11 @@ def flash_attention_bwd_dq_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def _split_fp64(x: float) -> tuple[float, float]:
-    """x as hi + lo, both fp32-representable: Triton passes Python floats as fp32."""
-    hi = float(torch.tensor(x, dtype=torch.float32))
-    return hi, x - hi
-
-
 def _launch_params(q: torch.Tensor, scale: float, window: int | None, seqlen_k: int) -> dict:
     fp64 = q.dtype == torch.float64
     # scale * log2(e) turns exp into exp2 (the scores live in base 2); fp64 keeps the natural base.
-    qk_scale, qk_scale_lo = _split_fp64(scale) if fp64 else (scale * _LOG2E, 0.0)
-    scale_hi, scale_lo = _split_fp64(scale) if fp64 else (scale, 0.0)
+    qk_scale, qk_scale_lo = split_fp64(scale) if fp64 else (scale * _LOG2E, 0.0)
+    scale_hi, scale_lo = split_fp64(scale) if fp64 else (scale, 0.0)
     head_dim = q.shape[3]
     return dict(
         qk=(qk_scale, qk_scale_lo),
@@ -815,7 +807,7 @@ class _FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, window, scale, return_lse):
-        with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        with device_guard(q):
             o, lse = _forward(q, k, v, causal, window, scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.window, ctx.scale = causal, window, scale
@@ -831,7 +823,7 @@ class _FlashAttentionFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, do, dlse=None):
         q, k, v, o, lse = ctx.saved_tensors
-        with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        with device_guard(q):
             dq, dk, dv = _backward(do, dlse, q, k, v, o, lse, ctx.causal, ctx.window, ctx.scale)
         return dq, dk, dv, None, None, None, None
 
@@ -888,21 +880,7 @@ def flash_attention(
             f"the Triton flash_attention supports head_dim in [1, {_MAX_HEAD_DIM}], got {head_dim}; "
             "use backend='reference'"
         )
-    if abs(scale) * _LOG2E > _FP32_MAX:
-        raise ValueError(
-            f"scale {scale:g} overflows float32, the Triton kernels' scalar type; use backend='reference'"
-        )
-    if q.device.type not in ("cuda", "cpu"):
-        raise ValueError(
-            f"the Triton flash_attention runs on CUDA (or CPU under the interpreter), got {q.device}"
-        )
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device} and {v.device}")
-    if not q.is_cuda and not _INTERPRET:
-        raise ValueError(
-            f"the Triton flash_attention needs CUDA tensors (got {q.device}); on CPU set TRITON_INTERPRET=1 "
-            "before importing kernels, or use backend='reference'"
-        )
-    check_interpreter_dtype("flash_attention", q, k, v)
+    check_fp32_scalars("flash_attention", scale=scale * _LOG2E)
+    check_devices("flash_attention", q, k, v, names=("q", "k", "v"))
 
     return _FlashAttentionFunction.apply(q, k, v, bool(causal), window, float(scale), bool(return_lse))

@@ -53,7 +53,6 @@ Limits of this backend beyond the reference's: head_dim in [1, 256]; all tensors
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 
@@ -63,7 +62,7 @@ import triton.language as tl
 from triton.runtime import driver
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import check_interpreter_dtype, sm_count
+from kernels._host import check_devices, check_fp32_scalars, device_guard, sm_count, split_fp64
 from kernels.reference import _check_decode_args
 
 __all__ = ["flash_decode", "num_splits_heuristic", "split_config"]
@@ -377,12 +376,6 @@ def flash_decode_combine_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def _split_fp64(x: float) -> tuple[float, float]:
-    """x as hi + lo, both fp32-representable: Triton passes Python floats as fp32."""
-    hi = float(torch.tensor(x, dtype=torch.float32))
-    return hi, x - hi
-
-
 def flash_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -431,7 +424,7 @@ def flash_decode(
         num_splits; ValueError: wrong ndim or mismatched shapes, Hq not a multiple of Hkv, seqlens
         out of [0, max_blocks * block_size], a used page index outside [0, num_blocks), window <= 0,
         num_splits < 1), and, for this backend only, ValueError for head_dim outside [1, 256],
-        inputs on different devices, batch or KV heads above 65535, or CPU inputs without
+        inputs on different devices, a scale beyond fp32's range, batch or KV heads above 65535, or CPU inputs without
         ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     # The reference's validation: same checks, order and messages.
@@ -445,17 +438,11 @@ def flash_decode(
             f"the Triton flash_decode supports head_dim in [1, {_MAX_HEAD_DIM}], got {head_dim}; "
             "use backend='reference'"
         )
-    devices = {t.device for t in (q, k_cache, v_cache, block_table, seqlens)}
-    if len(devices) > 1:
-        raise ValueError(
-            f"q, k_cache, v_cache, block_table and seqlens must be on one device, got {sorted(map(str, devices))}"
-        )
-    if not q.is_cuda and not _INTERPRET:
-        raise ValueError(
-            f"the Triton flash_decode needs CUDA tensors (got {q.device}); on CPU set TRITON_INTERPRET=1 "
-            "before importing kernels, or use backend='reference'"
-        )
-    check_interpreter_dtype("flash_decode", q)
+    check_devices(
+        "flash_decode", q, k_cache, v_cache, block_table, seqlens,
+        names=("q", "k_cache", "v_cache", "block_table", "seqlens"),
+    )  # fmt: skip
+    check_fp32_scalars("flash_decode", scale=scale * _LOG2E)
     if batch > _MAX_GRID_YZ or num_kv_heads > _MAX_GRID_YZ:
         raise ValueError(
             f"the Triton flash_decode supports batch and num_kv_heads up to {_MAX_GRID_YZ}, got "
@@ -475,7 +462,7 @@ def flash_decode(
 
     fp64 = q.dtype == torch.float64
     # scale * log2(e) turns exp into exp2 (scores in base 2); fp64 keeps the natural base, exact.
-    qk_scale, qk_scale_lo = _split_fp64(scale) if fp64 else (scale * _LOG2E, 0.0)
+    qk_scale, qk_scale_lo = split_fp64(scale) if fp64 else (scale * _LOG2E, 0.0)
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_n, num_warps, num_stages = split_config(
         q.dtype, block_d, batch * num_kv_heads * num_splits, -(-seqlen // num_splits), sm_count(q.device, NOMINAL_SMS),
@@ -494,7 +481,7 @@ def flash_decode(
     else:  # one chunk writes the output itself; the workspace pointers are unused
         o_part = m_part = l_part = out
 
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+    with device_guard(q):
         flash_decode_split_kernel[(batch, num_kv_heads, num_splits)](
             q, k_cache, v_cache, block_table, seqlens, out, o_part, m_part, l_part,
             *q.stride(), *k_cache.stride(), *v_cache.stride(),

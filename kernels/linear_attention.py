@@ -92,7 +92,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import check_interpreter_dtype, device_guard, sm_count, strides
+from kernels._host import check_devices, check_fp32_scalars, device_guard, sm_count, split_fp64, strides
 from kernels.reference import (
     _check_linear_attention_args,
     _check_linear_attention_step_args,
@@ -860,14 +860,8 @@ def linear_attention_step_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def _split_fp64(x: float) -> tuple[float, float]:
-    """x as hi + lo, both fp32-representable: Triton passes Python floats as fp32."""
-    hi = float(torch.tensor(x, dtype=torch.float32))
-    return hi, x - hi
-
-
 def _scale_args(scale: float, fp64: bool) -> tuple[float, float]:
-    return _split_fp64(scale) if fp64 else (scale, 0.0)
+    return split_fp64(scale) if fp64 else (scale, 0.0)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -1113,22 +1107,6 @@ class _LinearAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, dkv0, dz0, None, None, None, None
 
 
-def _check_backend(op: str, tensors: dict[str, torch.Tensor | None]) -> None:
-    """This backend's own limits: one device, CUDA or the interpreter, no bf16 under the interpreter."""
-    present = {name: t for name, t in tensors.items() if t is not None}
-    devices = {t.device for t in present.values()}
-    if len(devices) > 1:
-        listing = ", ".join(f"{name} on {t.device}" for name, t in present.items())
-        raise ValueError(f"{op}: all tensors must be on one device, got {listing}")
-    device = next(iter(devices))
-    if device.type != "cuda" and not _INTERPRET:
-        raise ValueError(
-            f"the Triton {op} needs CUDA tensors (got {device}); on CPU set TRITON_INTERPRET=1 before "
-            "importing kernels, or use backend='reference'"
-        )
-    check_interpreter_dtype(op, *present.values())
-
-
 def linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1176,7 +1154,7 @@ def linear_attention(
         The reference's errors, from the same checks (TypeError: non-tensor / non-floating inputs,
         mismatched dtypes, bad scale, a normalize or output_final_state that is not a bool, the wrong
         state form for ``normalize``; ValueError: wrong ndim or mismatched shapes, K = 0 without a
-        scale), and, for this backend only, ValueError for tensors on different devices or CPU
+        scale), and, for this backend only, ValueError for tensors on different devices, scale or eps beyond fp32's range, or CPU
         tensors without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     # The reference's validation: same checks, order and messages.
@@ -1186,9 +1164,10 @@ def linear_attention(
     kv0 = z0 = None
     if initial_state is not None:
         kv0, z0 = _split_linear_state(initial_state, normalize, batch, num_heads, k_dim, v_dim)
-    _check_backend(
-        "linear_attention", {"q": q, "k": k, "v": v, "initial_state kv": kv0, "initial_state z": z0}
+    check_devices(
+        "linear_attention", q, k, v, kv0, z0, names=("q", "k", "v", "initial_state kv", "initial_state z")
     )
+    check_fp32_scalars("linear_attention", scale=scale, eps=eps)
 
     normalize = bool(normalize)
     # The per-chunk states are only written when a backward can follow.
@@ -1237,11 +1216,12 @@ def linear_attention_step(
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor / non-floating inputs or
         mismatched q / k / v dtypes, bad scale; ValueError: wrong ndim or mismatched shapes, K = 0
-        without a scale), and, for this backend only, ValueError for tensors on different devices or
+        without a scale), and, for this backend only, ValueError for tensors on different devices, scale or eps beyond fp32's range, or
         CPU tensors without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps)
-    _check_backend("linear_attention_step", {"q": q, "k": k, "v": v, "state": state, "z_state": z_state})
+    check_devices("linear_attention_step", q, k, v, state, z_state, names=("q", "k", "v", "state", "z_state"))
+    check_fp32_scalars("linear_attention_step", scale=scale, eps=eps)
     batch, num_heads, k_dim = q.shape
     v_dim = v.shape[2]
     out = torch.empty((batch, num_heads, v_dim), dtype=q.dtype, device=q.device)

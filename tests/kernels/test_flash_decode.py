@@ -374,10 +374,17 @@ def test_backend_specific_errors():
     big = _t(1, 2, 264)
     with pytest.raises(ValueError, match=r"head_dim in \[1, 256\].*backend='reference'"):
         kernels.flash_decode(big, _t(1, 4, 1, 264), _t(1, 4, 1, 264), _i(0)[None], _i(2), backend="triton")
+    # Triton receives the scale as an fp32 scalar: beyond its range it would be inf (NaN outputs).
+    with pytest.raises(ValueError, match="scale .* overflows float32.*backend='reference'"):
+        kernels.flash_decode(_Q.double(), _CACHE.double(), _CACHE.double(), _TABLE, _LENS, scale=1e300,
+                             backend="triton")  # fmt: skip
     if DEVICE == "cpu":
         meta = torch.empty(3, 4, 1, 8, device="meta")
-        with pytest.raises(ValueError, match="one device"):
+        with pytest.raises(ValueError, match="one device.*k_cache on meta"):
             kernels.flash_decode(_Q, meta, meta, _TABLE, _LENS, backend="triton")
+        with pytest.raises(ValueError, match="runs on CUDA .* got meta"):
+            metas = [t.to("meta") for t in (_Q, _CACHE, _CACHE, _TABLE, _LENS)]
+            kernels.flash_decode(*metas, check_values=False, backend="triton")
 
 
 # ----------------------------------------------------------------------------------------------

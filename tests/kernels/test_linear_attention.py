@@ -777,6 +777,14 @@ def test_backend_specific_errors():
         )
     with pytest.raises(ValueError, match="one device.*state on meta"):
         kernels.linear_attention_step(*STEP_ARGS[:3], STEP_ARGS[3].to("meta"), backend="triton")
+    # Triton receives scale and eps as fp32 scalars: beyond its range they would be inf.
+    q64, k64, v64 = (t.double() for t in QKV)
+    with pytest.raises(ValueError, match="scale 1e\\+300 overflows float32.*backend='reference'"):
+        kernels.linear_attention(q64, k64, v64, scale=1e300, backend="triton")
+    with pytest.raises(ValueError, match="eps 1e\\+39 overflows float32"):
+        kernels.linear_attention(q64, k64, v64, eps=1e39, backend="triton")
+    with pytest.raises(ValueError, match="scale 1e\\+300 overflows float32"):
+        kernels.linear_attention_step(*STEP_ARGS, scale=1e300, backend="triton")
 
 
 # ----------------------------------------------------------------------------------------------
