@@ -78,19 +78,16 @@ def check_devices(op: str, *tensors: torch.Tensor | None, names: tuple[str, ...]
     check_interpreter_dtype(op, *tensors)
 
 
-def check_fp32_scalars(op: str, **scalars: float) -> None:
-    """Refuse scalar arguments beyond fp32's range, which a kernel would receive as inf.
-
-    Args:
-        op: the op's name, for the message.
-        scalars: name -> the value the kernel receives (e.g. ``scale=scale * log2(e)``).
+def check_fp32_scalars(op: str, factor: float = 1.0, **scalars: float) -> None:
+    """Refuse scalar arguments that a kernel would receive as inf: ``value * factor`` beyond fp32's
+    range (``factor``: what the host multiplies in first, e.g. log2(e) for a base-2 softmax scale).
 
     Raises:
-        ValueError: ``|value| > FP32_MAX`` (~3.4e38); the message names the argument and says to use
-            backend='reference'.
+        ValueError: ``|value * factor| > FP32_MAX`` (~3.4e38); the message names the argument and
+            its value and says to use backend='reference'.
     """
     for name, value in scalars.items():
-        if abs(value) > FP32_MAX:
+        if abs(value) * factor > FP32_MAX:
             raise ValueError(
                 f"{op}: {name} {value:g} overflows float32, the Triton kernels' scalar type; "
                 "use backend='reference'"

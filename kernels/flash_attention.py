@@ -880,7 +880,7 @@ def flash_attention(
             f"the Triton flash_attention supports head_dim in [1, {_MAX_HEAD_DIM}], got {head_dim}; "
             "use backend='reference'"
         )
-    check_fp32_scalars("flash_attention", scale=scale * _LOG2E)
+    check_fp32_scalars("flash_attention", _LOG2E, scale=scale)
     check_devices("flash_attention", q, k, v, names=("q", "k", "v"))
 
     return _FlashAttentionFunction.apply(q, k, v, bool(causal), window, float(scale), bool(return_lse))

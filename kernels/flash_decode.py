@@ -442,7 +442,7 @@ def flash_decode(
         "flash_decode", q, k_cache, v_cache, block_table, seqlens,
         names=("q", "k_cache", "v_cache", "block_table", "seqlens"),
     )  # fmt: skip
-    check_fp32_scalars("flash_decode", scale=scale * _LOG2E)
+    check_fp32_scalars("flash_decode", _LOG2E, scale=scale)
     if batch > _MAX_GRID_YZ or num_kv_heads > _MAX_GRID_YZ:
         raise ValueError(
             f"the Triton flash_decode supports batch and num_kv_heads up to {_MAX_GRID_YZ}, got "
