@@ -74,7 +74,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import check_devices, device_guard, strides
+from kernels._host import check_devices, device_guard, next_power_of_2, strides
 from kernels.reference import (
     _check_causal_conv1d_args,
     _check_causal_conv1d_update_args,
@@ -122,7 +122,7 @@ def _configs():
 def _prune_configs(configs, named_args, **kwargs):
     """Clamp BLOCK_D to the channels (padded to a power of two, at least a warp's 32 lanes) and the
     warps to one per 32 channels; drop duplicates."""
-    channels = max(triton.next_power_of_2({**named_args, **kwargs}["dim"]), 32)
+    channels = max(next_power_of_2({**named_args, **kwargs}["dim"]), 32)
     pruned = {}
     for c in configs:
         block_d = min(c.kwargs["BLOCK_D"], channels)
@@ -136,7 +136,7 @@ def _prune_configs(configs, named_args, **kwargs):
 
 def _bucket(n: int) -> int:
     """Autotune key for a size: the next power of two, clamped to [64, 8192]."""
-    return min(max(triton.next_power_of_2(max(n, 1)), 64), 8192)
+    return min(max(next_power_of_2(max(n, 1)), 64), 8192)
 
 
 # Widest taps the register window takes: its tap tile is (W_PAD, BLOCK_T, BLOCK_T, BLOCK_D) with
@@ -160,7 +160,7 @@ def _block_t(dtype: torch.dtype, width: int, reg_window: bool) -> int:
     if not reg_window:
         return INTERPRET_BLOCK_T if _INTERPRET else SHIFTED_BLOCK_T
     base = INTERPRET_BLOCK_T if _INTERPRET else 16 // dtype.itemsize
-    return max(base, triton.next_power_of_2(width))
+    return max(base, next_power_of_2(width))
 
 
 def _segment_steps(batch: int, dim: int, seqlen: int, block_t: int) -> int:
@@ -169,7 +169,7 @@ def _segment_steps(batch: int, dim: int, seqlen: int, block_t: int) -> int:
         return max(INTERPRET_SEGMENT_STEPS, block_t)
     rows = max(1, batch * triton.cdiv(dim, 128))
     segments = triton.cdiv(TARGET_PROGRAMS, rows)
-    steps = triton.next_power_of_2(triton.cdiv(seqlen, segments))
+    steps = next_power_of_2(triton.cdiv(seqlen, segments))
     return min(max(steps, MIN_SEGMENT_CHUNKS * block_t), max(MAX_SEGMENT_STEPS, block_t))
 
 
@@ -453,7 +453,7 @@ def _launch_meta(x: torch.Tensor, width: int, *others: torch.Tensor) -> dict:
     return dict(
         n_seg=triton.cdiv(seqlen, seg),
         meta=dict(
-            WIDTH=width, W_PAD=triton.next_power_of_2(width), REG_WINDOW=reg_window,
+            WIDTH=width, W_PAD=next_power_of_2(width), REG_WINDOW=reg_window,
             FP64=_compute_dtype(x.dtype) == torch.float64, BLOCK_T=block_t, SEG_STEPS=seg,
         ),
     )  # fmt: skip
@@ -610,13 +610,13 @@ def causal_conv1d_update(
     y = torch.empty((batch, dim), dtype=x.dtype, device=x.device)
     if y.numel() == 0:
         return y
-    block_d = min(UPDATE_BLOCK_D, max(triton.next_power_of_2(dim), 32 if not _INTERPRET else 1))
+    block_d = min(UPDATE_BLOCK_D, max(next_power_of_2(dim), 32 if not _INTERPRET else 1))
     with device_guard(x):
         causal_conv1d_update_kernel[(triton.cdiv(dim, block_d), triton.cdiv(batch, UPDATE_ROWS))](
             x, conv_state, weight, bias, y,
             *x.stride(), *conv_state.stride(), *weight.stride(), *strides(bias, 1),
             batch, dim,
-            WIDTH=width, W_PAD=triton.next_power_of_2(width), HAS_BIAS=bias is not None,
+            WIDTH=width, W_PAD=next_power_of_2(width), HAS_BIAS=bias is not None,
             SILU=activation == "silu", FP64=fp64, ROWS=UPDATE_ROWS, BLOCK_D=block_d, num_warps=UPDATE_WARPS,
         )  # fmt: skip
     return y

@@ -47,7 +47,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import check_devices, check_fp32_scalars, device_guard, split_fp64
+from kernels._host import check_devices, check_fp32_scalars, device_guard, next_power_of_2, split_fp64
 from kernels.reference import (
     _check_attention_args,
     _compute_dtype,
@@ -158,7 +158,7 @@ _RUNTIME_INTS = ["num_heads", "group", "Tq", "Tk", "window", "Q_BUCKET", "K_BUCK
 def _bucket(n: int) -> int:
     """Autotune key for a length: the next power of two, clamped to [1024, 16384]. Short sequences
     (launch-bound, or chunked prefill at many lengths) share one tuning instead of re-benchmarking."""
-    return min(max(triton.next_power_of_2(max(n, 1)), 1024), 16384)
+    return min(max(next_power_of_2(max(n, 1)), 1024), 16384)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -733,7 +733,7 @@ def _launch_params(q: torch.Tensor, scale: float, window: int | None, seqlen_k: 
             # multiply exactly in the tensor cores either way.
             DOT_PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
             HEAD_DIM=head_dim,
-            BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+            BLOCK_D=max(16, next_power_of_2(head_dim)),
         ),
     )
 

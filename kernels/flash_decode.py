@@ -62,7 +62,14 @@ import triton.language as tl
 from triton.runtime import driver
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import check_devices, check_fp32_scalars, device_guard, sm_count, split_fp64
+from kernels._host import (
+    check_devices,
+    check_fp32_scalars,
+    device_guard,
+    next_power_of_2,
+    sm_count,
+    split_fp64,
+)
 from kernels.reference import _check_decode_args
 
 __all__ = ["flash_decode", "num_splits_heuristic", "split_config"]
@@ -463,7 +470,7 @@ def flash_decode(
     fp64 = q.dtype == torch.float64
     # scale * log2(e) turns exp into exp2 (scores in base 2); fp64 keeps the natural base, exact.
     qk_scale, qk_scale_lo = split_fp64(scale) if fp64 else (scale * _LOG2E, 0.0)
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = max(16, next_power_of_2(head_dim))
     block_n, num_warps, num_stages = split_config(
         q.dtype, block_d, batch * num_kv_heads * num_splits, -(-seqlen // num_splits), sm_count(q.device, NOMINAL_SMS),
         _max_shared_bytes(q.device),
@@ -491,13 +498,13 @@ def flash_decode(
             # fp32 inputs: IEEE fp32 products (TF32 would cost ~1e-3 relative error); 16-bit inputs
             # multiply exactly in the tensor cores either way.
             DOT_PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_G=max(16, triton.next_power_of_2(group)),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_G=max(16, next_power_of_2(group)),
             BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
         if split:
             flash_decode_combine_kernel[(num_heads, batch)](
                 o_part, m_part, l_part, out, *out.stride(), num_splits,
                 FP64=fp64, HEAD_DIM=head_dim, BLOCK_D=block_d,
-                BLOCK_S=min(triton.next_power_of_2(num_splits), COMBINE_BLOCK_S),
+                BLOCK_S=min(next_power_of_2(num_splits), COMBINE_BLOCK_S),
             )  # fmt: skip
     return out

@@ -92,7 +92,15 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import check_devices, check_fp32_scalars, device_guard, sm_count, split_fp64, strides
+from kernels._host import (
+    check_devices,
+    check_fp32_scalars,
+    device_guard,
+    next_power_of_2,
+    sm_count,
+    split_fp64,
+    strides,
+)
 from kernels.reference import (
     _check_linear_attention_args,
     _check_linear_attention_step_args,
@@ -148,7 +156,7 @@ _BWD_CONFIGS = _configs([(64, 64, 4, 2), (64, 128, 4, 2)])
 
 def _pad(n: int) -> int:
     """A dim rounded up to a power of two, at least 16 (tl.dot's smallest tile)."""
-    return max(16, triton.next_power_of_2(n))
+    return max(16, next_power_of_2(n))
 
 
 def _prune_configs(configs, named_args, **kwargs):
@@ -175,7 +183,7 @@ def _prune_configs(configs, named_args, **kwargs):
 
 def _bucket(n: int) -> int:
     """Autotune key for the number of (batch, head) pairs: the state scan's parallelism."""
-    return min(max(triton.next_power_of_2(max(n, 1)), 16), 1024)
+    return min(max(next_power_of_2(max(n, 1)), 16), 1024)
 
 
 # Dims enter the keys padded (K = 80 tunes like 128); lengths not at all (they only size the grid).
@@ -1229,9 +1237,9 @@ def linear_attention_step(
         return out.zero_()  # K == 0: the state is empty and q . state is 0 (0 / eps normalised)
     fp64 = torch.float64 in (q.dtype, state.dtype)
     # V == 0 still launches (one masked column) so that z_state is updated.
-    block_e = max(1, triton.next_power_of_2(v_dim))
+    block_e = max(1, next_power_of_2(v_dim))
     # (BLOCK_D, BLOCK_E) tiles of at most 4096 elements: 32 fp32 registers a thread at 4 warps.
-    block_d = min(triton.next_power_of_2(k_dim), max(1, 4096 // block_e))
+    block_d = min(next_power_of_2(k_dim), max(1, 4096 // block_e))
     with device_guard(q):
         linear_attention_step_kernel[(batch * num_heads,)](
             q, k, v, state, z_state if z_state is not None else state, out,

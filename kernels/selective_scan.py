@@ -77,7 +77,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import check_devices, device_guard, strides
+from kernels._host import check_devices, device_guard, next_power_of_2, strides
 from kernels.reference import (
     _check_selective_scan_args,
     _check_selective_state_update_args,
@@ -140,7 +140,7 @@ _MIN_BWD_BLOCK_T = INTERPRET_BLOCK_T if _INTERPRET else min(t for t, _ in _BWD_C
 
 def _prune_fwd_configs(configs, named_args, **kwargs):
     """Clamp BLOCK_D to the channels per group (padded to a power of two) and drop duplicates."""
-    channels = triton.next_power_of_2({**named_args, **kwargs}["P"])
+    channels = next_power_of_2({**named_args, **kwargs}["P"])
     pruned = {}
     for c in configs:
         block_d = min(c.kwargs["BLOCK_D"], channels)
@@ -155,7 +155,7 @@ def _prune_fwd_configs(configs, named_args, **kwargs):
 def _bucket(n: int) -> int:
     """Autotune key for a length: the next power of two, clamped to [256, 16384] (short sequences
     share one tuning instead of re-benchmarking at every prefill length)."""
-    return min(max(triton.next_power_of_2(max(n, 1)), 256), 16384)
+    return min(max(next_power_of_2(max(n, 1)), 256), 16384)
 
 
 # Sizes that only feed loop bounds and masks: specialising on them would compile a kernel per value
@@ -678,10 +678,10 @@ def _forward(u, delta, A, B, C, D, z, delta_bias, h0, softplus: bool, store_ckpt
         u, delta, A, B, C, D, z, delta_bias, h0, y, last, ckpt,
         *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(),
         *strides(D, 1), *strides(delta_bias, 1), *strides(z, 3), *strides(h0, 3), *y.stride(),
-        dim, P, d_state, seqlen, n_ckpt, _bucket(seqlen), min(triton.next_power_of_2(P), 128),
+        dim, P, d_state, seqlen, n_ckpt, _bucket(seqlen), min(next_power_of_2(P), 128),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=softplus,
         HAS_H0=h0 is not None, STORE_CKPT=store_ckpt, FP64=dtype == torch.float64,
-        CKPT_STEPS=CHECKPOINT_STEPS, BLOCK_N=triton.next_power_of_2(d_state),
+        CKPT_STEPS=CHECKPOINT_STEPS, BLOCK_N=next_power_of_2(d_state),
     )  # fmt: skip
     return y, last, ckpt
 
@@ -696,10 +696,10 @@ def _backward(dy, dlast, u, delta, A, B, C, D, z, delta_bias, ckpt, softplus: bo
     Bg, Cg = _grouped(B, dtype, 4), _grouped(C, dtype, 4)
     groups = Bg.shape[1]
     P = dim // groups
-    block_n = triton.next_power_of_2(d_state)
+    block_n = next_power_of_2(d_state)
     # A warp keeps at most BWD_BLOCK_D * 16 states: past N = 16 the channel block shrinks and the
     # default layout spreads each channel's states over more lanes (the registers stay bounded).
-    block_d = min(BWD_BLOCK_D, triton.next_power_of_2(P), max(1, BWD_BLOCK_D * 16 // block_n))
+    block_d = min(BWD_BLOCK_D, next_power_of_2(P), max(1, BWD_BLOCK_D * 16 // block_n))
     n_blocks = triton.cdiv(P, block_d)
     n_ckpt = ckpt.shape[2]
     slots = CHECKPOINT_STEPS // _MIN_BWD_BLOCK_T
@@ -896,9 +896,9 @@ def selective_state_update(
     y = torch.empty((batch, dim), dtype=x.dtype, device=x.device)
     if batch * dim == 0:
         return y
-    block_n = triton.next_power_of_2(d_state)
+    block_n = next_power_of_2(d_state)
     block_d = min(
-        triton.next_power_of_2(P),
+        next_power_of_2(P),
         max(1, DECODE_BLOCK_ELEMENTS // block_n),
         INTERPRET_BLOCK_D if _INTERPRET else DECODE_BLOCK_ELEMENTS,
     )

@@ -1,0 +1,28 @@
+"""The kernels' shared host helpers (kernels._host): they decide launch shapes and scalar arguments,
+so a wrong value here is a wrong kernel call."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import triton
+
+from kernels import _host
+
+
+def test_next_power_of_2_matches_triton():
+    # Used for every tile shape on the host (faster than Triton's wrapper); must agree everywhere.
+    for n in [*range(-3, 4100), 2**20 - 1, 2**20, 2**20 + 1, 2**40 + 3]:
+        assert _host.next_power_of_2(n) == triton.next_power_of_2(n), n
+
+
+def test_split_fp64_and_fp32_range():
+    for x in (0.1, 1 / 3, 88.0**-0.5, 1e-30, -7.25e37):
+        hi, lo = _host.split_fp64(x)
+        assert float(np.float32(hi)) == hi  # hi is fp32-representable
+        assert abs(hi + lo - x) <= abs(x) * 2.0**-52
+    _host.check_fp32_scalars("op", scale=3.0e38, eps=0.0)
+    with pytest.raises(ValueError, match=r"op: scale 3e\+38 overflows float32.*backend='reference'"):
+        _host.check_fp32_scalars("op", 1.4426950408889634, scale=3.0e38)
+    with pytest.raises(ValueError, match="eps -1e\\+39 overflows"):
+        _host.check_fp32_scalars("op", eps=-1e39)
