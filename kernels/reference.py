@@ -71,6 +71,46 @@ def _check_tensor(name: str, x, ndim: int | tuple[int, ...], *, floating: bool =
         )
 
 
+def _check_updated_in_place(**states: torch.Tensor | None) -> None:
+    """States a decode step writes in place (None ones skipped): no element may share memory with
+    another (an expanded view would mix its rows' updates; two states that overlap would mix each
+    other's), and none may require grad in grad mode (the write would bypass autograd).
+
+    Raises:
+        ValueError: a stride-0 dim of size > 1, two states sharing memory, or a state that requires
+            grad; each message says what to pass instead.
+    """
+    present = {name: t for name, t in states.items() if t is not None}
+    for name, t in present.items():
+        for axis, (size, stride) in enumerate(zip(t.shape, t.stride(), strict=True)):
+            if size > 1 and stride == 0:
+                raise ValueError(
+                    f"{name} is updated in place, so its elements must not share memory: it is an expanded "
+                    f"view (stride 0 along dim {axis}); pass {name}.clone()"
+                )
+        if t.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"{name} is updated in place, which autograd cannot follow, but it requires grad; pass "
+                f"{name}.detach() or step under torch.no_grad()"
+            )
+    spans = [(name, t, _byte_span(t)) for name, t in present.items() if t.numel() and t.device.type != "meta"]
+    for i, (name_a, a, (start_a, end_a)) in enumerate(spans):
+        for name_b, b, (start_b, end_b) in spans[i + 1 :]:
+            same = a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            if same and start_a < end_b and start_b < end_a:
+                raise ValueError(
+                    f"{name_a} and {name_b} are both updated in place but share memory; pass separate "
+                    f"tensors (e.g. {name_b}.clone())"
+                )
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """[start, end) in bytes of the storage elements a non-empty tensor can touch."""
+    last = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True))
+    start = t.storage_offset() * t.element_size()
+    return start, start + (last + 1) * t.element_size()
+
+
 def _check_same_dtype(**tensors: torch.Tensor) -> None:
     dtypes = {name: t.dtype for name, t in tensors.items()}
     if len(set(dtypes.values())) > 1:
@@ -179,7 +219,7 @@ def _check_attention_args(q, k, v, causal: bool, window, scale, return_lse=False
     _check_window(window, causal)
     _check_scale(scale)
     if scale is None:
-        scale = head_dim**-0.5
+        scale = _default_head_scale(head_dim)
     return batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale
 
 
@@ -326,7 +366,7 @@ def _check_decode_args(q, k_cache, v_cache, block_table, seqlens, window, scale,
         if num_splits < 1:
             raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     if scale is None:
-        scale = head_dim**-0.5
+        scale = _default_head_scale(head_dim)
     # A decode step being captured in a CUDA graph cannot read values back to the host: the value
     # checks run on eager calls (LanguageModel.generate runs a step eagerly before capturing it).
     if not isinstance(check_values, bool):
@@ -401,14 +441,17 @@ def flash_decode(
     pos = torch.arange(capacity, device=q.device)  # (T,) token positions, T = max_blocks * block_size
     pages = block_table.long().clamp(0, num_blocks - 1)[:, pos // block_size]  # (B, T)
     slots = (pos % block_size).expand_as(pages)  # (B, T)
-    keys = k_cache[pages, slots].to(dtype)  # (B, T, Hkv, D)
-    values = v_cache[pages, slots].to(dtype)  # (B, T, Hkv, D)
-
-    qg = rearrange(q.to(dtype), "b (h g) d -> b h g d", g=group)  # (B, Hkv, G, D)
-    scores = torch.einsum("bhgd,bthd->bhgt", qg, keys) * scale  # (B, Hkv, G, T)
     visible = pos[None, :] < seqlens[:, None]  # (B, T)
     if window is not None:
         visible = visible & (pos[None, :] >= seqlens[:, None] - window)
+    # Slots the kernel never reads (past a sequence's length, outside its window) are zeroed, not
+    # just masked: a NaN there would survive the masked softmax as 0 * NaN.
+    hidden = ~visible[:, :, None, None]
+    keys = k_cache[pages, slots].to(dtype).masked_fill(hidden, 0.0)  # (B, T, Hkv, D)
+    values = v_cache[pages, slots].to(dtype).masked_fill(hidden, 0.0)  # (B, T, Hkv, D)
+
+    qg = rearrange(q.to(dtype), "b (h g) d -> b h g d", g=group)  # (B, Hkv, G, D)
+    scores = torch.einsum("bhgd,bthd->bhgt", qg, keys) * scale  # (B, Hkv, G, T)
     probs, _ = _masked_softmax(scores, visible[:, None, None, :])
     out = torch.einsum("bhgt,bthd->bhgd", probs, values)  # (B, Hkv, G, D)
     return rearrange(out, "b h g d -> b (h g) d").to(q.dtype)
@@ -594,12 +637,7 @@ def _check_selective_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, dt_
                 raise ValueError(
                     f"{name} must be (batch, dim) = {(batch, dim)} like state, got {tuple(t.shape)}"
                 )
-    for axis, (size, stride) in enumerate(zip(state.shape, state.stride(), strict=True)):
-        if size > 1 and stride == 0:
-            raise ValueError(
-                f"state is updated in place, so its elements must not share memory: it is an expanded "
-                f"view (stride 0 along dim {axis}); pass state.clone()"
-            )
+    _check_updated_in_place(state=state)
     _check_tensor("A", A, 2)
     if A.shape[1] != d_state:
         raise ValueError(
@@ -815,12 +853,7 @@ def _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation):
             f"conv_state must be (batch, dim, width) = {(batch, dim, width)} for x (batch, dim) = "
             f"{(batch, dim)} and weight (dim, width) = {tuple(weight.shape)}, got {tuple(conv_state.shape)}"
         )
-    for axis, (size, stride) in enumerate(zip(conv_state.shape, conv_state.stride(), strict=True)):
-        if size > 1 and stride == 0:
-            raise ValueError(
-                f"conv_state is updated in place, so its elements must not share memory: it is an expanded "
-                f"view (stride 0 along dim {axis}); pass conv_state.clone()"
-            )
+    _check_updated_in_place(conv_state=conv_state)
     _check_conv_activation(activation)
     return batch, dim, width
 
@@ -1000,6 +1033,13 @@ def _check_linear_attention_args(q, k, v, scale, normalize=True, eps=1e-10, outp
     return batch, seqlen, num_heads, k_dim, v_dim, scale
 
 
+def _default_head_scale(head_dim: int) -> float:
+    """``head_dim ** -0.5`` (attention's default); ValueError for head_dim = 0, which has none."""
+    if head_dim == 0:
+        raise ValueError("head_dim is 0, so the default scale head_dim ** -0.5 is undefined; pass scale=")
+    return head_dim**-0.5
+
+
 def _default_linear_scale(k_dim: int) -> float:
     """``k_dim ** -0.5``; ValueError for K = 0, which has no default scale."""
     if k_dim == 0:
@@ -1034,6 +1074,7 @@ def _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps=1e-10)
         _check_tensor("z_state", z_state, 3)
         if z_state.shape != q.shape:
             raise ValueError(f"z_state must be (B, H, K) = {tuple(q.shape)}, got {tuple(z_state.shape)}")
+    _check_updated_in_place(state=state, z_state=z_state)
     if scale is None:
         scale = _default_linear_scale(k_dim)
     return scale

@@ -232,6 +232,23 @@ def test_nothing_outside_the_window_is_read():
     assert torch.equal(got, want)
 
 
+def test_reference_ignores_unread_slots():
+    # NaN in every slot the kernel never reads (before the window, past the length in the last page,
+    # table pages past the length): the reference must give the clean run's output too, as the
+    # kernel does (decode on CPU runs the reference).
+    q, k_cache, v_cache, table, seqlens = make_paged([37, 40], 4, 2, 64, 16, torch.float32)
+    want = kernels.flash_decode(q, k_cache, v_cache, table, seqlens, window=20, backend="reference")
+    k_bad, v_bad = k_cache.clone(), v_cache.clone()
+    for b, length in enumerate(seqlens.tolist()):
+        for t in [*range(length - 20), *range(length, table.shape[1] * 16)]:
+            page = table[b, t // 16].item()
+            if page >= 0:  # -1: an unused table entry (make_paged fills unused pages with NaN already)
+                k_bad[page, t % 16], v_bad[page, t % 16] = math.nan, math.inf
+    got = kernels.flash_decode(q, k_bad, v_bad, table, seqlens, window=20, backend="reference")
+    assert torch.equal(got, want)
+    assert torch.equal(decode((q, k_bad, v_bad, table, seqlens), window=20), decode((q, k_cache, v_cache, table, seqlens), window=20))
+
+
 def test_empty_batch_and_all_empty_sequences():
     q, k_cache, v_cache, table, seqlens = make_paged([0, 0], 4, 2, 64, 16, torch.float32)
     for num_splits in (1, 3):
@@ -344,12 +361,20 @@ _Q, _CACHE, _TABLE, _LENS = _t(2, 2, 8), _t(3, 4, 1, 8), torch.zeros(2, 2, dtype
         ((_Q, _CACHE.double(), _CACHE.double(), _TABLE, _LENS), {}),
         ((_Q, _t(4, 1, 8), _t(4, 1, 8), _TABLE, _LENS), {}),
         (([1.0], _CACHE, _CACHE, _TABLE, _LENS), {}),
+        ((_t(2, 2, 0), _t(3, 4, 1, 0), _t(3, 4, 1, 0), _TABLE, _LENS), {}),  # head_dim 0: no default scale
     ],
 )
 def test_errors_identical_to_reference(args, kwargs):
     triton_error, reference_error = _call("triton", *args, **kwargs), _call("reference", *args, **kwargs)
     assert reference_error is not None
     assert triton_error == reference_error
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_head_dim_zero_needs_a_scale(backend):
+    empty = (_t(2, 2, 0), _t(3, 4, 1, 0), _t(3, 4, 1, 0), _TABLE, _LENS)
+    with pytest.raises(ValueError, match="head_dim is 0.*pass scale="):
+        kernels.flash_decode(*empty, backend=backend)
 
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])

@@ -742,6 +742,7 @@ def test_zero_features_need_an_explicit_scale(backend):
 
 
 STEP_ARGS = (_t(2, 3, 8), _t(2, 3, 8), _t(2, 3, 6), _t(2, 3, 8, 6))
+_SHARED = _t(400)
 
 
 @pytest.mark.parametrize(
@@ -758,6 +759,11 @@ STEP_ARGS = (_t(2, 3, 8), _t(2, 3, 8), _t(2, 3, 6), _t(2, 3, 8, 6))
         (STEP_ARGS, {"z_state": torch.zeros(2, 3, 8, dtype=torch.int64)}),
         (STEP_ARGS, {"scale": [0.5]}),
         (STEP_ARGS, {"eps": -1e-3}),
+        # States written in place: an expanded view (its heads would share one state), a z_state
+        # overlapping state, a state that requires grad.
+        ((*STEP_ARGS[:3], _t(1, 1, 8, 6).expand(2, 3, 8, 6)), {}),
+        ((*STEP_ARGS[:3], _SHARED[:288].view(2, 3, 8, 6)), {"z_state": _SHARED[280:328].view(2, 3, 8)}),
+        ((*STEP_ARGS[:3], _t(2, 3, 8, 6).requires_grad_()), {}),
     ],
 )
 def test_step_errors_identical_to_reference(args, kwargs):
