@@ -369,9 +369,11 @@ def _check_decode_args(q, k_cache, v_cache, block_table, seqlens, window, scale,
         scale = _default_head_scale(head_dim)
     # A decode step being captured in a CUDA graph cannot read values back to the host: the value
     # checks run on eager calls (LanguageModel.generate runs a step eagerly before capturing it).
+    # Meta tensors (shape-only tracing) have no values to check.
     if not isinstance(check_values, bool):
         raise TypeError(f"check_values must be a bool, got {check_values!r}")
-    if check_values and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+    has_values = "meta" not in (block_table.device.type, seqlens.device.type)
+    if check_values and has_values and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         _check_decode_values(block_table, seqlens, num_blocks, block_size, max_blocks)
     return batch, num_heads, num_kv_heads, head_dim, num_blocks, block_size, max_blocks, scale
 

@@ -407,9 +407,10 @@ def test_backend_specific_errors():
         meta = torch.empty(3, 4, 1, 8, device="meta")
         with pytest.raises(ValueError, match="one device.*k_cache on meta"):
             kernels.flash_decode(_Q, meta, meta, _TABLE, _LENS, backend="triton")
-        with pytest.raises(ValueError, match="runs on CUDA .* got meta"):
-            metas = [t.to("meta") for t in (_Q, _CACHE, _CACHE, _TABLE, _LENS)]
-            kernels.flash_decode(*metas, check_values=False, backend="triton")
+        metas = [t.to("meta") for t in (_Q, _CACHE, _CACHE, _TABLE, _LENS)]
+        for check_values in (True, False):
+            with pytest.raises(ValueError, match="runs on CUDA .* got meta"):
+                kernels.flash_decode(*metas, check_values=check_values, backend="triton")
 
 
 # ----------------------------------------------------------------------------------------------
