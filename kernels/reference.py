@@ -74,11 +74,12 @@ def _check_tensor(name: str, x, ndim: int | tuple[int, ...], *, floating: bool =
 def _check_updated_in_place(**states: torch.Tensor | None) -> None:
     """States a decode step writes in place (None ones skipped): no element may share memory with
     another (an expanded view would mix its rows' updates; two states that overlap would mix each
-    other's), and none may require grad in grad mode (the write would bypass autograd).
+    other's), and none may require grad in grad mode (the write would bypass autograd). Overlap is
+    judged by byte ranges in one storage: interleaved disjoint views count as overlapping.
 
     Raises:
-        ValueError: a stride-0 dim of size > 1, two states sharing memory, or a state that requires
-            grad; each message says what to pass instead.
+        ValueError: a stride-0 dim of size > 1, two states whose byte ranges in one storage overlap,
+            or a state that requires grad; each message says what to pass instead.
     """
     present = {name: t for name, t in states.items() if t is not None}
     for name, t in present.items():
