@@ -15,6 +15,7 @@ then still saves ``last.ckpt`` and writes the records of its best checkpoint, ma
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -35,6 +36,9 @@ from eval.records import git_sha, make_record, training_settings, write_records
 from models import ModelConfig
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
 from models.lit import LitLM
+
+# Hydra writes its records to the console and to <run_dir>/train.log (conf/train.yaml).
+log = logging.getLogger("mixerlab.train")
 
 MODEL_KEYS = ("d_model", "n_layers", "mlp", "mlp_ratio", "norm_eps", "embed_dropout", "resid_dropout")
 DATA_META_KEYS = ("name", "monitor", "monitor_mode")
@@ -81,7 +85,7 @@ def _loggers(cfg: DictConfig, run_dir: Path, run_name: str) -> list:
                 )
             )
         except ModuleNotFoundError:
-            print("wandb is not installed: logging to CSV only (pip install wandb, or use logger=csv)")
+            log.info("wandb is not installed: logging to CSV only (pip install wandb, or use logger=csv)")
     return loggers
 
 
@@ -156,7 +160,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     )
     try:
         if trainer.is_global_zero:
-            print(
+            log.info(
                 f"mixerlab: {model_config['name']} layout={ModelConfig.from_dict(model_config).layout} "
                 f"params={lit.model.num_params():,} data={data_cfg['name']} run_dir={run_dir}"
             )
@@ -171,7 +175,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 if not trainer.interrupted or trainer.world_size > 1:
                     raise
                 interrupted = True
-                print(
+                log.info(
                     f"training interrupted at step {trainer.global_step}: saving and evaluating the best checkpoint"
                 )
         # The final save and evaluation take seconds and are what an interrupted run exists to
@@ -189,15 +193,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     run_dir, lit, data_cfg, metrics, slice_seqlens, trainer.strategy.root_device, interrupted
                 )
                 if not checkpoint_cb.best_model_path:
-                    print(
+                    log.info(
                         "training was interrupted before its first validation: the best checkpoint is the last one"
                         if interrupted
                         else "no validation ran during training (trainer.max_steps < trainer.val_check_interval): "
                         "the best checkpoint is the last one"
                     )
-                print(f"best checkpoint: {best}")
-                print(f"last checkpoint: {last}")
-                print("final validation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
+                log.info(f"best checkpoint: {best}")
+                log.info(f"last checkpoint: {last}")
+                log.info("final validation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
         return {
             "run_dir": str(run_dir),
             "best_ckpt": best,

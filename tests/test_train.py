@@ -275,6 +275,10 @@ def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err[-3000:]
     assert "training interrupted at step" in out and "Traceback" not in err
+    # The run's own lines, timestamped, in the run directory's train.log (Hydra's job log).
+    train_log = (run_dir / "train.log").read_text()
+    for line in ("mixerlab: ", "training interrupted at step", "best checkpoint: ", "final validation: "):
+        assert line in train_log, (line, train_log[-2000:])
     records = json.loads((run_dir / "results" / "train.json").read_text())
     assert records and all(r["interrupted"] is True and r["task"] == "mqar" for r in records)
     assert 0 < records[0]["train_tokens"] < 100000 * 32 * 64
