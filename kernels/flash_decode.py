@@ -430,9 +430,9 @@ def flash_decode(
         caches or mismatched dtypes, non-integer block_table / seqlens, non-int window or
         num_splits; ValueError: wrong ndim or mismatched shapes, Hq not a multiple of Hkv, seqlens
         out of [0, max_blocks * block_size], a used page index outside [0, num_blocks), window <= 0,
-        num_splits < 1), and, for this backend only, ValueError for head_dim outside [1, 256],
-        inputs on different devices, a scale beyond fp32's range, batch or KV heads above 65535, or CPU inputs without
-        ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
+        num_splits < 1, head_dim 0 without a scale), and, for this backend only, ValueError for
+        head_dim outside [1, 256], inputs on different devices, a scale beyond fp32's range, batch or
+        KV heads above 65535, or CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     # The reference's validation: same checks, order and messages.
     batch, num_heads, num_kv_heads, head_dim, _, block_size, max_blocks, scale = _check_decode_args(
@@ -462,8 +462,9 @@ def flash_decode(
     seqlen = max_blocks * block_size  # keys a sequence may hold: a shape, not a device read
     if window is not None:
         seqlen = min(seqlen, window)
+    num_sms = sm_count(q.device, NOMINAL_SMS)
     if num_splits is None:
-        num_splits = num_splits_heuristic(batch, num_kv_heads, seqlen, sm_count(q.device, NOMINAL_SMS))
+        num_splits = num_splits_heuristic(batch, num_kv_heads, seqlen, num_sms)
     # Splits past the longest possible sequence would all be empty; the grid axis caps it anyway.
     num_splits = min(num_splits, max(seqlen, 1), _MAX_GRID_YZ)
 
@@ -472,7 +473,7 @@ def flash_decode(
     qk_scale, qk_scale_lo = split_fp64(scale) if fp64 else (scale * _LOG2E, 0.0)
     block_d = max(16, next_power_of_2(head_dim))
     block_n, num_warps, num_stages = split_config(
-        q.dtype, block_d, batch * num_kv_heads * num_splits, -(-seqlen // num_splits), sm_count(q.device, NOMINAL_SMS),
+        q.dtype, block_d, batch * num_kv_heads * num_splits, -(-seqlen // num_splits), num_sms,
         _max_shared_bytes(q.device),
     )  # fmt: skip
     group = num_heads // num_kv_heads

@@ -1151,8 +1151,9 @@ def linear_attention(
     Any K, V >= 1 (tiled; padded to powers of two with masks) and any T >= 0. Accumulation, the
     running state and the returned states are fp32 (fp64 for fp64 inputs); 16-bit products run on
     the tensor cores, so the per-chunk states they multiply are rounded to the input dtype: with
-    fp16 inputs a state entry beyond fp16's range (65504) overflows to inf (bf16 has fp32's range;
-    fla's chunked kernels round alike).
+    fp16 inputs a state entry beyond fp16's range (65504) overflows to inf and the outputs turn
+    inf / NaN (bf16 has fp32's range; fla's chunked kernels round alike). The normaliser z is
+    rescaled before its rounding, so only S limits fp16.
 
     Returns:
         o (B, T, H, V) in q's dtype, or (o, final_state) with output_final_state; the state is kv
@@ -1162,8 +1163,8 @@ def linear_attention(
         The reference's errors, from the same checks (TypeError: non-tensor / non-floating inputs,
         mismatched dtypes, bad scale, a normalize or output_final_state that is not a bool, the wrong
         state form for ``normalize``; ValueError: wrong ndim or mismatched shapes, K = 0 without a
-        scale), and, for this backend only, ValueError for tensors on different devices, scale or eps beyond fp32's range, or CPU
-        tensors without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
+        scale), and, for this backend only, ValueError for tensors on different devices, scale or eps
+        beyond fp32's range, or CPU tensors without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     # The reference's validation: same checks, order and messages.
     batch, _, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(
@@ -1224,8 +1225,10 @@ def linear_attention_step(
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor / non-floating inputs or
         mismatched q / k / v dtypes, bad scale; ValueError: wrong ndim or mismatched shapes, K = 0
-        without a scale), and, for this backend only, ValueError for tensors on different devices, scale or eps beyond fp32's range, or
-        CPU tensors without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
+        without a scale; states written in place that are expanded views, overlap each other or
+        require grad), and, for this backend only, ValueError for tensors on different devices, scale
+        or eps beyond fp32's range, or CPU tensors without ``TRITON_INTERPRET=1`` (or bfloat16 ones
+        under it).
     """
     scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps)
     check_devices("linear_attention_step", q, k, v, state, z_state, names=("q", "k", "v", "state", "z_state"))

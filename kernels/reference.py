@@ -94,6 +94,8 @@ def _check_updated_in_place(**states: torch.Tensor | None) -> None:
                 f"{name} is updated in place, which autograd cannot follow, but it requires grad; pass "
                 f"{name}.detach() or step under torch.no_grad()"
             )
+    if len(present) < 2:
+        return
     spans = [(name, t, _byte_span(t)) for name, t in present.items() if t.numel() and t.device.type != "meta"]
     for i, (name_a, a, (start_a, end_a)) in enumerate(spans):
         for name_b, b, (start_b, end_b) in spans[i + 1 :]:
@@ -220,7 +222,7 @@ def _check_attention_args(q, k, v, causal: bool, window, scale, return_lse=False
     _check_window(window, causal)
     _check_scale(scale)
     if scale is None:
-        scale = _default_head_scale(head_dim)
+        scale = _default_scale(head_dim, "head_dim")
     return batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale
 
 
@@ -367,7 +369,7 @@ def _check_decode_args(q, k_cache, v_cache, block_table, seqlens, window, scale,
         if num_splits < 1:
             raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     if scale is None:
-        scale = _default_head_scale(head_dim)
+        scale = _default_scale(head_dim, "head_dim")
     # A decode step being captured in a CUDA graph cannot read values back to the host: the value
     # checks run on eager calls (LanguageModel.generate runs a step eagerly before capturing it).
     # Meta tensors (shape-only tracing) have no values to check.
@@ -1032,24 +1034,16 @@ def _check_linear_attention_args(q, k, v, scale, normalize=True, eps=1e-10, outp
         )
     v_dim = v.shape[3]
     if scale is None:
-        scale = _default_linear_scale(k_dim)
+        scale = _default_scale(k_dim, "K")
     return batch, seqlen, num_heads, k_dim, v_dim, scale
 
 
-def _default_head_scale(head_dim: int) -> float:
-    """``head_dim ** -0.5`` (attention's default); ValueError for head_dim = 0, which has none."""
-    if head_dim == 0:
-        raise ValueError("head_dim is 0, so the default scale head_dim ** -0.5 is undefined; pass scale=")
-    return head_dim**-0.5
-
-
-def _default_linear_scale(k_dim: int) -> float:
-    """``k_dim ** -0.5``; ValueError for K = 0, which has no default scale."""
-    if k_dim == 0:
-        raise ValueError(
-            "q and k have K = 0 features, so the default scale K ** -0.5 is undefined; pass scale="
-        )
-    return k_dim**-0.5
+def _default_scale(dim: int, name: str) -> float:
+    """``dim ** -0.5``, the default score scale (attention's head_dim, linear attention's K);
+    ValueError for ``dim`` = 0, which has none (``name`` says which dim, for the message)."""
+    if dim == 0:
+        raise ValueError(f"{name} is 0, so the default scale {name} ** -0.5 is undefined; pass scale=")
+    return dim**-0.5
 
 
 def _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps=1e-10):
@@ -1079,7 +1073,7 @@ def _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps=1e-10)
             raise ValueError(f"z_state must be (B, H, K) = {tuple(q.shape)}, got {tuple(z_state.shape)}")
     _check_updated_in_place(state=state, z_state=z_state)
     if scale is None:
-        scale = _default_linear_scale(k_dim)
+        scale = _default_scale(k_dim, "K")
     return scale
 
 
