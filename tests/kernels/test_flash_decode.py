@@ -281,7 +281,8 @@ def test_num_splits_heuristic():
 
 
 def test_split_config(monkeypatch):
-    # The CUDA rule (the module is imported under the interpreter here, which has its own config).
+    # The interpreter's config, then the CUDA rule (whichever one this machine imported the module under).
+    monkeypatch.setattr(fd, "_INTERPRET", True)
     assert fd.split_config(torch.bfloat16, 128, 128, 128) == (fd.INTERPRET_BLOCK_N, 4, 1)
     monkeypatch.setattr(fd, "_INTERPRET", False)
     assert fd.split_config(torch.bfloat16, 128, 8 * 16, 128, 132) == (128, 4, 2)  # B1 2k: <= 1 program / SM
@@ -335,7 +336,7 @@ def _i(*values):
     return torch.tensor(values, dtype=torch.int32, device=DEVICE)
 
 
-_Q, _CACHE, _TABLE, _LENS = _t(2, 2, 8), _t(3, 4, 1, 8), torch.zeros(2, 2, dtype=torch.int32), _i(3, 8)
+_Q, _CACHE, _TABLE, _LENS = _t(2, 2, 8), _t(3, 4, 1, 8), _i(0, 0, 0, 0).view(2, 2), _i(3, 8)
 
 
 @pytest.mark.parametrize(
@@ -346,7 +347,7 @@ _Q, _CACHE, _TABLE, _LENS = _t(2, 2, 8), _t(3, 4, 1, 8), torch.zeros(2, 2, dtype
         ((_Q, _CACHE, _CACHE, _TABLE.float(), _LENS), {}),
         ((_Q, _CACHE, _CACHE, _TABLE, _LENS.double()), {}),
         ((_Q, _CACHE, _CACHE, _TABLE.bool(), _LENS), {}),
-        ((_Q, _CACHE, _CACHE, torch.tensor([[0, 0], [1, 3]], dtype=torch.int32), _LENS), {}),  # page 3
+        ((_Q, _CACHE, _CACHE, _i(0, 0, 1, 3).view(2, 2), _LENS), {}),  # page 3
         ((_Q, _CACHE, _CACHE, _TABLE[:1], _LENS), {}),
         ((_t(2, 3, 8), _t(3, 4, 2, 8), _t(3, 4, 2, 8), _TABLE, _LENS), {}),  # 3 heads over 2 KV heads
         ((_Q, _CACHE, _CACHE, _TABLE, _LENS), {"window": 0}),
