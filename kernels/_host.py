@@ -26,6 +26,12 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for a >= 0, b > 0, as ``triton.cdiv``, which recent Triton also wraps as a constexpr
+    function (microseconds per host call, several per eager launch)."""
+    return (a + b - 1) // b
+
+
 def device_guard(t: torch.Tensor):
     """``torch.cuda.device`` of a CUDA tensor (launches go to its GPU); a no-op context otherwise."""
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
@@ -68,10 +74,14 @@ def check_devices(op: str, *tensors: torch.Tensor | None, names: tuple[str, ...]
             without the interpreter (the message says to set TRITON_INTERPRET=1 or use
             backend='reference'), or bfloat16 CPU tensors under it (:func:`check_interpreter_dtype`).
     """
-    present = [(name, t) for name, t in zip(names or [""] * len(tensors), tensors, strict=True) if t is not None]
+    present = [
+        (name, t) for name, t in zip(names or [""] * len(tensors), tensors, strict=True) if t is not None
+    ]
     devices = {t.device for _, t in present}
     if len(devices) > 1:
-        listing = ", ".join(f"{name} on {t.device}" for name, t in present) if names else sorted(map(str, devices))
+        listing = (
+            ", ".join(f"{name} on {t.device}" for name, t in present) if names else sorted(map(str, devices))
+        )
         raise ValueError(f"{op}: all tensors must be on one device, got {listing}")
     device = devices.pop()
     if device.type not in ("cuda", "cpu"):

@@ -74,7 +74,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import check_devices, device_guard, next_power_of_2, strides
+from kernels._host import cdiv, check_devices, device_guard, next_power_of_2, strides
 from kernels.reference import (
     _check_causal_conv1d_args,
     _check_causal_conv1d_update_args,
@@ -167,9 +167,9 @@ def _segment_steps(batch: int, dim: int, seqlen: int, block_t: int) -> int:
     """Steps per program: a power of two, a multiple of block_t."""
     if _INTERPRET:
         return max(INTERPRET_SEGMENT_STEPS, block_t)
-    rows = max(1, batch * triton.cdiv(dim, 128))
-    segments = triton.cdiv(TARGET_PROGRAMS, rows)
-    steps = next_power_of_2(triton.cdiv(seqlen, segments))
+    rows = max(1, batch * cdiv(dim, 128))
+    segments = cdiv(TARGET_PROGRAMS, rows)
+    steps = next_power_of_2(cdiv(seqlen, segments))
     return min(max(steps, MIN_SEGMENT_CHUNKS * block_t), max(MAX_SEGMENT_STEPS, block_t))
 
 
@@ -451,7 +451,7 @@ def _launch_meta(x: torch.Tensor, width: int, *others: torch.Tensor) -> dict:
     block_t = _block_t(x.dtype, width, reg_window)
     seg = _segment_steps(batch, dim, seqlen, block_t)
     return dict(
-        n_seg=triton.cdiv(seqlen, seg),
+        n_seg=cdiv(seqlen, seg),
         meta=dict(
             WIDTH=width, W_PAD=next_power_of_2(width), REG_WINDOW=reg_window,
             FP64=_compute_dtype(x.dtype) == torch.float64, BLOCK_T=block_t, SEG_STEPS=seg,
@@ -469,7 +469,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, s
     n_seg = launch["n_seg"]
 
     def grid(meta):
-        return (n_seg * batch, triton.cdiv(dim, meta["BLOCK_D"]))
+        return (n_seg * batch, cdiv(dim, meta["BLOCK_D"]))
 
     causal_conv1d_fwd_kernel[grid](
         x, weight, bias, y, *x.stride(), *weight.stride(), *strides(bias, 1),
@@ -494,7 +494,7 @@ def _backward(dy, x, weight, bias, silu: bool):
     db_part = torch.empty((batch, n_seg, dim), dtype=dtype, device=x.device) if bias is not None else None
 
     def grid(meta):
-        return (n_seg * batch, triton.cdiv(dim, meta["BLOCK_D"]))
+        return (n_seg * batch, cdiv(dim, meta["BLOCK_D"]))
 
     causal_conv1d_bwd_kernel[grid](
         x, weight, bias, dy, dx, dw_part, db_part,
@@ -612,7 +612,7 @@ def causal_conv1d_update(
         return y
     block_d = min(UPDATE_BLOCK_D, max(next_power_of_2(dim), 32 if not _INTERPRET else 1))
     with device_guard(x):
-        causal_conv1d_update_kernel[(triton.cdiv(dim, block_d), triton.cdiv(batch, UPDATE_ROWS))](
+        causal_conv1d_update_kernel[(cdiv(dim, block_d), cdiv(batch, UPDATE_ROWS))](
             x, conv_state, weight, bias, y,
             *x.stride(), *conv_state.stride(), *weight.stride(), *strides(bias, 1),
             batch, dim,

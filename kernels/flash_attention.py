@@ -47,7 +47,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import check_devices, check_fp32_scalars, device_guard, next_power_of_2, split_fp64
+from kernels._host import cdiv, check_devices, check_fp32_scalars, device_guard, next_power_of_2, split_fp64
 from kernels.reference import (
     _check_attention_args,
     _compute_dtype,
@@ -749,7 +749,7 @@ def _forward(q, k, v, causal: bool, window: int | None, scale: float):
     window = params["window"]
 
     def grid(meta):
-        return (triton.cdiv(seqlen_q, meta["BLOCK_M"]), num_heads, batch)
+        return (cdiv(seqlen_q, meta["BLOCK_M"]), num_heads, batch)
 
     flash_attention_fwd_kernel[grid](
         q, k, v, o, lse,
@@ -777,7 +777,7 @@ def _backward(do, dlse, q, k, v, o, lse, causal: bool, window: int | None, scale
 
     delta = torch.empty((batch, num_heads, seqlen_q), dtype=lse.dtype, device=q.device)
     block_m = 32 if _INTERPRET else max(16, min(128, 8192 // meta["BLOCK_D"]))
-    flash_attention_bwd_preprocess_kernel[(triton.cdiv(seqlen_q, block_m), num_heads, batch)](
+    flash_attention_bwd_preprocess_kernel[(cdiv(seqlen_q, block_m), num_heads, batch)](
         o, do, dlse if dlse is not None else delta, delta,
         *o.stride(), *do.stride(), *(dlse.stride() if dlse is not None else (0, 0, 0)),
         num_heads, seqlen_q,
@@ -789,12 +789,12 @@ def _backward(do, dlse, q, k, v, o, lse, causal: bool, window: int | None, scale
         num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, window or 0, *params["qk"], *params["scale"],
         _bucket(seqlen_q), _bucket(seqlen_k),
     )  # fmt: skip
-    flash_attention_bwd_dkdv_kernel[lambda m: (triton.cdiv(seqlen_k, m["BLOCK_N"]), num_kv_heads, batch)](
+    flash_attention_bwd_dkdv_kernel[lambda m: (cdiv(seqlen_k, m["BLOCK_N"]), num_kv_heads, batch)](
         q, k, v, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         *common, CAUSAL=causal, HAS_WINDOW=window is not None, **meta,
     )  # fmt: skip
-    flash_attention_bwd_dq_kernel[lambda m: (triton.cdiv(seqlen_q, m["BLOCK_M"]), num_heads, batch)](
+    flash_attention_bwd_dq_kernel[lambda m: (cdiv(seqlen_q, m["BLOCK_M"]), num_heads, batch)](
         q, k, v, do, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         *common, CAUSAL=causal, HAS_WINDOW=window is not None, **meta,

@@ -93,6 +93,7 @@ from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
 from kernels._host import (
+    cdiv,
     check_devices,
     check_fp32_scalars,
     device_guard,
@@ -885,7 +886,7 @@ def _scan(x, y, w, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool, sc
     batch, seqlen, num_heads, d_dim = x.shape
     e_dim = y.shape[3]
     acc = _compute_dtype(x.dtype)
-    n_chunks = triton.cdiv(seqlen, chunk)
+    n_chunks = cdiv(seqlen, chunk)
     device = x.device
     states = torch.empty((batch, num_heads, n_chunks, d_dim, e_dim), dtype=x.dtype, device=device)
     s_out = torch.empty((batch, num_heads, d_dim, e_dim), dtype=acc, device=device)
@@ -900,8 +901,8 @@ def _scan(x, y, w, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool, sc
 
     def grid(meta):
         # At least one E tile, so that z is still summed when E == 0.
-        e_tiles = max(1, triton.cdiv(e_dim, meta["BLOCK_E"]))
-        return (triton.cdiv(d_dim, meta["BLOCK_D"]) * e_tiles, num_heads, batch)
+        e_tiles = max(1, cdiv(e_dim, meta["BLOCK_E"]))
+        return (cdiv(d_dim, meta["BLOCK_D"]) * e_tiles, num_heads, batch)
 
     linear_attention_state_kernel[grid](
         x, y, w if w is not None else s_out, s_in if s_in is not None else s_out,
@@ -963,12 +964,12 @@ def _fused_forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, 
     fp64 = acc == torch.float64
     device = q.device
     chunk = chunk_size(q.dtype)
-    n_chunks = triton.cdiv(seqlen, chunk)
+    n_chunks = cdiv(seqlen, chunk)
     block_e, num_warps, num_stages = fused_config(q.dtype)
-    e_tiles = triton.cdiv(v_dim, block_e)
+    e_tiles = cdiv(v_dim, block_e)
     n_seg = num_segments(batch * num_heads * e_tiles, n_chunks, sm_count(device, INTERPRET_SMS))
-    chunks_per_seg = triton.cdiv(n_chunks, n_seg) if n_chunks else 1
-    n_seg = max(1, triton.cdiv(n_chunks, chunks_per_seg))  # no empty trailing segment
+    chunks_per_seg = cdiv(n_chunks, n_seg) if n_chunks else 1
+    n_seg = max(1, cdiv(n_chunks, chunks_per_seg))  # no empty trailing segment
 
     o = torch.empty((batch, seqlen, num_heads, v_dim), dtype=q.dtype, device=device)
     kv = torch.empty((batch, num_heads, k_dim, v_dim), dtype=acc, device=device)
@@ -985,9 +986,11 @@ def _fused_forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, 
     dot_precision = _dot_precision(q.dtype)
     if n_seg > 1:
         seg = torch.empty((batch * num_heads, n_seg - 1, k_dim, v_dim), dtype=acc, device=device)
-        zseg = torch.empty((batch * num_heads, n_seg - 1, k_dim), dtype=acc, device=device) if normalize else kv
+        zseg = (
+            torch.empty((batch * num_heads, n_seg - 1, k_dim), dtype=acc, device=device) if normalize else kv
+        )
         block_d = min(_pad(k_dim), block_e)
-        linear_attention_segment_kernel[(triton.cdiv(k_dim, block_d) * e_tiles * (n_seg - 1), num_heads, batch)](
+        linear_attention_segment_kernel[(cdiv(k_dim, block_d) * e_tiles * (n_seg - 1), num_heads, batch)](
             k, v, seg, zseg, *k.stride(), *v.stride(), num_heads, seqlen, k_dim, v_dim, chunks_per_seg,
             HAS_Z=normalize, FP64=fp64, DOT_PRECISION=dot_precision, BLOCK_T=chunk, BLOCK_D=block_d,
             BLOCK_E=block_e, num_warps=num_warps, num_stages=num_stages,
@@ -1024,7 +1027,7 @@ def _forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, store_
     fp64 = kv.dtype == torch.float64
 
     def grid(meta):
-        return (triton.cdiv(v_dim, meta["BLOCK_E"]) * triton.cdiv(seqlen, chunk), num_heads, batch)
+        return (cdiv(v_dim, meta["BLOCK_E"]) * cdiv(seqlen, chunk), num_heads, batch)
 
     linear_attention_fwd_kernel[grid](
         q, k, v, states, zstates if normalize else kv, o, den if normalize else kv,
@@ -1053,7 +1056,7 @@ def _backward(do, dkv, dz, q, k, v, o, states, zstates, den, scale: float, norma
         g = torch.empty(do.shape, dtype=q.dtype, device=q.device)
         r = torch.empty((batch, num_heads, seqlen), dtype=acc, device=q.device)
         block_t = 32 if _INTERPRET else 64
-        linear_attention_bwd_preprocess_kernel[(triton.cdiv(seqlen, block_t), num_heads, batch)](
+        linear_attention_bwd_preprocess_kernel[(cdiv(seqlen, block_t), num_heads, batch)](
             do, o, den, g, r, *do.stride(), *o.stride(), *g.stride(), num_heads, seqlen, v_dim,
             FP64=fp64, BLOCK_T=block_t, BLOCK_E=min(_pad(v_dim), 64),
         )  # fmt: skip
@@ -1063,23 +1066,23 @@ def _backward(do, dkv, dz, q, k, v, o, states, zstates, den, scale: float, norma
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    n_chunks = triton.cdiv(seqlen, chunk)
+    n_chunks = cdiv(seqlen, chunk)
     scale_args = _scale_args(scale, fp64)
     meta = dict(NORMALIZE=normalize, FP64=fp64, DOT_PRECISION=_dot_precision(q.dtype), BLOCK_T=chunk)
     dummy = dkv0
     # A launch per gradient that has elements (with K == 0 or V == 0 the other two still may).
     if dv.numel() > 0:
-        linear_attention_bwd_dv_kernel[lambda m: (triton.cdiv(v_dim, m["BLOCK_E"]) * n_chunks, num_heads, batch)](
+        linear_attention_bwd_dv_kernel[lambda m: (cdiv(v_dim, m["BLOCK_E"]) * n_chunks, num_heads, batch)](
             k, q, g, dstates, dv, *k.stride(), *q.stride(), *g.stride(), *dv.stride(),
             num_heads, seqlen, k_dim, v_dim, *scale_args, _pad(k_dim), _pad(v_dim), **meta,
         )  # fmt: skip
     if dk.numel() > 0:
-        linear_attention_bwd_dk_kernel[lambda m: (triton.cdiv(k_dim, m["BLOCK_E"]) * n_chunks, num_heads, batch)](
+        linear_attention_bwd_dk_kernel[lambda m: (cdiv(k_dim, m["BLOCK_E"]) * n_chunks, num_heads, batch)](
             v, g, q, dstates, dzstates if normalize else dummy, r if normalize else dummy, dk,
             *v.stride(), *g.stride(), *q.stride(), *dk.stride(),
             num_heads, seqlen, v_dim, k_dim, *scale_args, _pad(v_dim), _pad(k_dim), **meta,
         )  # fmt: skip
-        linear_attention_bwd_dq_kernel[lambda m: (triton.cdiv(k_dim, m["BLOCK_E"]) * n_chunks, num_heads, batch)](
+        linear_attention_bwd_dq_kernel[lambda m: (cdiv(k_dim, m["BLOCK_E"]) * n_chunks, num_heads, batch)](
             g, v, k, states, zstates if normalize else dummy, r if normalize else dummy, dq,
             *g.stride(), *v.stride(), *k.stride(), *dq.stride(),
             num_heads, seqlen, v_dim, k_dim, *scale_args, _pad(v_dim), _pad(k_dim), **meta,

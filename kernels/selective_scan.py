@@ -77,7 +77,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import check_devices, device_guard, next_power_of_2, strides
+from kernels._host import cdiv, check_devices, device_guard, next_power_of_2, strides
 from kernels.reference import (
     _check_selective_scan_args,
     _check_selective_state_update_args,
@@ -664,7 +664,7 @@ def _forward(u, delta, A, B, C, D, z, delta_bias, h0, softplus: bool, store_ckpt
     B, C = _grouped(B, dtype, 4), _grouped(C, dtype, 4)
     groups = B.shape[1]
     P = dim // groups
-    n_ckpt = triton.cdiv(seqlen, CHECKPOINT_STEPS)
+    n_ckpt = cdiv(seqlen, CHECKPOINT_STEPS)
     y = torch.empty((batch, dim, seqlen), dtype=u.dtype, device=u.device)
     last = torch.empty((batch, dim, d_state), dtype=dtype, device=u.device)
     ckpt = torch.empty((batch, dim, n_ckpt if store_ckpt else 0, d_state), dtype=dtype, device=u.device)
@@ -672,7 +672,7 @@ def _forward(u, delta, A, B, C, D, z, delta_bias, h0, softplus: bool, store_ckpt
         return y, last, ckpt
 
     def grid(meta):
-        return (triton.cdiv(P, meta["BLOCK_D"]), groups, batch)
+        return (cdiv(P, meta["BLOCK_D"]), groups, batch)
 
     selective_scan_fwd_kernel[grid](
         u, delta, A, B, C, D, z, delta_bias, h0, y, last, ckpt,
@@ -700,7 +700,7 @@ def _backward(dy, dlast, u, delta, A, B, C, D, z, delta_bias, ckpt, softplus: bo
     # A warp keeps at most BWD_BLOCK_D * 16 states: past N = 16 the channel block shrinks and the
     # default layout spreads each channel's states over more lanes (the registers stay bounded).
     block_d = min(BWD_BLOCK_D, next_power_of_2(P), max(1, BWD_BLOCK_D * 16 // block_n))
-    n_blocks = triton.cdiv(P, block_d)
+    n_blocks = cdiv(P, block_d)
     n_ckpt = ckpt.shape[2]
     slots = CHECKPOINT_STEPS // _MIN_BWD_BLOCK_T
     device = u.device
@@ -903,7 +903,7 @@ def selective_state_update(
         INTERPRET_BLOCK_D if _INTERPRET else DECODE_BLOCK_ELEMENTS,
     )
     with device_guard(x):
-        selective_state_update_kernel[(triton.cdiv(P, block_d), groups, batch)](
+        selective_state_update_kernel[(cdiv(P, block_d), groups, batch)](
             state, x, dt, A, Bg, Cg, D, z, dt_bias, y,
             *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *Bg.stride(), *Cg.stride(),
             *strides(D, 1), *strides(dt_bias, 1), *strides(z, 2),

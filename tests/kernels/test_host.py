@@ -16,6 +16,13 @@ def test_next_power_of_2_matches_triton():
         assert _host.next_power_of_2(n) == triton.next_power_of_2(n), n
 
 
+def test_cdiv_matches_triton():
+    for a in range(0, 300):
+        for b in (1, 2, 3, 16, 64, 127, 128):
+            assert _host.cdiv(a, b) == triton.cdiv(a, b), (a, b)
+    assert _host.cdiv(2**40 + 3, 64) == triton.cdiv(2**40 + 3, 64)
+
+
 def test_split_fp64_and_fp32_range():
     for x in (0.1, 1 / 3, 88.0**-0.5, 1e-30, -7.25e37):
         hi, lo = _host.split_fp64(x)
