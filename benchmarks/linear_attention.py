@@ -39,6 +39,14 @@ alone, ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)`` on one f
 are timed with inputs that require grad. q and k are positive feature maps (elu + 1 of a Gaussian,
 the mixer's default), so normalising is well defined; v is Gaussian.
 
+**GPU time** (``--no-graph`` skips it): every provider is timed a second time with no host
+overhead, captured in a CUDA graph (:func:`benchmarks.common.bench_graph_ms`, L2 flushed), the
+forward alone and forward + backward, in the same interleaved rounds; the graph backward is
+their difference per round (:func:`graph_backward_rounds`). Why: an eager call also waits on the
+host's launch work, which on the H200 machine was longer than some kernels (2026-12-01, B2 T8192
+H16 D128: 200 us of host time per forward call against 153 us on the GPU), so eager figures hide
+GPU-side differences like the normaliser's cost; rows keep both (``ms`` eager, ``graph_ms``).
+
 Correctness column: before timing, every provider's output and gradients on one slice (last
 sequence, heads 0 and H-1) are compared with an fp32 reference of its own op
 (:func:`kernels.reference.linear_attention` with the provider's ``normalize``, or
@@ -73,6 +81,7 @@ from benchmarks.common import (  # noqa: E402
     DO_BENCH_REP_MS,
     DO_BENCH_WARMUP_MS,
     RESULTS_DIR,
+    bench_graph_ms,
     bench_ms,
     fmt_ratio,
     fmt_sci,
@@ -177,14 +186,16 @@ def table_header() -> list[str]:
     ]  # fmt: skip
 
 
-def table_row(row: dict[str, Any]) -> list[str]:
+def table_row(row: dict[str, Any], timing: str = "ms") -> list[str]:
     """One printed line: ms per provider (``n/a`` / ``fail``), ours' speedups over fla and flash
-    (their time over ours), the normalised-over-raw time, max abs errors (``!``: ours suspect)."""
+    (their time over ours), the normalised-over-raw time, max abs errors (``!``: ours suspect);
+    eager times with ``timing="ms"``, GPU times with ``"graph_ms"`` (``-``: not measured)."""
+    speedup = row["speedup"] if timing == "ms" else row["graph_speedup"]
 
     def cell(p: str) -> str:
         status = row["status"].get(p, "n/a (not asked for: --providers)")
         if status == "ok":
-            return fmt_ms(row["ms"][p])
+            return fmt_ms(row[timing].get(p))
         return "n/a" if status.startswith("n/a") else "fail"
 
     err_ours = fmt_sci(row["max_abs_err"].get("ours"))
@@ -195,23 +206,32 @@ def table_row(row: dict[str, Any]) -> list[str]:
         shape_label(row["batch"], row["seqlen"], row["heads"], row["k_dim"], row["v_dim"]),
         row["direction"],
         *[cell(p) for p in PROVIDERS],
-        fmt_ratio(row["speedup"]["vs_fla"]),
-        fmt_ratio(row["speedup"]["vs_flash"]),
-        fmt_ratio(row["speedup"]["norm_over_raw"]),
+        fmt_ratio(speedup["vs_fla"]),
+        fmt_ratio(speedup["vs_flash"]),
+        fmt_ratio(speedup["norm_over_raw"]),
         err_ours,
         fmt_sci(row["max_abs_err"].get("fla")),
     ]
 
 
-def sweep_crossovers(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Crossover of ours vs flash per direction (and fwd+bwd) over the sweep's rows."""
+def graph_backward_rounds(fwd: Sequence[float], fwd_bwd: Sequence[float]) -> list[float]:
+    """Per-round backward time in ms from the graph times of the forward alone and of forward +
+    backward measured in the same rounds (a captured backward needs its forward in the graph)."""
+    if len(fwd) != len(fwd_bwd):
+        raise ValueError(f"{len(fwd)} forward rounds but {len(fwd_bwd)} forward + backward rounds")
+    return [both - alone for alone, both in zip(fwd, fwd_bwd, strict=True)]
+
+
+def sweep_crossovers(rows: Sequence[dict[str, Any]], timing: str = "ms") -> dict[str, dict[str, Any]]:
+    """Crossover of ours vs flash per direction (and fwd+bwd) over the sweep's rows, on the eager
+    times (``timing="ms"``) or the GPU times (``"graph_ms"``)."""
     sweep = [r for r in rows if r["part"] == "sweep"]
     result = {}
     for direction in (*DIRECTIONS, "fwd+bwd"):
         by_t: dict[int, list[float | None]] = {}
         for r in sweep:
             if direction in (r["direction"], "fwd+bwd"):
-                ours, flash = r["ms"].get("ours"), r["ms"].get("flash")
+                ours, flash = r[timing].get("ours"), r[timing].get("flash")
                 acc = by_t.setdefault(r["seqlen"], [0.0, 0.0])
                 acc[0] = None if acc[0] is None or ours is None else acc[0] + ours
                 acc[1] = None if acc[1] is None or flash is None else acc[1] + flash
@@ -322,6 +342,12 @@ def _prepare(
     return err, timed, time.perf_counter() - t0
 
 
+def _forward_backward(fn: Callable, qkv: tuple[torch.Tensor, ...], dout: torch.Tensor):
+    """dq, dk, dv of ``fn(*qkv)`` with output gradient ``dout``: forward and backward in one call,
+    the unit a CUDA graph can capture."""
+    return torch.autograd.grad(fn(*qkv), qkv, dout)
+
+
 def time_rounds(
     timed: dict[Any, Callable[[], Any]],
     rounds: int,
@@ -382,17 +408,31 @@ def run_config(
     providers: Sequence[str],
     dtype: torch.dtype,
     rounds: int = 1,
+    graph: bool = True,
 ) -> list[dict[str, Any]]:
     """Check every provider on one (B, T, H, K, V), then time them in ``rounds`` interleaved rounds
-    (:func:`time_rounds`); returns the fwd and bwd rows, ``ms`` the median over rounds."""
+    (:func:`time_rounds`), eagerly and, with ``graph``, in CUDA graphs; returns the fwd and bwd
+    rows, ``ms`` / ``graph_ms`` the medians over rounds (``graph_ms`` values None when not run)."""
     batch, seqlen, heads, k_dim, v_dim = shape
     q, k, v, dout = make_inputs(batch, seqlen, heads, k_dim, v_dim, dtype)
     check = Check(q, k, v, dout)
-    res = {d: {"ms": {}, "rounds": {}, "status": {}, "err": {}, "warmup_s": {}} for d in DIRECTIONS}
+    res = {
+        d: {
+            "ms": {},
+            "rounds": {},
+            "graph_rounds": {},
+            "graph_status": {},
+            "status": {},
+            "err": {},
+            "warmup_s": {},
+        }
+        for d in DIRECTIONS
+    }
     timed: dict[tuple[str, str], Callable[[], Any]] = {}
+    fns: dict[str, Callable] = {}
     for name in providers:
         try:
-            fn = make_provider(name, k_dim, v_dim)
+            fn = fns[name] = make_provider(name, k_dim, v_dim)
         except NotApplicable as exc:
             for d in DIRECTIONS:
                 res[d]["status"][name] = f"n/a: {exc}"
@@ -414,6 +454,24 @@ def run_config(
     times, errors = time_rounds(timed, rounds)
     for (name, direction), exc in errors.items():
         res[direction]["status"][name] = "failed: " + short_reason(exc, [])
+    timed.clear()
+    if graph:
+        ok = [n for n in fns if all(res[d]["status"].get(n) is None for d in DIRECTIONS)]
+        for name in ok:
+            timed[(name, "fwd")] = functools.partial(fns[name], q, k, v)
+            timed[(name, "fwd+bwd")] = functools.partial(_forward_backward, fns[name], (q, k, v), dout)
+        graph_times, graph_errors = time_rounds(timed, rounds, bench=bench_graph_ms)
+        for name in ok:
+            exc = graph_errors.get((name, "fwd")) or graph_errors.get((name, "fwd+bwd"))
+            if exc is not None:
+                for d in DIRECTIONS:
+                    res[d]["graph_status"][name] = "failed: " + short_reason(exc, [])
+                continue
+            fwd, fwd_bwd = graph_times[(name, "fwd")], graph_times[(name, "fwd+bwd")]
+            res["fwd"]["graph_rounds"][name] = fwd
+            res["bwd"]["graph_rounds"][name] = graph_backward_rounds(fwd, fwd_bwd)
+            for d in DIRECTIONS:
+                res[d]["graph_status"][name] = "ok"
     for (name, direction), per_round in times.items():
         if per_round and (name, direction) not in errors:
             res[direction]["rounds"][name] = per_round
@@ -422,13 +480,16 @@ def run_config(
         for name, per_round in r["rounds"].items():
             r["ms"][name] = statistics.median(per_round)
             r["status"][name] = "ok"
-    timed.clear()
     torch.cuda.empty_cache()
 
     rows = []
     for direction in DIRECTIONS:
         r = res[direction]
         ms = {p: r["ms"].get(p) for p in providers}
+        graph_ms = {
+            p: statistics.median(r["graph_rounds"][p]) if p in r["graph_rounds"] and p in r["ms"] else None
+            for p in providers
+        }
         errs = r["err"]
         suspect = None
         if "ours" in errs and "fla" in errs:
@@ -451,6 +512,14 @@ def run_config(
                     "vs_fla": ratio(ms.get("fla"), ms.get("ours")),
                     "vs_flash": ratio(ms.get("flash"), ms.get("ours")),
                     "norm_over_raw": ratio(ms.get("ours_norm"), ms.get("ours")),
+                },
+                "graph_ms": graph_ms,
+                "graph_ms_rounds": {p: r["graph_rounds"].get(p) for p in providers},
+                "graph_status": {p: r["graph_status"].get(p, "not run") for p in providers},
+                "graph_speedup": {
+                    "vs_fla": ratio(graph_ms.get("fla"), graph_ms.get("ours")),
+                    "vs_flash": ratio(graph_ms.get("flash"), graph_ms.get("ours")),
+                    "norm_over_raw": ratio(graph_ms.get("ours_norm"), graph_ms.get("ours")),
                 },
                 "max_abs_err": {p: errs.get(p) for p in providers},
                 "ours_err_suspect": suspect,
@@ -523,6 +592,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-sweep", action="store_true")
     parser.add_argument("--decode", help="BxHxKxV of the decode step (default 256x16x128x128)")
     parser.add_argument("--no-decode", action="store_true")
+    parser.add_argument(
+        "--no-graph", action="store_true", help="eager timings only (no CUDA-graph GPU times)"
+    )
     parser.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument(
@@ -600,6 +672,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rounds": args.rounds,
             "ms": "median over the rounds of each provider's do_bench median (ms_rounds: every round)",
         },
+        "graph_timing": None
+        if args.no_graph
+        else (
+            "benchmarks.common.bench_graph_ms in the same rounds (L2 flushed, no host overhead); "
+            "graph_ms: fwd = the forward's graph, bwd = the forward + backward graph minus the forward's, "
+            "per round, then the median"
+        ),
         "check": "max abs error vs the fp32 reference of each provider's op on (last batch, heads 0 and H-1)",
         "speedup": "X's ms over ours' ms (> 1: ours faster); norm_over_raw = ours_norm ms / ours ms",
     }
@@ -613,7 +692,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     for i, (part, shape) in enumerate(configs, 1):
         t0 = time.perf_counter()
-        new = run_config(part, shape, providers=args.providers, dtype=dtype, rounds=args.rounds)
+        new = run_config(
+            part, shape, providers=args.providers, dtype=dtype, rounds=args.rounds, graph=not args.no_graph
+        )
         rows += new
         times = "  ".join(f"{p} {fmt_ms(new[0]['ms'][p])}/{fmt_ms(new[1]['ms'][p])}" for p in args.providers)
         errs = "  ".join(
@@ -630,6 +711,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if not args.no_sweep:
         record["crossover_vs_flash"] = sweep_crossovers(rows)
+        if not args.no_graph:
+            record["crossover_vs_flash_graph"] = sweep_crossovers(rows, "graph_ms")
     if not args.no_decode:
         record["decode"] = run_decode(args.decode, dtype)
     write_json(path, record)
@@ -638,25 +721,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("normalised over unnormalised; err = max abs error vs the fp32 reference of the provider's op")
     print("(fwd: output, bwd: dq/dk/dv); '!' = ours beyond 2x/3x fla's\n")
     print(format_table(table_header(), [table_row(r) for r in rows]))
+    if not args.no_graph:
+        print("\nGPU time: the same, captured in CUDA graphs (no host overhead; bwd = fwd+bwd - fwd)\n")
+        print(format_table(table_header(), [table_row(r, "graph_ms") for r in rows]))
     failures = sorted(
         {f"  {p}: {r['status'][p]}" for r in rows for p in args.providers if r["status"][p] != "ok"}
+        | {
+            f"  {p} (CUDA graph): {r['graph_status'][p]}"
+            for r in rows
+            for p in args.providers
+            if r["graph_status"][p].startswith("failed")
+        }
     )
     if failures:
         print("\nnot measured:")
         print("\n".join(failures))
     if not args.no_sweep:
         print(f"\ncrossover of ours vs causal FlashAttention (sweep: {SWEEP_TOKENS} tokens per batch):")
-        cross = record["crossover_vs_flash"]
+        crossings = [("eager", record["crossover_vs_flash"])]
+        if not args.no_graph:
+            crossings.append(("GPU time", record["crossover_vs_flash_graph"]))
         print(
             format_table(
-                ["dir", "first faster T", "estimated T", "note"],
+                ["timing", "dir", "first faster T", "estimated T", "note"],
                 [
                     [
+                        timing,
                         d,
                         c["first_faster"],
                         None if c["estimate"] is None else f"{c['estimate']:.0f}",
                         c["note"],
                     ]
+                    for timing, cross in crossings
                     for d, c in cross.items()
                 ],
             )

@@ -15,6 +15,7 @@ from benchmarks.linear_attention import (
     PROVIDERS,
     SHAPES,
     crossover,
+    graph_backward_rounds,
     parse_args,
     parse_shape,
     sweep_crossovers,
@@ -85,6 +86,13 @@ def _row(part, seqlen, direction, ours, flash, **extra):
         },
         "max_abs_err": {"ours": 0.01, "ours_norm": 0.001, "fla": 0.002, "flash": 0.003},
         "ours_err_suspect": True,
+        # GPU times: half the eager ones (the host's share gone), flash's not measured
+        "graph_ms": {p: None if v is None or p == "flash" else v / 2 for p, v in ms.items()},
+        "graph_speedup": {
+            "vs_fla": None if ms["fla"] is None else ms["fla"] / ours,
+            "vs_flash": None,
+            "norm_over_raw": None if ms["ours_norm"] is None else ms["ours_norm"] / ours,
+        },
     }
 
 
@@ -99,6 +107,17 @@ def test_sweep_crossovers_per_direction_and_total():
     # fwd+bwd: ours 3.0 vs flash 1.5 T / 1024 -> equal at T = 2048
     assert got["fwd+bwd"]["first_faster"] == 4096 and got["fwd+bwd"]["estimate"] == pytest.approx(2048)
     assert math.isclose(got["fwd"]["estimate"], 2048)
+    # On the GPU times, which lack flash here: no length measured by both.
+    assert sweep_crossovers(rows, "graph_ms")["fwd"]["note"] == "no length measured by both"
+    for r in rows:
+        r["graph_ms"]["flash"] = r["ms"]["flash"]  # flash's GPU time = eager, ours' halved: earlier crossing
+    assert sweep_crossovers(rows, "graph_ms")["fwd"]["estimate"] == pytest.approx(1024)
+
+
+def test_graph_backward_rounds_subtract_the_forward_per_round():
+    assert graph_backward_rounds([0.2, 0.25], [0.9, 0.8]) == pytest.approx([0.7, 0.55])
+    with pytest.raises(ValueError, match="2 forward rounds but 1"):
+        graph_backward_rounds([0.2, 0.25], [0.9])
 
 
 def test_table_row_renders_a_result_row():
@@ -120,6 +139,10 @@ def test_table_row_renders_a_result_row():
     del subset["status"]["fla"], subset["status"]["flash"]
     got = dict(zip(header, table_row(subset), strict=True))
     assert got["fla ms"] == "n/a" and got["flash ms"] == "n/a" and got["ours_norm ms"] == "1.100"
+    # The GPU-time line of the same row: its own times and ratios, "-" where none was measured.
+    got = dict(zip(header, table_row(row, "graph_ms"), strict=True))
+    assert got["ours ms"] == "0.400" and got["ours_norm ms"] == "0.440" and got["flash ms"] == "-"
+    assert got["fla ms"] == "fail" and got["x flash"] == "-" and got["norm/raw"] == "1.10x"
 
 
 def test_parse_args_defaults_and_quick():
@@ -143,6 +166,7 @@ def test_parse_args_defaults_and_quick():
     with pytest.raises(SystemExit):
         parse_args(["--seqlens", "0"])
     assert full.rounds == 3 and parse_args(["--rounds", "5"]).rounds == 5
+    assert not full.no_graph and parse_args(["--no-graph"]).no_graph
     with pytest.raises(SystemExit):
         parse_args(["--rounds", "0"])
 
