@@ -1165,9 +1165,10 @@ def linear_attention(
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor / non-floating inputs,
         mismatched dtypes, bad scale, a normalize or output_final_state that is not a bool, the wrong
-        state form for ``normalize``; ValueError: wrong ndim or mismatched shapes, K = 0 without a
-        scale), and, for this backend only, ValueError for tensors on different devices, scale or eps
-        beyond fp32's range, or CPU tensors without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
+        state form for ``normalize``; ValueError: wrong ndim or mismatched shapes, tensors on
+        different devices, K = 0 without a scale), and, for this backend only, ValueError for a scale
+        or eps beyond fp32's range, devices other than CUDA, or CPU tensors without
+        ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     # The reference's validation: same checks, order and messages.
     batch, _, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(
@@ -1175,7 +1176,7 @@ def linear_attention(
     )
     kv0 = z0 = None
     if initial_state is not None:
-        kv0, z0 = _split_linear_state(initial_state, normalize, batch, num_heads, k_dim, v_dim)
+        kv0, z0 = _split_linear_state(initial_state, normalize, q, v_dim)
     check_devices(
         "linear_attention", q, k, v, kv0, z0, names=("q", "k", "v", "initial_state kv", "initial_state z")
     )
@@ -1227,11 +1228,11 @@ def linear_attention_step(
 
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor / non-floating inputs or
-        mismatched q / k / v dtypes, bad scale; ValueError: wrong ndim or mismatched shapes, K = 0
-        without a scale; states written in place that are expanded views, overlap each other or
-        require grad), and, for this backend only, ValueError for tensors on different devices, scale
-        or eps beyond fp32's range, or CPU tensors without ``TRITON_INTERPRET=1`` (or bfloat16 ones
-        under it).
+        mismatched q / k / v dtypes, bad scale; ValueError: wrong ndim or mismatched shapes, tensors
+        on different devices, K = 0 without a scale; states written in place that are expanded views,
+        overlap each other or require grad), and, for this backend only, ValueError for a scale or eps
+        beyond fp32's range, devices other than CUDA, or CPU tensors without ``TRITON_INTERPRET=1``
+        (or bfloat16 ones under it).
     """
     scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps)
     check_devices("linear_attention_step", q, k, v, state, z_state, names=("q", "k", "v", "state", "z_state"))

@@ -121,6 +121,14 @@ def _check_same_dtype(**tensors: torch.Tensor) -> None:
         raise TypeError(f"dtypes must match, got {listing}; cast them to one dtype")
 
 
+def _check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
+    """ValueError naming each tensor's device when the present ones are not all on one device."""
+    present = {name: t for name, t in tensors.items() if t is not None}
+    if len({t.device for t in present.values()}) > 1:
+        listing = ", ".join(f"{name} on {t.device}" for name, t in present.items())
+        raise ValueError(f"{op}: all tensors must be on one device, got {listing}; move them with .to(q.device)")
+
+
 def _check_window(window, causal: bool = True) -> None:
     if window is None:
         return
@@ -977,8 +985,10 @@ def _describe(state) -> str:
     return type(state).__name__
 
 
-def _split_linear_state(initial_state, normalize: bool, batch: int, num_heads: int, k_dim: int, v_dim: int):
-    """Validate a linear-attention state and return (kv, z) (z is None without normalisation)."""
+def _split_linear_state(initial_state, normalize: bool, q: torch.Tensor, v_dim: int):
+    """Validate a linear-attention state for the (B, T, H, K) ``q`` and return (kv, z) (z is None
+    without normalisation)."""
+    batch, _, num_heads, k_dim = q.shape
     if normalize:
         if isinstance(initial_state, torch.Tensor) or not (
             isinstance(initial_state, (tuple, list)) and len(initial_state) == 2
@@ -1005,6 +1015,7 @@ def _split_linear_state(initial_state, normalize: bool, batch: int, num_heads: i
             raise ValueError(
                 f"initial_state z must be (B, H, K) = {(batch, num_heads, k_dim)}, got {tuple(z.shape)}"
             )
+    _check_same_device("linear_attention", **{"q": q, "initial_state kv": kv, "initial_state z": z})
     return kv, z
 
 
@@ -1019,6 +1030,7 @@ def _check_linear_attention_args(q, k, v, scale, normalize=True, eps=1e-10, outp
     _check_tensor("k", k, 4)
     _check_tensor("v", v, 4)
     _check_same_dtype(q=q, k=k, v=v)
+    _check_same_device("linear_attention", q=q, k=k, v=v)
     _check_scale(scale)
     _check_bool("normalize", normalize)
     _check_bool("output_final_state", output_final_state)
@@ -1071,6 +1083,7 @@ def _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps=1e-10)
         _check_tensor("z_state", z_state, 3)
         if z_state.shape != q.shape:
             raise ValueError(f"z_state must be (B, H, K) = {tuple(q.shape)}, got {tuple(z_state.shape)}")
+    _check_same_device("linear_attention_step", q=q, k=k, v=v, state=state, z_state=z_state)
     _check_updated_in_place(state=state, z_state=z_state)
     if scale is None:
         scale = _default_scale(k_dim, "K")
@@ -1116,8 +1129,8 @@ def linear_attention(
         TypeError: non-tensor / non-floating inputs, mismatched dtypes, the wrong state form for
             ``normalize`` (e.g. a bare tensor with normalize=True), a scale or eps that is not a
             number, a normalize or output_final_state that is not a bool.
-        ValueError: wrong ndim or mismatched shapes, a non-finite scale, eps < 0 or not finite, K = 0
-            without an explicit scale.
+        ValueError: wrong ndim or mismatched shapes, tensors on different devices, a non-finite
+            scale, eps < 0 or not finite, K = 0 without an explicit scale.
     """
     batch, seqlen, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(
         q, k, v, scale, normalize, eps, output_final_state
@@ -1128,7 +1141,7 @@ def linear_attention(
         kv = q.new_zeros(batch, num_heads, k_dim, v_dim, dtype=dtype)
         z = q.new_zeros(batch, num_heads, k_dim, dtype=dtype) if normalize else None
     else:
-        kv, z = _split_linear_state(initial_state, normalize, batch, num_heads, k_dim, v_dim)
+        kv, z = _split_linear_state(initial_state, normalize, q, v_dim)
         kv = kv.to(dtype)
         z = z.to(dtype) if z is not None else None
 
@@ -1191,8 +1204,8 @@ def linear_attention_step(
     Raises:
         TypeError: non-tensor / non-floating inputs or mismatched q / k / v dtypes, a scale or eps
             that is not a number.
-        ValueError: wrong ndim or mismatched shapes, a non-finite scale, eps < 0 or not finite, K = 0
-            without an explicit scale.
+        ValueError: wrong ndim or mismatched shapes, tensors on different devices, a non-finite
+            scale, eps < 0 or not finite, K = 0 without an explicit scale.
     """
     scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps)
 

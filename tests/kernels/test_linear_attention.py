@@ -777,16 +777,24 @@ def test_step_errors_identical_to_reference(args, kwargs):
     assert triton_error == reference_error
 
 
-def test_backend_specific_errors():
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_mixed_devices_name_each_tensor(backend):
+    # The shared validation: the reference would otherwise fail inside torch's ops.
     meta = torch.empty(1, 4, 2, 8, device="meta")
-    with pytest.raises(ValueError, match="one device"):
-        kernels.linear_attention(QKV[0], meta, QKV[2].new_empty(1, 4, 2, 6).to("meta"), backend="triton")
+    with pytest.raises(ValueError, match="one device.*k on meta, v on meta"):
+        kernels.linear_attention(QKV[0], meta, QKV[2].new_empty(1, 4, 2, 6).to("meta"), backend=backend)
     with pytest.raises(ValueError, match="one device.*initial_state kv on meta"):
         kernels.linear_attention(
-            *QKV, normalize=False, initial_state=torch.empty(1, 2, 8, 6, device="meta"), backend="triton"
+            *QKV, normalize=False, initial_state=torch.empty(1, 2, 8, 6, device="meta"), backend=backend
         )
+    kv0, z0 = torch.zeros(1, 2, 8, 6, device=DEVICE), torch.zeros(1, 2, 8, device="meta")
+    with pytest.raises(ValueError, match="one device.*initial_state z on meta"):
+        kernels.linear_attention(*QKV, initial_state=(kv0, z0), backend=backend)
     with pytest.raises(ValueError, match="one device.*state on meta"):
-        kernels.linear_attention_step(*STEP_ARGS[:3], STEP_ARGS[3].to("meta"), backend="triton")
+        kernels.linear_attention_step(*STEP_ARGS[:3], STEP_ARGS[3].to("meta"), backend=backend)
+
+
+def test_backend_specific_errors():
     # Triton receives scale and eps as fp32 scalars: beyond its range they would be inf.
     q64, k64, v64 = (t.double() for t in QKV)
     with pytest.raises(ValueError, match="scale 1e\\+300 overflows float32.*backend='reference'"):
