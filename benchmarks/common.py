@@ -20,6 +20,7 @@ import math
 import os
 import platform
 import re
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,36 @@ def bench_ms(fn: Callable[[], Any], *, warmup: int = DO_BENCH_WARMUP_MS, rep: in
     fn()
     torch.cuda.synchronize()
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def host_us(
+    fn: Callable[[], Any],
+    *,
+    calls: int = 50,
+    sync: Callable[[], Any] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """Host time of one ``fn()`` call in microseconds: ``calls`` calls issued back to back on an idle
+    GPU, timed on the host without waiting for their kernels (``sync``, default
+    ``torch.cuda.synchronize``, runs only before and after). This is what an eager call costs the
+    CPU: Python, argument checks and the launches. When it exceeds the GPU time, eager timings
+    measure it instead of the kernel. ``fn`` is called once first (compilation); ``calls`` must stay
+    below the launch queue's depth (about a thousand launches), or the host waits on the GPU.
+
+    Raises:
+        ValueError: calls < 1.
+    """
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    sync = sync or torch.cuda.synchronize
+    fn()
+    sync()
+    start = clock()
+    for _ in range(calls):
+        fn()
+    elapsed = clock() - start
+    sync()
+    return elapsed / calls * 1e6
 
 
 def bench_graph_ms(

@@ -29,8 +29,10 @@ over the time. Before timing, each provider's output is compared with the fp32 r
 (:func:`kernels.reference.flash_decode`). Every provider is also timed captured in a CUDA graph
 (:func:`benchmarks.common.bench_graph_ms`): a Triton launch from Python costs far more host time
 than the kernel takes at small KV lengths, and graph-captured decode (``LanguageModel.generate``)
-pays none of it. Prints two tables, eager and graph (µs, TB/s, ours / SDPA, fraction of the
-copy bandwidth) and writes every row, with versions, to
+pays none of it; the host time of one eager call (:func:`benchmarks.common.host_us`: launches
+issued back to back without waiting for the GPU) shows how much of an eager time is the host's.
+Prints three tables, eager and graph (µs, TB/s, ours / SDPA, fraction of the copy bandwidth) and
+host µs per call and writes every row, with versions, to
 ``benchmarks/results/<date>-<gpu>-decode.json`` (``decode-quick`` with ``--quick``).
 """
 
@@ -60,6 +62,7 @@ from benchmarks.common import (  # noqa: E402
     fmt_ratio,
     fmt_sci,
     format_table,
+    host_us,
     ratio,
     require_cuda,
     results_path,
@@ -175,7 +178,7 @@ def run_config(batch: int, seqlen: int, providers: Sequence[str], page_size: int
         torch.zeros(1, 1, dtype=torch.int32, device="cuda"), x["seqlens"][last],
     )  # fmt: skip
     row: dict[str, Any] = {"batch": batch, "seqlen": seqlen, "page_size": page_size, "kv_bytes": nbytes,
-                           "us": {}, "tb_s": {}, "graph_us": {}, "graph_tb_s": {},
+                           "us": {}, "tb_s": {}, "graph_us": {}, "graph_tb_s": {}, "host_us": {},
                            "max_abs_err": {}, "error": {}}  # fmt: skip
     for name in providers:
         fn = make_provider(name, x)
@@ -187,6 +190,7 @@ def run_config(batch: int, seqlen: int, providers: Sequence[str], page_size: int
                     row["max_abs_err"][name] = (out[last].float() - want).abs().max().item()
                 row["us"][name] = 1e3 * bench_ms(fn, warmup=DO_BENCH_WARMUP_MS, rep=DO_BENCH_REP_MS)
                 row["graph_us"][name] = 1e3 * bench_graph_ms(fn)
+                row["host_us"][name] = host_us(fn)
         except (RuntimeError, ValueError) as err:  # OOM is a RuntimeError: recorded, the sweep goes on
             row["error"][name] = short_reason(err, [str(w.message) for w in caught])
             row["us"][name] = None
@@ -232,6 +236,12 @@ def table_row(row: dict[str, Any], providers: Sequence[str], timing: str = "eage
         "-" if ours_of_copy is None else f"{ours_of_copy:.0%}",
         fmt_sci(row["max_abs_err"].get("ours")),
     ]
+
+
+def host_row(row: dict[str, Any], providers: Sequence[str]) -> list[str]:
+    """One printed line of host µs per eager call (``-`` where not measured)."""
+    cells = [row.get("host_us", {}).get(p) for p in providers]
+    return [str(row["batch"]), str(row["seqlen"]), *("-" if c is None else f"{c:.1f}" for c in cells)]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -291,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "warmup_ms": DO_BENCH_WARMUP_MS, "rep_ms": DO_BENCH_REP_MS},
         "graph_timing": "benchmarks.common.bench_graph_ms: 20 (L2 flush, call) pairs in one CUDA graph, "
                         "minus a graph of the flushes alone, median of 15 replays",
+        "host_timing": "benchmarks.common.host_us: 50 eager calls issued back to back, host clock, "
+                       "no wait on the GPU in between (launch-side time per call)",
     }  # fmt: skip
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
@@ -304,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_table(table_header(providers), [table_row(r, providers) for r in rows]))
     print("\ngraph: captured in a CUDA graph, L2 flushed between calls (a graph-captured decode step)")
     print(format_table(table_header(providers), [table_row(r, providers, "graph") for r in rows]))
+    print("\nhost: us of host time per eager call (launches issued back to back, no wait on the GPU)")
+    print(format_table(["batch", "seqlen", *providers], [host_row(r, providers) for r in rows]))
     for row in rows:
         for name, reason in row["error"].items():
             print(f"not measured: {name} at batch {row['batch']}, seqlen {row['seqlen']}: {reason}")

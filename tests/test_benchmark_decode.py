@@ -55,6 +55,9 @@ def test_parse_args_and_table_row():
     cells = bench.table_row(row, providers)
     assert len(cells) == len(bench.table_header(providers))
     assert cells[3] == "10.0 (3.36)" and "2.25x" in cells and "80%" in cells
+    assert bench.host_row(row, providers) == ["1", "8192", "-", "-", "-"]  # no host times: an old row
+    row["host_us"] = {"ours": 61.25, "sdpa_gqa": 19.0}
+    assert bench.host_row(row, providers) == ["1", "8192", "61.2", "19.0", "-"]
 
 
 def test_script_without_gpu_exits_with_clear_message():

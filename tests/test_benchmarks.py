@@ -145,6 +145,18 @@ def test_tflops_ratio_and_formatting():
     assert common.fmt_sci(0.00391) == "3.9e-03" and common.fmt_sci(None) == "-"
 
 
+def test_host_us_times_the_calls_between_the_syncs():
+    events = []
+    ticks = iter([10.0, 10.5])  # host clock at the start and the end of the timed calls
+    got = common.host_us(
+        lambda: events.append("call"), calls=5, sync=lambda: events.append("sync"), clock=lambda: next(ticks)
+    )
+    # warm-up call, sync, 5 timed calls, sync: 0.5 s over 5 calls = 100000 us per call
+    assert events == ["call", "sync", *["call"] * 5, "sync"] and got == pytest.approx(1e5)
+    with pytest.raises(ValueError, match="calls must be >= 1"):
+        common.host_us(lambda: None, calls=0, sync=lambda: None)
+
+
 def test_format_table_aligns_columns():
     text = common.format_table(
         ["mode", "seqlen", "ours"], [["causal", 1024, "512.3"], ["window1024", 16384, None]]
