@@ -82,7 +82,9 @@ def check_devices(op: str, *tensors: torch.Tensor | None, names: tuple[str, ...]
         listing = (
             ", ".join(f"{name} on {t.device}" for name, t in present) if names else sorted(map(str, devices))
         )
-        raise ValueError(f"{op}: all tensors must be on one device, got {listing}")
+        raise ValueError(
+            f"{op}: all tensors must be on one device, got {listing}; move them with .to(device)"
+        )
     device = devices.pop()
     if device.type not in ("cuda", "cpu"):
         raise ValueError(f"the Triton {op} runs on CUDA (or the CPU under TRITON_INTERPRET=1), got {device}")
