@@ -96,6 +96,26 @@ def check_devices(op: str, *tensors: torch.Tensor | None, names: tuple[str, ...]
     check_interpreter_dtype(op, *tensors)
 
 
+def check_no_grad(op: str, **tensors: torch.Tensor | None) -> None:
+    """Refuse inputs that require grad in grad mode for an op without a backward (the decode
+    steps): its output would not require grad, so gradients would stop there without a word.
+
+    Raises:
+        RuntimeError: grad mode is on and a named tensor requires grad; the message names them and
+            says to run under torch.no_grad() / torch.inference_mode(), detach, or use
+            backend='reference'.
+    """
+    if not torch.is_grad_enabled():
+        return
+    needing = [name for name, t in tensors.items() if t is not None and t.requires_grad]
+    if needing:
+        raise RuntimeError(
+            f"the Triton {op} is not differentiable (it is the decode path), but {', '.join(needing)} "
+            "require grad; call it under torch.no_grad() or torch.inference_mode(), detach the inputs, "
+            "or use backend='reference'"
+        )
+
+
 def check_fp32_scalars(op: str, factor: float = 1.0, **scalars: float) -> None:
     """Refuse scalar arguments that a kernel would receive as inf: ``value * factor`` beyond fp32's
     range (``factor``: what the host multiplies in first, e.g. log2(e) for a base-2 softmax scale).

@@ -74,7 +74,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import cdiv, check_devices, device_guard, next_power_of_2, strides
+from kernels._host import cdiv, check_devices, check_no_grad, device_guard, next_power_of_2, strides
 from kernels.reference import (
     _check_causal_conv1d_args,
     _check_causal_conv1d_update_args,
@@ -599,13 +599,8 @@ def causal_conv1d_update(
         an input that requires grad (use torch.no_grad(), or backend='reference').
     """
     batch, dim, width = _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation)
-    tensors = (x, conv_state, weight, bias)
-    check_devices("causal_conv1d_update", *tensors)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        raise RuntimeError(
-            "the Triton causal_conv1d_update is not differentiable (it is the decode path); call it "
-            "under torch.no_grad(), or use backend='reference'"
-        )
+    check_devices("causal_conv1d_update", x, conv_state, weight, bias)
+    check_no_grad("causal_conv1d_update", x=x, conv_state=conv_state, weight=weight, bias=bias)
     fp64 = torch.float64 in (x.dtype, conv_state.dtype)
     y = torch.empty((batch, dim), dtype=x.dtype, device=x.device)
     if y.numel() == 0:

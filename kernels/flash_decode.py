@@ -65,6 +65,7 @@ from kernels._host import INTERPRET as _INTERPRET
 from kernels._host import (
     check_devices,
     check_fp32_scalars,
+    check_no_grad,
     device_guard,
     next_power_of_2,
     sm_count,
@@ -430,8 +431,9 @@ def flash_decode(
         caches or mismatched dtypes, non-integer block_table / seqlens, non-int window or
         num_splits; ValueError: wrong ndim or mismatched shapes, Hq not a multiple of Hkv, seqlens
         out of [0, max_blocks * block_size], a used page index outside [0, num_blocks), window <= 0,
-        num_splits < 1, head_dim 0 without a scale), and, for this backend only, ValueError for
-        head_dim outside [1, 256], inputs on different devices, a scale beyond fp32's range, batch or
+        num_splits < 1, head_dim 0 without a scale, tensors on different devices), and, for this
+        backend only, RuntimeError for inputs that require grad in grad mode (no backward: run it
+        under torch.no_grad()), ValueError for head_dim outside [1, 256], a scale beyond fp32's range, batch or
         KV heads above 65535, or CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     # The reference's validation: same checks, order and messages.
@@ -440,6 +442,7 @@ def flash_decode(
     )
 
     # This backend's own limits.
+    check_no_grad("flash_decode", q=q, k_cache=k_cache, v_cache=v_cache)
     if not 1 <= head_dim <= _MAX_HEAD_DIM:
         raise ValueError(
             f"the Triton flash_decode supports head_dim in [1, {_MAX_HEAD_DIM}], got {head_dim}; "

@@ -96,6 +96,7 @@ from kernels._host import (
     cdiv,
     check_devices,
     check_fp32_scalars,
+    check_no_grad,
     device_guard,
     next_power_of_2,
     sm_count,
@@ -1230,11 +1231,14 @@ def linear_attention_step(
         The reference's errors, from the same checks (TypeError: non-tensor / non-floating inputs or
         mismatched q / k / v dtypes, bad scale; ValueError: wrong ndim or mismatched shapes, tensors
         on different devices, K = 0 without a scale; states written in place that are expanded views,
-        overlap each other or require grad), and, for this backend only, ValueError for a scale or eps
+        overlap each other or require grad), and, for this backend only, RuntimeError for q, k or v
+        requiring grad in grad mode (no backward: run it under torch.no_grad()), ValueError for a
+        scale or eps
         beyond fp32's range, devices other than CUDA, or CPU tensors without ``TRITON_INTERPRET=1``
         (or bfloat16 ones under it).
     """
     scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps)
+    check_no_grad("linear_attention_step", q=q, k=k, v=v)
     check_devices("linear_attention_step", q, k, v, state, z_state, names=("q", "k", "v", "state", "z_state"))
     check_fp32_scalars("linear_attention_step", scale=scale, eps=eps)
     batch, num_heads, k_dim = q.shape

@@ -77,7 +77,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import cdiv, check_devices, device_guard, next_power_of_2, strides
+from kernels._host import cdiv, check_devices, check_no_grad, device_guard, next_power_of_2, strides
 from kernels.reference import (
     _check_selective_scan_args,
     _check_selective_state_update_args,
@@ -883,13 +883,8 @@ def selective_state_update(
     batch, dim, d_state, groups = _check_selective_state_update_args(
         state, x, dt, A, B, C, D, z, dt_bias, dt_softplus
     )
-    tensors = (state, x, dt, A, B, C, D, z, dt_bias)
-    check_devices("selective_state_update", *tensors)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        raise RuntimeError(
-            "the Triton selective_state_update is not differentiable (it is the decode path); call it "
-            "under torch.no_grad(), or use backend='reference'"
-        )
+    check_devices("selective_state_update", state, x, dt, A, B, C, D, z, dt_bias)
+    check_no_grad("selective_state_update", state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias)
     dtype = torch.float64 if torch.float64 in (x.dtype, state.dtype) else torch.float32
     Bg, Cg = _grouped(B, dtype, 3), _grouped(C, dtype, 3)
     P = dim // groups

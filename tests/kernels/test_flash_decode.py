@@ -357,6 +357,7 @@ _Q, _CACHE, _TABLE, _LENS = _t(2, 2, 8), _t(3, 4, 1, 8), _i(0, 0, 0, 0).view(2, 
         ((_Q, _CACHE, _CACHE, _TABLE, _LENS), {"num_splits": 2.0}),
         ((_Q, _CACHE, _CACHE, _TABLE, _LENS), {"num_splits": True}),
         ((_Q, _CACHE, _CACHE, _TABLE, _LENS), {"check_values": 1}),
+        ((_Q, _CACHE.to("meta"), _CACHE.to("meta"), _TABLE, _LENS), {}),  # mixed devices
         ((_Q, _CACHE, _t(3, 4, 1, 4), _TABLE, _LENS), {}),  # k / v shapes differ
         ((_Q, _t(3, 4, 1, 4), _t(3, 4, 1, 4), _TABLE, _LENS), {}),  # head dims differ
         ((_Q, _CACHE.double(), _CACHE.double(), _TABLE, _LENS), {}),
@@ -404,10 +405,15 @@ def test_backend_specific_errors():
     with pytest.raises(ValueError, match="scale .* overflows float32.*backend='reference'"):
         kernels.flash_decode(_Q.double(), _CACHE.double(), _CACHE.double(), _TABLE, _LENS, scale=1e300,
                              backend="triton")  # fmt: skip
+    # No backward: an output that silently stopped the gradient.
+    q = _Q.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="not differentiable .*, but q require grad.*torch.no_grad"):
+        kernels.flash_decode(q, _CACHE, _CACHE, _TABLE, _LENS, backend="triton")
+    with torch.no_grad():  # as decoding runs it
+        got = kernels.flash_decode(q, _CACHE, _CACHE, _TABLE, _LENS, backend="triton")
+        want = kernels.flash_decode(q, _CACHE, _CACHE, _TABLE, _LENS, backend="reference")
+    torch.testing.assert_close(got, want)
     if DEVICE == "cpu":
-        meta = torch.empty(3, 4, 1, 8, device="meta")
-        with pytest.raises(ValueError, match="one device.*k_cache on meta"):
-            kernels.flash_decode(_Q, meta, meta, _TABLE, _LENS, backend="triton")
         metas = [t.to("meta") for t in (_Q, _CACHE, _CACHE, _TABLE, _LENS)]
         for check_values in (True, False):
             with pytest.raises(ValueError, match="runs on CUDA .* got meta"):

@@ -768,6 +768,9 @@ _SHARED = _t(400)
         ((*STEP_ARGS[:3], _t(1, 1, 8, 6).expand(2, 3, 8, 6)), {}),
         ((*STEP_ARGS[:3], _SHARED[:288].view(2, 3, 8, 6)), {"z_state": _SHARED[280:328].view(2, 3, 8)}),
         ((*STEP_ARGS[:3], _t(2, 3, 8, 6).requires_grad_()), {}),
+        # 16-bit states: the running sums would lose each new token's update to rounding.
+        ((*STEP_ARGS[:3], _t(2, 3, 8, 6, dtype=torch.float16)), {}),
+        (STEP_ARGS, {"z_state": _t(2, 3, 8, dtype=torch.float16)}),
     ],
 )
 def test_step_errors_identical_to_reference(args, kwargs):
@@ -792,6 +795,17 @@ def test_mixed_devices_name_each_tensor(backend):
         kernels.linear_attention(*QKV, initial_state=(kv0, z0), backend=backend)
     with pytest.raises(ValueError, match="one device.*state on meta"):
         kernels.linear_attention_step(*STEP_ARGS[:3], STEP_ARGS[3].to("meta"), backend=backend)
+
+
+def test_triton_step_refuses_inputs_that_require_grad():
+    # No backward: the output would not require grad and the gradient would stop there silently.
+    q = STEP_ARGS[0].clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="not differentiable .*, but q require grad.*torch.no_grad"):
+        kernels.linear_attention_step(q, *STEP_ARGS[1:3], STEP_ARGS[3].clone(), backend="triton")
+    with torch.no_grad():  # as decoding runs it
+        got = kernels.linear_attention_step(q, *STEP_ARGS[1:3], STEP_ARGS[3].clone(), backend="triton")
+        want = reference.linear_attention_step(q, *STEP_ARGS[1:3], STEP_ARGS[3].clone())
+    torch.testing.assert_close(got, want)
 
 
 def test_backend_specific_errors():
