@@ -230,12 +230,19 @@ def load_records(paths: list[str]) -> list[dict[str, Any]]:
     """Concatenate the JSON record lists at ``paths``.
 
     Raises:
-        FileNotFoundError: a path does not exist.
-        ValueError: a file is not a JSON list.
+        FileNotFoundError: a path does not exist (the message names it).
+        ValueError: a file is not valid JSON, or not a JSON list.
     """
     records = []
     for path in paths:
-        data = json.loads(Path(path).read_text())
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"records file not found: {path}; pass files written by eval/decode.py")
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path} is not valid JSON ({err}); pass files written by eval/decode.py"
+            ) from err
         if not isinstance(data, list):
             raise ValueError(f"{path} must hold a JSON list of result records")
         records.extend(data)
@@ -255,17 +262,49 @@ def format_measured(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def check_config(cfg: DictConfig | dict) -> None:
+    """Refuse settings the traffic model cannot use: the shape's sizes must be positive integers,
+    the bandwidths, peak and step time positive numbers, the launch counts and costs >= 0.
+
+    Raises:
+        ValueError: the first bad setting, named with its value.
+    """
+
+    def number(name: str, value: Any, *, integer: bool, positive: bool) -> None:
+        kind = int if integer else (int, float)
+        ok = isinstance(value, kind) and not isinstance(value, bool)
+        if not ok or (positive and value <= 0) or (not positive and value < 0):
+            what = ("a positive " if positive else "a non-negative ") + ("integer" if integer else "number")
+            raise ValueError(f"{name} must be {what}, got {value!r}")
+
+    for key in ("seqlen", "head_dim", "num_heads", "num_layers", "dtype_bytes"):
+        number(key, cfg[key], integer=True, positive=True)
+    for key, value in cfg["bandwidths_tb_s"].items():
+        number(f"bandwidths_tb_s.{key}", value, integer=False, positive=True)
+    number("peak_tflops", cfg["peak_tflops"], integer=False, positive=True)
+    number("bandwidth_tb_s", cfg["bandwidth_tb_s"], integer=False, positive=True)
+    number("decode.launches_per_layer", cfg["decode"]["launches_per_layer"], integer=True, positive=False)
+    number("decode.launch_us", cfg["decode"]["launch_us"], integer=False, positive=False)
+    number("decode.step_ms", cfg["decode"]["step_ms"], integer=False, positive=True)
+
+
 def roofline(cfg: DictConfig) -> dict[str, Any]:
     """Print the traffic model's figures and, with ``cfg.records``, measured rows beside the floor.
 
     Returns:
         ``{"figures": ..., "measured": [...]}``.
+
+    Raises:
+        ValueError: a bad setting (:func:`check_config`) or records file (:func:`load_records`).
+        FileNotFoundError: a records file that does not exist.
     """
+    check_config(cfg)
+    records = load_records(list(cfg.records)) if cfg.records else None
     figures = issue_figures(cfg)
     print(format_figures(cfg, figures))
     rows = []
-    if cfg.records:
-        rows = measured_vs_floor(load_records(list(cfg.records)), cfg.bandwidth_tb_s, cfg.peak_tflops)
+    if records is not None:
+        rows = measured_vs_floor(records, cfg.bandwidth_tb_s, cfg.peak_tflops)
         print(f"\nMeasured beside the floor ({cfg.bandwidth_tb_s} TB/s, {cfg.peak_tflops} TFLOP/s)")
         print(format_measured(rows) if rows else "(no prefill / decode throughput records)")
     return {"figures": figures, "measured": rows}

@@ -74,3 +74,24 @@ def test_records_missing_fields_raise(cfg, tmp_path):
     path.write_text(json.dumps({"not": "a list"}))
     with pytest.raises(ValueError, match="JSON list"):
         rl.load_records([str(path)])
+
+
+def test_bad_settings_and_record_files_are_named(cfg, tmp_path):
+    from omegaconf import OmegaConf
+
+    for override, message in [
+        ("seqlen=0", "seqlen must be a positive integer, got 0"),
+        ("seqlen=-5", "seqlen must be a positive integer, got -5"),
+        ("head_dim=abc", "head_dim must be a positive integer, got 'abc'"),
+        ("bandwidth_tb_s=0", "bandwidth_tb_s must be a positive number"),
+        ("decode.launch_us=-1", "decode.launch_us must be a non-negative number"),
+    ]:
+        bad = OmegaConf.merge(cfg, OmegaConf.from_dotlist([override]))
+        with pytest.raises(ValueError, match=message):
+            rl.roofline(bad)
+    empty = tmp_path / "decode-empty.json"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="decode-empty.json is not valid JSON"):
+        rl.load_records([str(empty)])
+    with pytest.raises(FileNotFoundError, match="records file not found: .*missing.json"):
+        rl.load_records([str(tmp_path / "missing.json")])
