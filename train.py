@@ -319,15 +319,22 @@ def sigterm_as_keyboard_interrupt():
 
 @contextlib.contextmanager
 def defer_stop_signals() -> Iterator[None]:
-    """Within the block, SIGINT and SIGTERM are noted (one line printed) instead of acted on; after
-    it the previous handlers are back, and a noted signal ends the process with status 1. Main
-    thread only (elsewhere it does nothing)."""
+    """Within the block, a first SIGINT or SIGTERM is noted (one line printed) instead of acted on;
+    after the block the previous handlers are back, and a noted signal ends the process with status
+    1. A second signal within the block ends it at once (SystemExit(1): the final evaluation is
+    lost; checkpoints are written atomically, so none is left half-written). Main thread only
+    (elsewhere it does nothing)."""
     received: list[str] = []
 
     def note(signum, frame):
-        if not received:
-            print(f"{signal.Signals(signum).name}: finishing the final save and evaluation first", flush=True)
-        received.append(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if received:
+            print(f"{name} again: stopping now, without the final save and evaluation", flush=True)
+            raise SystemExit(1)
+        print(
+            f"{name}: finishing the final save and evaluation first (send it again to stop now)", flush=True
+        )
+        received.append(name)
 
     with _signal_handler((signal.SIGINT, signal.SIGTERM), note):
         yield

@@ -288,6 +288,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     info = versions()
     print(f"{device} | torch {info['torch']} | triton {info['triton']} | CUDA {info['cuda']} | "
           f"{args.steps} steps | overrides {' '.join(args.overrides) or '-'} | results -> {path}", flush=True)  # fmt: skip
+    if device == "cpu":
+        print("no GPU: 'ours' runs the Triton interpreter, far slower than the reference; beyond the tiny sizes "
+              "of this script's CPU smoke run (python benchmarks/train_parity.py --help) a run takes hours",
+              flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="train-parity-") as tmp:  # checkpoints too: not kept by default
         runs_dir = args.runs_dir or Path(tmp)
         runs = {}

@@ -324,6 +324,17 @@ def test_a_stop_signal_during_the_final_evaluation_waits_for_it(capsys):
     assert "SIGTERM: finishing the final save and evaluation first" in capsys.readouterr().out
     with train_module.defer_stop_signals():  # no signal: nothing happens
         pass
+    # A second signal stops at once: the block's remaining work does not run.
+    with pytest.raises(SystemExit) as exc:
+        with train_module.defer_stop_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+            finished.append("after the second signal")
+    assert exc.value.code == 1 and finished == [True]
+    assert "SIGTERM again: stopping now" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_ddp_on_two_cpu_processes_leaves_one_run_dir(tmp_path):
