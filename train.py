@@ -26,6 +26,7 @@ from typing import Any
 import hydra
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
@@ -424,13 +425,40 @@ def _write_train_records(
     write_records(run_dir / "results" / "train.json", records)
 
 
+def remove_unused_run_dir(run_dir: Path) -> bool:
+    """Delete ``run_dir`` when it holds only what Hydra makes before the task runs (``.hydra/``
+    and an empty ``train.log``): a run refused by a settings error would otherwise leave one such
+    folder per attempt under outputs/. Anything else in it keeps it. Returns whether it was removed.
+    """
+    entries = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else None
+    log = run_dir / "train.log"
+    if entries is None or not entries <= {".hydra", "train.log"} or (log.exists() and log.stat().st_size):
+        return False
+    hydra_dir = run_dir / ".hydra"
+    if hydra_dir.exists():
+        if any(not p.is_file() for p in hydra_dir.iterdir()):
+            return False
+        for p in hydra_dir.iterdir():
+            p.unlink()
+        hydra_dir.rmdir()
+    log.unlink(missing_ok=True)
+    run_dir.rmdir()
+    return True
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    """Command-line entry point: compose with Hydra, then :func:`train`."""
+    """Command-line entry point: compose with Hydra, then :func:`train`. A run refused by a settings
+    error removes the run directory Hydra made for it (:func:`remove_unused_run_dir`)."""
     torch.set_flush_denormal(True)
     os.environ.setdefault("WANDB_SILENT", "true")
-    with user_errors():
-        result = train(cfg)
+    try:
+        with user_errors():
+            result = train(cfg)
+    except SystemExit as exc:
+        if exc.code == 2:  # user_errors: a settings error, before anything was written
+            remove_unused_run_dir(Path(HydraConfig.get().runtime.output_dir))
+        raise
     if result["interrupted"]:
         raise SystemExit(1)
 

@@ -289,6 +289,8 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             f"{graph:>13}{kernels:>14}"
         )
     output = Path(cfg.output or f"decode-{model.config.name}-{cfg.model.name}.json")
+    if output.exists():  # as the other evaluations: a run in another dtype or batch would replace it silently
+        print(f"replacing the earlier results in {output} (pass output=PATH to keep both)")
     write_records(output, records)
     plot(records, output.with_suffix(".png"))
     print(f"wrote {output} and {output.with_suffix('.png')}")

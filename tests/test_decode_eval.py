@@ -21,7 +21,7 @@ def compose_decode(*overrides):
 
 
 @pytest.mark.parametrize("mixer", ["attention", "sliding_window"])
-def test_decode_eval_writes_records_and_plot(tmp_path, mixer):
+def test_decode_eval_writes_records_and_plot(tmp_path, mixer, capsys):
     output = tmp_path / "decode.json"
     cfg = compose_decode(
         f"mixer={mixer}", "model.n_layers=2", "context_lengths=[8,40]", "decode_steps=2", "batch_size=2",
@@ -30,6 +30,10 @@ def test_decode_eval_writes_records_and_plot(tmp_path, mixer):
     records = decode_eval(cfg)
     assert json.loads(output.read_text()) == records
     assert output.with_suffix(".png").stat().st_size > 0
+    assert "replacing" not in capsys.readouterr().out
+    if mixer == "attention":  # a second run says that it replaces the first one's records
+        records = decode_eval(cfg)
+        assert f"replacing the earlier results in {output}" in capsys.readouterr().out
     model = build_model(cfg)
     metrics = {(r["metric"], r["seqlen"]) for r in records}
     for context in (8, 40):

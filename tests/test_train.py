@@ -247,7 +247,24 @@ def test_train_cli_reports_a_mistyped_setting_in_one_line(tmp_path):
     )
     assert result.returncode == 2 and "error: mamba: d_state must be an int, got 'abc'" in result.stderr
     assert "Traceback" not in result.stderr
-    assert not list(tmp_path.glob("outputs/**/checkpoints"))
+    assert not list(tmp_path.glob("outputs/*/*"))  # the run directory Hydra made is removed again
+
+
+def test_remove_unused_run_dir_keeps_anything_with_content(tmp_path):
+    def make(name, log="", extra=None):
+        run = tmp_path / name
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "config.yaml").write_text("seed: 0\n")
+        (run / "train.log").write_text(log)
+        if extra:
+            (run / extra).mkdir()
+        return run
+
+    assert train_module.remove_unused_run_dir(make("fresh")) and not (tmp_path / "fresh").exists()
+    kept = [make("logged", log="[INFO] model: ...\n"), make("trained", extra="checkpoints")]
+    assert not any(train_module.remove_unused_run_dir(run) for run in kept)
+    assert all((run / ".hydra" / "config.yaml").exists() for run in kept)
+    assert not train_module.remove_unused_run_dir(tmp_path / "missing")
 
 
 def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path):
