@@ -214,6 +214,16 @@ def table_row(row: dict[str, Any], timing: str = "ms") -> list[str]:
     ]
 
 
+def speedups(ms: dict[str, float | None]) -> dict[str, float | None]:
+    """ours' speedup over fla and flash (their time over ours') and the normalised-over-raw time
+    (a slowdown) from one row's provider -> ms; None where a time is missing."""
+    return {
+        "vs_fla": ratio(ms.get("fla"), ms.get("ours")),
+        "vs_flash": ratio(ms.get("flash"), ms.get("ours")),
+        "norm_over_raw": ratio(ms.get("ours_norm"), ms.get("ours")),
+    }
+
+
 def graph_backward_rounds(fwd: Sequence[float], fwd_bwd: Sequence[float]) -> list[float]:
     """Per-round backward time in ms from the graph times of the forward alone and of forward +
     backward measured in the same rounds (a captured backward needs its forward in the graph)."""
@@ -507,20 +517,11 @@ def run_config(
                 "ms": ms,
                 "ms_rounds": {p: r["rounds"].get(p) for p in providers},
                 "status": {p: r["status"].get(p, "not run") for p in providers},
-                # ours' speedup over X is X's time over ours'; norm_over_raw is a slowdown
-                "speedup": {
-                    "vs_fla": ratio(ms.get("fla"), ms.get("ours")),
-                    "vs_flash": ratio(ms.get("flash"), ms.get("ours")),
-                    "norm_over_raw": ratio(ms.get("ours_norm"), ms.get("ours")),
-                },
+                "speedup": speedups(ms),
                 "graph_ms": graph_ms,
                 "graph_ms_rounds": {p: r["graph_rounds"].get(p) for p in providers},
                 "graph_status": {p: r["graph_status"].get(p, "not run") for p in providers},
-                "graph_speedup": {
-                    "vs_fla": ratio(graph_ms.get("fla"), graph_ms.get("ours")),
-                    "vs_flash": ratio(graph_ms.get("flash"), graph_ms.get("ours")),
-                    "norm_over_raw": ratio(graph_ms.get("ours_norm"), graph_ms.get("ours")),
-                },
+                "graph_speedup": speedups(graph_ms),
                 "max_abs_err": {p: errs.get(p) for p in providers},
                 "ours_err_suspect": suspect,
                 "warmup_s": {p: r["warmup_s"].get(p) for p in providers},

@@ -18,6 +18,7 @@ from benchmarks.linear_attention import (
     graph_backward_rounds,
     parse_args,
     parse_shape,
+    speedups,
     sweep_crossovers,
     table_header,
     table_row,
@@ -112,6 +113,11 @@ def test_sweep_crossovers_per_direction_and_total():
     for r in rows:
         r["graph_ms"]["flash"] = r["ms"]["flash"]  # flash's GPU time = eager, ours' halved: earlier crossing
     assert sweep_crossovers(rows, "graph_ms")["fwd"]["estimate"] == pytest.approx(1024)
+
+
+def test_speedups_are_the_others_time_over_ours():
+    got = speedups({"ours": 0.5, "ours_norm": 0.6, "fla": 1.0, "flash": None})
+    assert got == {"vs_fla": 2.0, "vs_flash": None, "norm_over_raw": pytest.approx(1.2)}
 
 
 def test_graph_backward_rounds_subtract_the_forward_per_round():
