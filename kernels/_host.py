@@ -8,6 +8,8 @@ import os
 
 import torch
 
+from kernels.reference import _check_same_device
+
 # Triton passes Python floats to kernels as fp32 scalars.
 FP32_MAX = torch.finfo(torch.float32).max
 
@@ -64,28 +66,16 @@ def check_interpreter_dtype(op: str, *tensors: torch.Tensor | None) -> None:
         )
 
 
-def check_devices(op: str, *tensors: torch.Tensor | None, names: tuple[str, ...] | None = None) -> None:
-    """A Triton op's own limits: its tensors (None ones skipped) on one device, and that device CUDA
-    or the CPU under ``TRITON_INTERPRET=1``. With ``names`` (one per tensor), the several-devices
-    message lists each tensor's device by name.
+def check_device(op: str, *tensors: torch.Tensor | None) -> None:
+    """A Triton op's own device limit for tensors already known to share one device (the ops whose
+    shared validation checks that): CUDA, or the CPU under ``TRITON_INTERPRET=1``.
 
     Raises:
-        ValueError: tensors on several devices, a device other than CUDA and the CPU, CPU tensors
-            without the interpreter (the message says to set TRITON_INTERPRET=1 or use
-            backend='reference'), or bfloat16 CPU tensors under it (:func:`check_interpreter_dtype`).
+        ValueError: a device other than CUDA and the CPU, CPU tensors without the interpreter (the
+            message says to set TRITON_INTERPRET=1 or use backend='reference'), or bfloat16 CPU
+            tensors under it (:func:`check_interpreter_dtype`).
     """
-    present = [
-        (name, t) for name, t in zip(names or [""] * len(tensors), tensors, strict=True) if t is not None
-    ]
-    devices = {t.device for _, t in present}
-    if len(devices) > 1:
-        listing = (
-            ", ".join(f"{name} on {t.device}" for name, t in present) if names else sorted(map(str, devices))
-        )
-        raise ValueError(
-            f"{op}: all tensors must be on one device, got {listing}; move them with .to(device)"
-        )
-    device = devices.pop()
+    device = next(t.device for t in tensors if t is not None)
     if device.type not in ("cuda", "cpu"):
         raise ValueError(f"the Triton {op} runs on CUDA (or the CPU under TRITON_INTERPRET=1), got {device}")
     if device.type != "cuda" and not INTERPRET:
@@ -94,6 +84,17 @@ def check_devices(op: str, *tensors: torch.Tensor | None, names: tuple[str, ...]
             "before importing kernels, or use backend='reference'"
         )
     check_interpreter_dtype(op, *tensors)
+
+
+def check_devices(op: str, **tensors: torch.Tensor | None) -> None:
+    """The named tensors (None ones skipped) on one device, then :func:`check_device`.
+
+    Raises:
+        ValueError: tensors on several devices (the message lists each tensor's device by name), or
+            :func:`check_device`'s errors.
+    """
+    _check_same_device(op, **tensors)
+    check_device(op, *tensors.values())
 
 
 def check_no_grad(op: str, **tensors: torch.Tensor | None) -> None:

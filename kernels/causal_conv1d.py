@@ -558,7 +558,7 @@ def causal_conv1d(
         inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     _check_causal_conv1d_args(x, weight, bias, activation)
-    check_devices("causal_conv1d", x, weight, bias)
+    check_devices("causal_conv1d", x=x, weight=weight, bias=bias)
     silu = activation == "silu"
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return _CausalConv1dFunction.apply(x, weight, bias, silu)
@@ -599,7 +599,7 @@ def causal_conv1d_update(
         an input that requires grad (use torch.no_grad(), or backend='reference').
     """
     batch, dim, width = _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation)
-    check_devices("causal_conv1d_update", x, conv_state, weight, bias)
+    check_devices("causal_conv1d_update", x=x, conv_state=conv_state, weight=weight, bias=bias)
     check_no_grad("causal_conv1d_update", x=x, conv_state=conv_state, weight=weight, bias=bias)
     fp64 = torch.float64 in (x.dtype, conv_state.dtype)
     y = torch.empty((batch, dim), dtype=x.dtype, device=x.device)

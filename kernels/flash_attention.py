@@ -881,6 +881,6 @@ def flash_attention(
             "use backend='reference'"
         )
     check_fp32_scalars("flash_attention", _LOG2E, scale=scale)
-    check_devices("flash_attention", q, k, v, names=("q", "k", "v"))
+    check_devices("flash_attention", q=q, k=k, v=v)
 
     return _FlashAttentionFunction.apply(q, k, v, bool(causal), window, float(scale), bool(return_lse))

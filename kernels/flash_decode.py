@@ -63,7 +63,7 @@ from triton.runtime import driver
 
 from kernels._host import INTERPRET as _INTERPRET
 from kernels._host import (
-    check_devices,
+    check_device,
     check_fp32_scalars,
     check_no_grad,
     device_guard,
@@ -433,8 +433,9 @@ def flash_decode(
         out of [0, max_blocks * block_size], a used page index outside [0, num_blocks), window <= 0,
         num_splits < 1, head_dim 0 without a scale, tensors on different devices), and, for this
         backend only, RuntimeError for inputs that require grad in grad mode (no backward: run it
-        under torch.no_grad()), ValueError for head_dim outside [1, 256], a scale beyond fp32's range, batch or
-        KV heads above 65535, or CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
+        under torch.no_grad()), ValueError for head_dim outside [1, 256], a scale beyond fp32's
+        range, batch or KV heads above 65535, devices other than CUDA, or CPU inputs without
+        ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     # The reference's validation: same checks, order and messages.
     batch, num_heads, num_kv_heads, head_dim, _, block_size, max_blocks, scale = _check_decode_args(
@@ -448,10 +449,7 @@ def flash_decode(
             f"the Triton flash_decode supports head_dim in [1, {_MAX_HEAD_DIM}], got {head_dim}; "
             "use backend='reference'"
         )
-    check_devices(
-        "flash_decode", q, k_cache, v_cache, block_table, seqlens,
-        names=("q", "k_cache", "v_cache", "block_table", "seqlens"),
-    )  # fmt: skip
+    check_device("flash_decode", q, k_cache, v_cache, block_table, seqlens)  # one device: checked above
     check_fp32_scalars("flash_decode", _LOG2E, scale=scale)
     if batch > _MAX_GRID_YZ or num_kv_heads > _MAX_GRID_YZ:
         raise ValueError(

@@ -94,7 +94,7 @@ from torch.autograd.function import once_differentiable
 from kernels._host import INTERPRET as _INTERPRET
 from kernels._host import (
     cdiv,
-    check_devices,
+    check_device,
     check_fp32_scalars,
     check_no_grad,
     device_guard,
@@ -1178,9 +1178,7 @@ def linear_attention(
     kv0 = z0 = None
     if initial_state is not None:
         kv0, z0 = _split_linear_state(initial_state, normalize, q, v_dim)
-    check_devices(
-        "linear_attention", q, k, v, kv0, z0, names=("q", "k", "v", "initial_state kv", "initial_state z")
-    )
+    check_device("linear_attention", q, k, v, kv0, z0)  # one device: checked above
     check_fp32_scalars("linear_attention", scale=scale, eps=eps)
 
     normalize = bool(normalize)
@@ -1233,13 +1231,12 @@ def linear_attention_step(
         on different devices, K = 0 without a scale; states written in place that are expanded views,
         overlap each other or require grad), and, for this backend only, RuntimeError for q, k or v
         requiring grad in grad mode (no backward: run it under torch.no_grad()), ValueError for a
-        scale or eps
-        beyond fp32's range, devices other than CUDA, or CPU tensors without ``TRITON_INTERPRET=1``
-        (or bfloat16 ones under it).
+        scale or eps beyond fp32's range, devices other than CUDA, or CPU tensors without
+        ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps)
     check_no_grad("linear_attention_step", q=q, k=k, v=v)
-    check_devices("linear_attention_step", q, k, v, state, z_state, names=("q", "k", "v", "state", "z_state"))
+    check_device("linear_attention_step", q, k, v, state, z_state)  # one device: checked above
     check_fp32_scalars("linear_attention_step", scale=scale, eps=eps)
     batch, num_heads, k_dim = q.shape
     v_dim = v.shape[2]

@@ -126,7 +126,7 @@ def _check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
     present = {name: t for name, t in tensors.items() if t is not None}
     if len({t.device for t in present.values()}) > 1:
         listing = ", ".join(f"{name} on {t.device}" for name, t in present.items())
-        raise ValueError(f"{op}: all tensors must be on one device, got {listing}; move them with .to(q.device)")
+        raise ValueError(f"{op}: all tensors must be on one device, got {listing}; move them with .to(device)")
 
 
 def _check_window(window, causal: bool = True) -> None:

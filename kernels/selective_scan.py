@@ -831,7 +831,10 @@ def selective_scan(
         u, delta, A, B, C, D, z, delta_bias, initial_state, delta_softplus, return_last_state
     )
     tensors = (u, delta, A, B, C, D, z, delta_bias, initial_state)
-    check_devices("selective_scan", *tensors)
+    check_devices(
+        "selective_scan", u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias,
+        initial_state=initial_state,
+    )  # fmt: skip
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         y, last = _SelectiveScanFunction.apply(*tensors, bool(delta_softplus))
     else:  # inference (prefill): no graph, no checkpoints
@@ -883,7 +886,7 @@ def selective_state_update(
     batch, dim, d_state, groups = _check_selective_state_update_args(
         state, x, dt, A, B, C, D, z, dt_bias, dt_softplus
     )
-    check_devices("selective_state_update", state, x, dt, A, B, C, D, z, dt_bias)
+    check_devices("selective_state_update", state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias)
     check_no_grad("selective_state_update", state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias)
     dtype = torch.float64 if torch.float64 in (x.dtype, state.dtype) else torch.float32
     Bg, Cg = _grouped(B, dtype, 3), _grouped(C, dtype, 3)
