@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import threading
 from collections.abc import Iterator
@@ -430,19 +431,12 @@ def remove_unused_run_dir(run_dir: Path) -> bool:
     and an empty ``train.log``): a run refused by a settings error would otherwise leave one such
     folder per attempt under outputs/. Anything else in it keeps it. Returns whether it was removed.
     """
-    entries = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else None
-    log = run_dir / "train.log"
-    if entries is None or not entries <= {".hydra", "train.log"} or (log.exists() and log.stat().st_size):
+    if not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} - {".hydra", "train.log"}:
         return False
-    hydra_dir = run_dir / ".hydra"
-    if hydra_dir.exists():
-        if any(not p.is_file() for p in hydra_dir.iterdir()):
-            return False
-        for p in hydra_dir.iterdir():
-            p.unlink()
-        hydra_dir.rmdir()
-    log.unlink(missing_ok=True)
-    run_dir.rmdir()
+    log_file = run_dir / "train.log"
+    if log_file.exists() and log_file.stat().st_size:
+        return False
+    shutil.rmtree(run_dir)
     return True
 
 
