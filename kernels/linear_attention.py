@@ -604,13 +604,18 @@ def linear_attention_fused_fwd_kernel(
         o = _scaled(tl.dot(scores.to(v.dtype), v, o, input_precision=DOT_PRECISION, out_dtype=ACC), scale, scale_lo, FP64)
         if NORMALIZE:
             # q . z_c on the tensor cores, the in-chunk part from the fp32 masked scores. z grows
-            # linearly in T, so its input-dtype copy is z / max|z| (no fp16 overflow, relative
-            # rounding as for S_c), rescaled in the accumulator. z_c is a 64-wide operand with z in
-            # column 0: as 16- or 32-wide operands built in registers, Triton 3.6 miscompiled the
-            # product on the H200 (wrong values, then illegal addresses; 2026-12-01).
+            # linearly in T, so its fp16 copy is z / max|z| (no overflow past 65504, relative
+            # rounding as for S_c), rescaled in the accumulator. bf16 has fp32's exponent range:
+            # its copy is z itself, the same relative rounding without the cross-warp max (which
+            # cost 36 us of 277 at B2 T8192 H16 D128; H200, 2026-12-02). z_c is a 64-wide operand
+            # with z in column 0: as 16- or 32-wide operands built in registers, Triton 3.6
+            # miscompiled the product on the H200 (wrong values, NaN; 2026-12-01 and 2026-12-02).
             z_now = tl.sum(z_acc, 1)
-            z_max = tl.max(tl.abs(z_now), 0)
-            z_max = tl.where(z_max > 0, z_max, 1.0)
+            if Q.dtype.element_ty == tl.float16:
+                z_max = tl.max(tl.abs(z_now), 0)
+                z_max = tl.where(z_max > 0, z_max, 1.0)
+            else:
+                z_max = 1.0
             z_c = tl.where(zc_cols[None, :] == 0, (z_now / z_max)[:, None], 0.0).to(Q.dtype.element_ty)
             qz = tl.sum(tl.dot(q, z_c, input_precision=DOT_PRECISION, out_dtype=ACC), 1) * z_max
             den = _scaled(tl.sum(scores, 1) + qz, scale, scale_lo, FP64) + eps
