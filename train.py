@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import threading
@@ -429,7 +430,9 @@ def _write_train_records(
 def remove_unused_run_dir(run_dir: Path) -> bool:
     """Delete ``run_dir`` when it holds only what Hydra makes before the task runs (``.hydra/``
     and an empty ``train.log``): a run refused by a settings error would otherwise leave one such
-    folder per attempt under outputs/. Anything else in it keeps it. Returns whether it was removed.
+    folder per attempt under outputs/. Anything else in it keeps it. Its parent goes too when that
+    is left empty and is named like Hydra's date folder (``YYYY-MM-DD``). Returns whether
+    ``run_dir`` was removed.
     """
     if not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} - {".hydra", "train.log"}:
         return False
@@ -437,6 +440,9 @@ def remove_unused_run_dir(run_dir: Path) -> bool:
     if log_file.exists() and log_file.stat().st_size:
         return False
     shutil.rmtree(run_dir)
+    parent = run_dir.parent
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", parent.name) and not any(parent.iterdir()):
+        parent.rmdir()
     return True
 
 

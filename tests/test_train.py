@@ -247,7 +247,7 @@ def test_train_cli_reports_a_mistyped_setting_in_one_line(tmp_path):
     )
     assert result.returncode == 2 and "error: mamba: d_state must be an int, got 'abc'" in result.stderr
     assert "Traceback" not in result.stderr
-    assert not list(tmp_path.glob("outputs/*/*"))  # the run directory Hydra made is removed again
+    assert not list(tmp_path.glob("outputs/*"))  # the run directory Hydra made and its date folder are removed
 
 
 def test_remove_unused_run_dir_keeps_anything_with_content(tmp_path):
@@ -265,6 +265,12 @@ def test_remove_unused_run_dir_keeps_anything_with_content(tmp_path):
     assert not any(train_module.remove_unused_run_dir(run) for run in kept)
     assert all((run / ".hydra" / "config.yaml").exists() for run in kept)
     assert not train_module.remove_unused_run_dir(tmp_path / "missing")
+    # Hydra's date folder goes with its last run; one with other runs, or not named like a date, stays.
+    day, other = tmp_path / "2026-12-02", tmp_path / "runs"
+    assert train_module.remove_unused_run_dir(make("2026-12-02/10-00-00")) and not day.exists()
+    make("2026-12-02/10-00-01"), make("2026-12-02/10-00-02", extra="checkpoints")
+    assert train_module.remove_unused_run_dir(day / "10-00-01") and day.exists()
+    assert train_module.remove_unused_run_dir(make("runs/10-00-03")) and other.is_dir()
 
 
 def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path):
