@@ -351,7 +351,8 @@ def check_trainer_settings(cfg: DictConfig) -> None:
 
     Raises:
         TypeError: a setting of the wrong type (``trainer.max_steps=abc`` or ``=2.5``, ``seed=abc``).
-        ValueError: ``trainer.max_steps`` or ``trainer.max_epochs`` not -1 (no limit) or >= 1,
+        ValueError: ``trainer.max_steps`` or ``trainer.max_epochs`` not -1 (no limit) or >= 1, or
+            both -1 (the schedule needs a length),
             ``trainer.val_check_interval`` not a step count >= 1 or an epoch fraction in (0, 1],
             ``trainer.check_val_every_n_epoch`` not null or >= 1.
     """
@@ -367,6 +368,12 @@ def check_trainer_settings(cfg: DictConfig) -> None:
         value = trainer.get(name)
         if value is not None and integer(f"trainer.{name}", value) != -1 and value < 1:
             raise ValueError(f"trainer.{name} must be -1 (no limit) or >= 1, got {value}")
+    if trainer.get("max_steps") == -1 and trainer.get("max_epochs") == -1:
+        raise ValueError(
+            "trainer.max_steps=-1 and trainer.max_epochs=-1 leave the run without a length, which the "
+            "learning-rate schedule decays over; set one of them (with +trainer.max_time=..., a "
+            "max_steps the clock will not reach, e.g. trainer.max_steps=100000)"
+        )
     interval = trainer.get("val_check_interval")
     if interval is not None:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)):

@@ -174,7 +174,13 @@ class LitLM(L.LightningModule):
                     f"which must be a positive number of epochs, got {total}; set trainer.max_epochs"
                 )
         else:
-            total = max(1, int(self.trainer.estimated_stepping_batches))
+            total = self.trainer.estimated_stepping_batches
+            if not math.isfinite(total):
+                raise ValueError(
+                    "the learning-rate schedule decays over the run's length, but trainer.max_steps and "
+                    "trainer.max_epochs are both unlimited (-1); set one of them"
+                )
+            total = max(1, int(total))
         warmup = min(int(self.optim["warmup_steps"]), total)
         floor = float(self.optim["min_lr_ratio"])
 
