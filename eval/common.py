@@ -512,19 +512,24 @@ def output_path(cfg: DictConfig, ctx: EvalContext, name: str, variant: str | Non
 
 
 def check_default_output(cfg: DictConfig, ctx: EvalContext, name: str, variant: str | None = None) -> None:
-    """Refuse, before evaluating, a default output path (no ``output=``) that is a directory
-    (``output=`` itself is checked by :func:`check_settings`).
+    """Refuse, before evaluating, a default output path (no ``output=``) that is a directory or
+    cannot be written, e.g. a checkpoint on read-only storage (``output=`` itself is checked by
+    :func:`check_settings`).
 
     Raises:
-        ValueError: ``<checkpoint>.<name>[.<variant>].json`` exists as a directory.
+        ValueError: ``<checkpoint>.<name>[.<variant>].json`` exists as a directory, or no file can
+            be created next to the checkpoint.
     """
+    if cfg.output:
+        return
     path = output_path(cfg, ctx, name, variant)
-    if not cfg.output and path.is_dir():
+    if path.is_dir():
         example = path.parent / f"{_output_suffix(name, variant)}.json"
         raise ValueError(
             f"the default output {path} is a directory, so the results cannot be written there; "
             f"move it away or pass output=<a file path> (e.g. output={example})"
         )
+    check_output(path, f"{_output_suffix(name, variant)}.json", option="the default output")
 
 
 def finish(

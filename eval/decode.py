@@ -190,7 +190,7 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
 
     Raises:
         ValueError: invalid settings (non-positive sizes, context_lengths not a list of them, unknown
-            dtype or device, an ``output`` that cannot be written as a file) or a cache whose bytes
+            dtype or device, an ``output`` (or the default one) that cannot be written as a file) or a cache whose bytes
             differ from the mixer's state_size.
     """
     for key in ("batch_size", "decode_steps", "vocab_size"):
@@ -206,8 +206,11 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     torch.manual_seed(0)
     model = build_model(cfg).to(device=device, dtype=DTYPES[dtype_name]).eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    copy_bw = copy_bandwidth(device)
     run = f"decode-{model.config.name}-{cfg.model.name}"
+    output = Path(cfg.output or f"{run}.json")
+    if not cfg.output:  # before the measurements, not after them
+        check_output(output, "decode.json", option="the default output")
+    copy_bw = copy_bandwidth(device)
     sha = git_sha()
     batch = cfg.batch_size
     records: list[dict[str, Any]] = []
@@ -288,7 +291,6 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             f"{context:>8}{m['state_bytes']:>14}{prefill_tps:>15.1f}{decode_tps:>14.1f}{bandwidth / 1e9:>11.2f}"
             f"{graph:>13}{kernels:>14}"
         )
-    output = Path(cfg.output or f"decode-{model.config.name}-{cfg.model.name}.json")
     if output.exists():  # as the other evaluations: a run in another dtype or batch would replace it silently
         print(f"replacing the earlier results in {output} (pass output=PATH to keep both)")
     write_records(output, records)

@@ -15,6 +15,7 @@ import datetime as _dt
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -116,26 +117,47 @@ def training_settings(lit, data_cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def check_output(path: str | os.PathLike, example: str) -> None:
-    """Refuse, before any work is done, an ``output=`` path that records cannot be written to as a
-    file (missing parent directories are fine: :func:`write_records` creates them).
+def check_output(path: str | os.PathLike, example: str, *, option: str = "output") -> None:
+    """Refuse, before any work is done, a path that records cannot be written to as a file (missing
+    parent directories are fine: :func:`write_records` creates them).
 
     Args:
-        path: the ``output`` setting.
+        path: the ``output`` setting, or the default path an evaluation would write.
         example: a file name for the message (``recall.json``).
+        option: how the message names ``path``: ``output`` (the setting) or a phrase such as
+            ``the default output`` (``path`` then follows it).
 
     Raises:
-        ValueError: ``path`` is an existing directory, or lies under an existing file.
+        ValueError: ``path`` is an existing directory, lies under an existing file, or its nearest
+            existing directory does not let this process create a file in it (read-only storage,
+            permissions).
     """
     path = Path(path)
+    name = f"output={path}" if option == "output" else f"{option} {path}"
     if path.is_dir():
-        raise ValueError(f"output={path} is a directory; give a file path such as output={path / example}")
+        raise ValueError(f"{name} is a directory; give a file path such as output={path / example}")
     ancestor = next(parent for parent in path.parents if parent.exists())
     if not ancestor.is_dir():
         raise ValueError(
-            f"output={path} lies under {ancestor}, which is a file, not a directory; give a file path in a "
+            f"{name} lies under {ancestor}, which is a file, not a directory; give a file path in a "
             f"directory, such as output={ancestor.parent / example}"
         )
+    check_writable_dir(ancestor, f"{name} cannot be written", f"pass output=<a writable file path>, e.g. output={example}")
+
+
+def check_writable_dir(directory: Path, what: str, fix: str) -> None:
+    """Create and remove a probe file in ``directory``, so that a run fails before its work, not
+    when it writes its results (the atomic writers create their temporary file there too).
+
+    Raises:
+        ValueError: the probe cannot be created: ``"<what>: <directory>: <reason>; <fix>"``.
+    """
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".mixerlab-write-check-", dir=directory)
+    except OSError as err:
+        raise ValueError(f"{what}: {directory.absolute()}: {err.strerror or err}; {fix}") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def write_records(path: str | os.PathLike, records: list[dict[str, Any]]) -> Path:

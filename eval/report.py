@@ -76,6 +76,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data import DATAMODULES
 from eval.cli import user_errors
+from eval.records import check_writable_dir
 from eval.report_plots import PLOTS, plot_points
 from eval.report_tables import (
     Table,
@@ -759,7 +760,8 @@ def build_report(cfg: DictConfig) -> Report:
     Raises:
         FileNotFoundError: a ``runs`` entry that matches nothing, or no record file, metrics.csv or
             W&B summary under any of them (the message lists the paths searched and the files looked for).
-        ValueError: empty ``runs`` or an empty entry, an ``out`` that is (inside) a file, a bad
+        ValueError: empty ``runs`` or an empty entry, an ``out`` that is (inside) a file or cannot
+            be written, a bad
             ``recall_path``, ``seqlen`` or ``best_over_lr``, a ``task``
             that is neither a known task nor in the records, or an invalid record file, metrics.csv
             or W&B summary (named; unless ``skip_invalid=true``).
@@ -867,6 +869,8 @@ def build_report(cfg: DictConfig) -> Report:
     blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         raise ValueError(f"out={cfg.out!r}: {blocking} is a file, not a folder; pass out=<folder>")
+    ancestor = next(p for p in (out, *out.parents) if p.exists())
+    check_writable_dir(ancestor, f"out={cfg.out!r} cannot be written", "pass out=<a writable folder>")
     figures, pngs, png_bytes = {}, {}, {}
     for spec in PLOTS:
         fig = figures[spec.name] = plot_points(points[spec.name], spec)

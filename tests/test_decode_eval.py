@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -61,6 +62,24 @@ def test_decode_eval_rejects_bad_settings(tmp_path):
     # An output directory is refused before anything is measured, not by os.replace after it.
     with pytest.raises(ValueError, match=re.escape(f"output={tmp_path} is a directory; give a file path")):
         decode_eval(compose_decode("context_lengths=[8]", "device=cpu", f"output={tmp_path}"))
+
+
+def test_decode_eval_refuses_an_unwritable_default_output_before_measuring(tmp_path, monkeypatch):
+    import eval.records as records_module
+
+    real = records_module.tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):  # the working directory as read-only storage
+        if dir is not None and Path(dir).resolve() == tmp_path.resolve():
+            raise PermissionError(13, "Permission denied", str(dir))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(records_module.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(decode_module, "copy_bandwidth", lambda device: pytest.fail("measuring started"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"the default output decode-attention-tiny\.json cannot be written: .*"
+                       r"Permission denied; pass output=<a writable file path>"):  # fmt: skip
+        decode_eval(compose_decode("mixer=attention", "context_lengths=[8]", "device=cpu"))
 
 
 def test_decode_eval_skips_contexts_past_the_memory_limit(tmp_path, monkeypatch):

@@ -455,6 +455,42 @@ def test_cli_reports_a_missing_checkpoint_in_one_line(tmp_path):
     assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []
 
 
+def refuse_files_in(monkeypatch, directory: Path) -> None:
+    """Make creating a file in ``directory`` fail as on read-only storage (chmod does not stop
+    root, which CI may run as)."""
+    import eval.records as records_module
+
+    real = records_module.tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == directory:
+            raise PermissionError(13, "Permission denied", str(directory))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(records_module.tempfile, "mkstemp", mkstemp)
+
+
+def test_unwritable_output_is_refused_before_evaluating(copy_run, tmp_path, monkeypatch):
+    # Found by a fresh-clone check: a checkpoint on read-only storage (default output next to it)
+    # or a read-only output= ran the whole evaluation, then lost it in a PermissionError traceback.
+    read_only = tmp_path / "shared"
+    read_only.mkdir()
+    ckpt = read_only / "copy.ckpt"
+    ckpt.write_bytes(Path(copy_run["last_ckpt"]).read_bytes())
+    refuse_files_in(monkeypatch, read_only)
+    monkeypatch.setattr(copying_module, "build_datamodule", lambda *a, **k: pytest.fail("evaluation started"))
+    with pytest.raises(
+        ValueError,
+        match=rf"the default output {re.escape(str(ckpt))}\.copying\.json cannot be written: "
+        rf"{re.escape(str(read_only))}: Permission denied; pass output=<a writable file path>",
+    ):
+        copying_eval(compose_eval("copying", [f"ckpt={ckpt}", "device=cpu"]))
+    for output in (read_only / "r.json", read_only / "new" / "r.json"):  # the nearest existing folder
+        with pytest.raises(ValueError, match=rf"output={re.escape(str(output))} cannot be written: "):
+            copying_eval(compose_eval("copying", [f"ckpt={ckpt}", "device=cpu", f"output={output}"]))
+    assert sorted(p.name for p in read_only.iterdir()) == ["copy.ckpt"]
+
+
 def test_cli_reports_an_output_directory_in_one_line_before_evaluating(tmp_path):
     """output=<a directory> used to fail in os.replace after the whole evaluation, losing the
     results; it is refused first (here before the checkpoint, which does not exist, is looked at)."""

@@ -6,6 +6,7 @@ import base64
 import itertools
 import json
 import math
+import re
 import runpy
 import sys
 import warnings
@@ -615,6 +616,26 @@ def test_bad_runs_out_seqlen_and_record_fields_are_clear_errors(runs, tmp_path):
             ValueError, match=rf"record 0 has {key}={value!r}; it must be a finite non-negative number"
         ):
             make_report(f"[{tmp_path / 'str-run'}]", tmp_path / "out")
+
+
+def test_unwritable_out_is_refused_before_the_report_is_built(runs, tmp_path, monkeypatch):
+    import eval.records as records_module
+
+    read_only = tmp_path / "shared"
+    read_only.mkdir()
+    real = records_module.tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):  # read-only storage (chmod does not stop root)
+        if dir is not None and Path(dir) == read_only:
+            raise PermissionError(13, "Permission denied", str(dir))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(records_module.tempfile, "mkstemp", mkstemp)
+    for out in (read_only, read_only / "report"):
+        with pytest.raises(ValueError, match=rf"cannot be written: {re.escape(str(read_only))}: Permission denied; "
+                           r"pass out=<a writable folder>"):  # fmt: skip
+            make_report(f"[{runs / 'mamba-run'}]", out)
+    assert list(read_only.iterdir()) == []
 
 
 def test_corrupt_record_file_errors_or_is_skipped(runs, tmp_path):
