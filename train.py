@@ -135,7 +135,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         tokenizer_config=tokenizer.to_config() if tokenizer is not None else None,
     )
     check_learned_positions(lit.model, max([int(data_cfg["seqlen"]), *slice_seqlens.values()]))
-    resume = check_resume(cfg.get("resume"), model_config)
+    resume = check_resume(cfg.get("resume"), model_config, max_steps=cfg.trainer.get("max_steps"))
 
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     # best.ckpt: the callback, on each validation that improves the monitor. last.ckpt: written
@@ -188,14 +188,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             # every rank calls it; rank 0 writes (atomically: AtomicCheckpointIO)
             trainer.save_checkpoint(last)
             # Read the path now: validating from best.ckpt restores the callback's state saved in it.
-            best = checkpoint_cb.best_model_path or last
+            # A resumed run restores the earlier run's best_model_path; until one of this run's own
+            # validations replaces it, this run has no best checkpoint of its own.
+            own_best = checkpoint_cb.best_model_path
+            if own_best and Path(own_best).resolve().parent != (run_dir / "checkpoints").resolve():
+                own_best = ""
+            best = own_best or last
             trainer.validate(lit, datamodule=dm, ckpt_path=best or None, verbose=False)
             metrics = dict(lit.val_metrics)  # exact (float64) values of the best checkpoint
             if trainer.is_global_zero:
                 _write_train_records(
                     run_dir, lit, data_cfg, metrics, slice_seqlens, trainer.strategy.root_device, interrupted
                 )
-                if not checkpoint_cb.best_model_path:
+                if not own_best:
                     log.info(
                         "training was interrupted before its first validation: the best checkpoint is the last one"
                         if interrupted
@@ -257,12 +262,13 @@ def check_learned_positions(model, longest: int) -> None:
         )
 
 
-def check_resume(resume: str | None, model_config: dict[str, Any]) -> str | None:
+def check_resume(resume: str | None, model_config: dict[str, Any], max_steps: int | None = None) -> str | None:
     """The checkpoint path to continue from (``resume=``), checked before training starts.
 
     Args:
         resume: a ``.ckpt`` written by train.py, or None (a new run).
         model_config: this run's model config (:func:`build_model_config`).
+        max_steps: this run's ``trainer.max_steps`` (-1 or None: no step limit).
 
     Returns:
         The path as an absolute string, or None.
@@ -272,7 +278,8 @@ def check_resume(resume: str | None, model_config: dict[str, Any]) -> str | None
             weights hold NaN or inf (:func:`models.checkpoint.read_checkpoint`: training on from a
             diverged run stays NaN), or one without the trainer state to resume
             (a weights-only file); ValueError: the checkpoint's model differs from this run's,
-            naming the first differing key.
+            naming the first differing key, or the checkpoint already reached ``max_steps`` (Lightning
+            would train nothing and the new run would repeat the old one's results).
     """
     if resume is None:
         return None
@@ -281,6 +288,12 @@ def check_resume(resume: str | None, model_config: dict[str, Any]) -> str | None
         raise ValueError(
             f"resume={resume} holds no trainer state (optimizer, loops) to continue from; give a "
             "checkpoint written by train.py (checkpoints/last.ckpt or best.ckpt)"
+        )
+    step = int(checkpoint.get("global_step", 0))
+    if max_steps is not None and max_steps != -1 and step >= max_steps:
+        raise ValueError(
+            f"resume={resume} is already at step {step}, and trainer.max_steps={max_steps}: nothing is "
+            f"left to train; raise trainer.max_steps to continue (e.g. trainer.max_steps={2 * step})"
         )
     saved = ModelConfig.from_dict(checkpoint["hyper_parameters"]["model"]).to_dict()
     current = ModelConfig.from_dict(model_config).to_dict()

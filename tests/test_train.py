@@ -444,6 +444,12 @@ def test_resume_rejects_missing_weights_only_and_mismatched_checkpoints(tmp_path
     )
     with pytest.raises(ValueError, match="holds no trainer state"):
         run_train(tmp_path / "c", [f"resume={weights_only}"])
+    # One more step and no validation: the best checkpoint is this run's last, not the earlier run's best.
+    more = run_train(tmp_path / "more", [f"resume={part['last_ckpt']}", "trainer.max_steps=3"])
+    assert more["best_ckpt"] == more["last_ckpt"] and Path(more["last_ckpt"]).parent == tmp_path / "more" / "checkpoints"
+    # A finished run: Lightning would train nothing and the new run would repeat the old records.
+    with pytest.raises(ValueError, match=r"already at step 2, and trainer.max_steps=2: nothing is left"):
+        run_train(tmp_path / "e", [f"resume={part['last_ckpt']}", "trainer.max_steps=2"])
     # A diverged run: training on from NaN weights stays NaN, so resuming is refused up front.
     diverged = tmp_path / "diverged.ckpt"
     weights = state["state_dict"]
@@ -452,4 +458,4 @@ def test_resume_rejects_missing_weights_only_and_mismatched_checkpoints(tmp_path
     message = r"NaN or inf weights in 1 of .*\(the first: model\.norm_f\.weight\).*diverged; pass resume="
     with pytest.raises(ValueError, match=message):
         run_train(tmp_path / "d", [f"resume={diverged}"])
-    assert not (tmp_path / "d" / "checkpoints").exists()
+    assert not (tmp_path / "d" / "checkpoints").exists() and not (tmp_path / "e" / "checkpoints").exists()
