@@ -78,9 +78,9 @@ def read_checkpoint(path: str | os.PathLike, arg: str = "ckpt") -> dict[str, Any
 
     Raises:
         FileNotFoundError: the path does not exist or is a directory.
-        ValueError: the file is truncated, corrupt, or not a mixerlab checkpoint (no model config
-            in its ``hyper_parameters``, no ``state_dict``), or its weights hold NaN or inf
-            (:func:`check_finite_weights`).
+        ValueError: the file is truncated, corrupt (a zip entry failing its CRC check included), or
+            not a mixerlab checkpoint (no model config in its ``hyper_parameters``, no
+            ``state_dict``), or its weights hold NaN or inf (:func:`check_finite_weights`).
     """
     path = Path(path)
     hint = (
@@ -94,6 +94,13 @@ def read_checkpoint(path: str | os.PathLike, arg: str = "ckpt") -> dict[str, Any
     try:
         # weights_only: a checkpoint holds tensors and plain containers only, so nothing in it can
         # run code when loaded (a foreign pickle is refused instead).
+        # torch.load does not check the zip entries' CRCs: bytes overwritten inside a tensor would
+        # load as wrong (finite) weights and score 0 without a word.
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                bad_entry = archive.testzip()
+            if bad_entry is not None:
+                raise ValueError(f"the bytes of {bad_entry} do not match its stored CRC-32")
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except (
         RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, KeyError,

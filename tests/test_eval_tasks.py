@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -518,6 +519,16 @@ def test_foreign_files_and_edited_configs_give_clear_checkpoint_errors(copy_run,
         with pytest.raises(ValueError, match="truncated or corrupt.*tensors and plain containers") as info:
             load_model(path)
         assert "weights_only" not in str(info.value)
+    # Bytes overwritten inside a weight tensor (finite garbage): caught by the zip entry's CRC-32.
+    raw = bytearray(Path(copy_run["last_ckpt"]).read_bytes())
+    with zipfile.ZipFile(copy_run["last_ckpt"]) as archive:
+        entry = max(archive.infolist(), key=lambda info: info.file_size)  # the largest tensor
+    start = entry.header_offset + 30 + len(entry.filename.encode()) + len(entry.extra) + 16
+    raw[start : start + 64] = bytes(range(64))
+    overwritten = tmp_path / "overwritten.ckpt"
+    overwritten.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"truncated or corrupt \(the bytes of .* do not match its stored CRC-32\)"):
+        load_model(overwritten)
     checkpoint = torch.load(copy_run["last_ckpt"], map_location="cpu", weights_only=True)
     checkpoint["hyper_parameters"]["model"]["d_model"] *= 2
     edited = tmp_path / "edited.ckpt"
