@@ -127,6 +127,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     tokenizer = getattr(dm, "tokenizer", None)
     slice_names = list(getattr(dm, "slice_names", ["val"]))
     slice_seqlens = slice_lengths(dm, slice_names, int(data_cfg["seqlen"]))
+    check_early_stopping(cfg.get("early_stopping"), slice_names)
     lit = LitLM(
         model=model_config,
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
@@ -260,6 +261,33 @@ def check_learned_positions(model, longest: int) -> None:
             "the training length stay untrained, which is what a length-extrapolation test of learned "
             "positions measures) or drop the longer slices from data.test_configs"
         )
+
+
+def check_early_stopping(settings: Any, slice_names: list[str]) -> None:
+    """``early_stopping`` (EarlyStopping's arguments) checked before training: Lightning finds a
+    metric name it never sees only at the first validation, with a traceback.
+
+    Args:
+        settings: the ``early_stopping`` config, or None (no early stopping).
+        slice_names: the validation slices of the task (``val/acc_<slice>``, ``val/loss_<slice>``).
+
+    Raises:
+        ValueError: no ``monitor``, a ``monitor`` that is not a metric this run logs (listing them),
+            or a ``mode`` other than min / max.
+    """
+    if not settings:
+        return
+    monitor, mode = settings.get("monitor"), settings.get("mode", "min")
+    known = {"val/loss", "val/acc", "val/ppl", "train/loss", "train/acc", "train/tokens"}
+    known |= {f"val/{metric}_{name}" for metric in ("loss", "acc") for name in slice_names}
+    if monitor not in known:
+        given = "no early_stopping.monitor" if monitor is None else f"early_stopping.monitor={monitor!r}"
+        raise ValueError(
+            f"{given}: monitor one of the metrics this run logs, {sorted(known)} "
+            "(e.g. early_stopping={monitor:val/loss,mode:min,patience:3})"
+        )
+    if mode not in ("min", "max"):
+        raise ValueError(f"early_stopping.mode must be min or max, got {mode!r}")
 
 
 def check_resume(resume: str | None, model_config: dict[str, Any], max_steps: int | None = None) -> str | None:

@@ -316,6 +316,8 @@ def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path):
         ("trainer.max_steps=-5", ValueError, "trainer.max_steps must be -1 (no limit) or >= 1"),
         ("trainer.max_epochs=0", ValueError, "trainer.max_epochs must be -1 (no limit) or >= 1"),
         ("trainer.max_steps=-1", ValueError, "max_epochs=-1 leave the run without a length"),
+        ("early_stopping={monitor:val/acx}", ValueError, "early_stopping.monitor='val/acx': monitor one of"),
+        ("early_stopping={monitor:val/acc,mode:up}", ValueError, "early_stopping.mode must be min or max"),
         ("trainer.val_check_interval=0", ValueError, "trainer.val_check_interval must be >= 1 (steps)"),
         ("trainer.val_check_interval=1.5", ValueError, "or in (0, 1] (a fraction of an epoch), got 1.5"),
         ("trainer.val_check_interval=abc", TypeError, "trainer.val_check_interval must be a number"),
