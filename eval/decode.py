@@ -190,8 +190,8 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
 
     Raises:
         ValueError: invalid settings (non-positive sizes, context_lengths not a list of them, unknown
-            dtype or device, an ``output`` (or the default one) that cannot be written as a file) or a cache whose bytes
-            differ from the mixer's state_size.
+            dtype or device, an ``output``, or the default one, that cannot be written as a file) or
+            a cache whose bytes differ from the mixer's state_size.
     """
     for key in ("batch_size", "decode_steps", "vocab_size"):
         if not isinstance(cfg[key], int) or cfg[key] < 1:

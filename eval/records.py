@@ -142,7 +142,8 @@ def check_output(path: str | os.PathLike, example: str, *, option: str = "output
             f"{name} lies under {ancestor}, which is a file, not a directory; give a file path in a "
             f"directory, such as output={ancestor.parent / example}"
         )
-    check_writable_dir(ancestor, f"{name} cannot be written", f"pass output=<a writable file path>, e.g. output={example}")
+    fix = f"pass output=<a writable file path>, e.g. output={example}"
+    check_writable_dir(ancestor, f"{name} cannot be written", fix)
 
 
 def check_writable_dir(directory: Path, what: str, fix: str) -> None:

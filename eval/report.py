@@ -761,10 +761,9 @@ def build_report(cfg: DictConfig) -> Report:
         FileNotFoundError: a ``runs`` entry that matches nothing, or no record file, metrics.csv or
             W&B summary under any of them (the message lists the paths searched and the files looked for).
         ValueError: empty ``runs`` or an empty entry, an ``out`` that is (inside) a file or cannot
-            be written, a bad
-            ``recall_path``, ``seqlen`` or ``best_over_lr``, a ``task``
-            that is neither a known task nor in the records, or an invalid record file, metrics.csv
-            or W&B summary (named; unless ``skip_invalid=true``).
+            be written, a bad ``recall_path``, ``seqlen`` or ``best_over_lr``, a ``task`` that is
+            neither a known task nor in the records, or an invalid record file, metrics.csv or W&B
+            summary (named; unless ``skip_invalid=true``).
     """
     if cfg.recall_path not in ("decode", "parallel"):
         raise ValueError(f"recall_path must be decode or parallel, got {cfg.recall_path!r}")

@@ -89,3 +89,19 @@ def mixer_runs_with_reference_ops(monkeypatch, mixer, x, ops, cache_fields, pref
         fields = [getattr(cache, name).clone() for name in cache_fields]
         results.append((y.float(), grads, torch.cat(decoded, 1).float(), *fields))
     return results
+
+
+def refuse_files_in(monkeypatch, directory: Path) -> None:
+    """Make creating a file in ``directory`` fail as on read-only storage, for the output checks
+    (:func:`eval.records.check_writable_dir`): chmod does not stop root, which CI may run as."""
+    import eval.records as records_module
+
+    real = records_module.tempfile.mkstemp
+    target = Path(directory).resolve()
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).resolve() == target:
+            raise PermissionError(13, "Permission denied", str(dir))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(records_module.tempfile, "mkstemp", mkstemp)

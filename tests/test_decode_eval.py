@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import refuse_files_in
 from hydra import compose, initialize_config_dir
 
 import eval.decode as decode_module
@@ -65,16 +65,7 @@ def test_decode_eval_rejects_bad_settings(tmp_path):
 
 
 def test_decode_eval_refuses_an_unwritable_default_output_before_measuring(tmp_path, monkeypatch):
-    import eval.records as records_module
-
-    real = records_module.tempfile.mkstemp
-
-    def mkstemp(*args, dir=None, **kwargs):  # the working directory as read-only storage
-        if dir is not None and Path(dir).resolve() == tmp_path.resolve():
-            raise PermissionError(13, "Permission denied", str(dir))
-        return real(*args, dir=dir, **kwargs)
-
-    monkeypatch.setattr(records_module.tempfile, "mkstemp", mkstemp)
+    refuse_files_in(monkeypatch, tmp_path)  # the working directory, on read-only storage
     monkeypatch.setattr(decode_module, "copy_bandwidth", lambda device: pytest.fail("measuring started"))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"the default output decode-attention-tiny\.json cannot be written: .*"

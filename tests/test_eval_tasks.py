@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO_ROOT, compose_eval, compose_train
+from helpers import REPO_ROOT, compose_eval, compose_train, refuse_files_in
 
 import eval.copying as copying_module
 import eval.long_context as long_context
@@ -454,21 +454,6 @@ def test_cli_reports_a_missing_checkpoint_in_one_line(tmp_path):
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode == 2 and "checkpoint not found" in result.stderr
     assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []
-
-
-def refuse_files_in(monkeypatch, directory: Path) -> None:
-    """Make creating a file in ``directory`` fail as on read-only storage (chmod does not stop
-    root, which CI may run as)."""
-    import eval.records as records_module
-
-    real = records_module.tempfile.mkstemp
-
-    def mkstemp(*args, dir=None, **kwargs):
-        if dir is not None and Path(dir) == directory:
-            raise PermissionError(13, "Permission denied", str(directory))
-        return real(*args, dir=dir, **kwargs)
-
-    monkeypatch.setattr(records_module.tempfile, "mkstemp", mkstemp)
 
 
 def test_unwritable_output_is_refused_before_evaluating(copy_run, tmp_path, monkeypatch):

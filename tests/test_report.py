@@ -14,7 +14,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from helpers import REPO_ROOT, compose_eval
+from helpers import REPO_ROOT, compose_eval, refuse_files_in
 from matplotlib.text import Text
 from matplotlib.ticker import ScalarFormatter
 
@@ -619,18 +619,9 @@ def test_bad_runs_out_seqlen_and_record_fields_are_clear_errors(runs, tmp_path):
 
 
 def test_unwritable_out_is_refused_before_the_report_is_built(runs, tmp_path, monkeypatch):
-    import eval.records as records_module
-
     read_only = tmp_path / "shared"
     read_only.mkdir()
-    real = records_module.tempfile.mkstemp
-
-    def mkstemp(*args, dir=None, **kwargs):  # read-only storage (chmod does not stop root)
-        if dir is not None and Path(dir) == read_only:
-            raise PermissionError(13, "Permission denied", str(dir))
-        return real(*args, dir=dir, **kwargs)
-
-    monkeypatch.setattr(records_module.tempfile, "mkstemp", mkstemp)
+    refuse_files_in(monkeypatch, read_only)
     for out in (read_only, read_only / "report"):
         with pytest.raises(ValueError, match=rf"cannot be written: {re.escape(str(read_only))}: Permission denied; "
                            r"pass out=<a writable folder>"):  # fmt: skip
