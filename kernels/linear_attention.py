@@ -1219,9 +1219,10 @@ def linear_attention_step(
 
     Args:
         q: (B, H, K) feature-mapped query.   k: (B, H, K) feature-mapped key.   v: (B, H, V).
-        state: (B, H, K, V) kv state (float32; any float dtype, any strides), updated in place.
+        state: (B, H, K, V) kv state, float32 (or float64), any strides, updated in place.
         scale: defaults to ``K ** -0.5``.
-        z_state: (B, H, K) normaliser state updated in place; normalises exactly when given.
+        z_state: (B, H, K) normaliser state, float32 (or float64), updated in place; normalises exactly
+            when given.
         eps: added to the normaliser.
 
     Computes in float32 (float64 when q or the state is float64); each state element is read and

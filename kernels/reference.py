@@ -94,17 +94,41 @@ def _check_updated_in_place(**states: torch.Tensor | None) -> None:
                 f"{name} is updated in place, which autograd cannot follow, but it requires grad; pass "
                 f"{name}.detach() or step under torch.no_grad()"
             )
-    if len(present) < 2:
-        return
-    spans = [(name, t, _byte_span(t)) for name, t in present.items() if t.numel() and t.device.type != "meta"]
-    for i, (name_a, a, (start_a, end_a)) in enumerate(spans):
-        for name_b, b, (start_b, end_b) in spans[i + 1 :]:
-            same = a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-            if same and start_a < end_b and start_b < end_a:
+    names = list(present)
+    for i, name_a in enumerate(names):
+        for name_b in names[i + 1 :]:
+            if _share_memory(present[name_a], present[name_b]):
                 raise ValueError(
                     f"{name_a} and {name_b} are both updated in place but share memory; pass separate "
                     f"tensors (e.g. {name_b}.clone())"
                 )
+
+
+def _check_read_apart(states: dict[str, torch.Tensor | None], inputs: dict[str, torch.Tensor | None]) -> None:
+    """Inputs a decode step reads must not share memory with the states it updates in place: the
+    write may land before the read (the backends order them differently), so the result would
+    depend on the backend. Judged like :func:`_check_updated_in_place` (None ones skipped).
+
+    Raises:
+        ValueError: an input whose byte range overlaps a state's in one storage.
+    """
+    for state_name, state in states.items():
+        for name, t in inputs.items():
+            if state is not None and t is not None and _share_memory(state, t):
+                raise ValueError(
+                    f"{name} shares memory with {state_name}, which is updated in place while {name} is "
+                    f"read; pass {name}.clone()"
+                )
+
+
+def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' byte ranges overlap in one storage (empty and meta tensors never do)."""
+    if not (a.numel() and b.numel()) or "meta" in (a.device.type, b.device.type):
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    (start_a, end_a), (start_b, end_b) = _byte_span(a), _byte_span(b)
+    return start_a < end_b and start_b < end_a
 
 
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:
@@ -129,6 +153,9 @@ def _check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
         raise ValueError(f"{op}: all tensors must be on one device, got {listing}; move them with .to(device)")
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def _check_window(window, causal: bool = True) -> None:
     if window is None:
         return
@@ -136,6 +163,11 @@ def _check_window(window, causal: bool = True) -> None:
         raise TypeError(f"window must be a positive int or None, got {window!r}; pass int(window)")
     if window <= 0:
         raise ValueError(f"window must be > 0 (it counts the current token), got {window}")
+    if window > _INT64_MAX:
+        raise ValueError(
+            f"window must be at most 2**63 - 1 (the kernels' int64), got {window}; a window at least as "
+            "long as the sequence excludes nothing: pass window=None"
+        )
     if not causal:
         raise ValueError("window requires causal=True: a sliding window is only defined for causal attention")
 
@@ -206,6 +238,7 @@ def _check_attention_args(q, k, v, causal: bool, window, scale, return_lse=False
     _check_tensor("k", k, 4)
     _check_tensor("v", v, 4)
     _check_same_dtype(q=q, k=k, v=v)
+    _check_same_device("flash_attention", q=q, k=k, v=v)
     if k.shape != v.shape:
         raise ValueError(
             f"k and v must have the same shape (B, Tk, Hkv, D), got {tuple(k.shape)} and {tuple(v.shape)}"
@@ -625,7 +658,8 @@ def _check_selective_scan_args(
             raise ValueError(
                 f"z must have u's shape (batch, dim, L) = {tuple(u.shape)}, got {tuple(z.shape)}"
             )
-    d_state = A.shape[1] if isinstance(A, torch.Tensor) and A.ndim == 2 else None
+    _check_tensor("A", A, 2)
+    d_state = A.shape[1]
     groups = _check_scan_params(dim, d_state, A, B, C, D, delta_bias, bc_ndims=(3, 4), batch=batch)
     if B.shape[-1] != seqlen:
         raise ValueError(f"B and C must have L = {seqlen} steps in their last dim, got {tuple(B.shape)}")
@@ -635,6 +669,10 @@ def _check_selective_scan_args(
             raise ValueError(
                 f"initial_state must be (batch, dim, d_state) = {(batch, dim, d_state)}, got {tuple(initial_state.shape)}"
             )
+    _check_same_device(
+        "selective_scan", u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias,
+        initial_state=initial_state,
+    )  # fmt: skip
     return batch, dim, seqlen, d_state, groups
 
 
@@ -665,6 +703,9 @@ def _check_selective_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, dt_
     groups = _check_scan_params(
         dim, d_state, A, B, C, D, dt_bias, bc_ndims=(2, 3), batch=batch, bias_name="dt_bias"
     )
+    inputs = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias}
+    _check_same_device("selective_state_update", state=state, **inputs)
+    _check_read_apart({"state": state}, inputs)
     return batch, dim, d_state, groups
 
 
@@ -789,7 +830,8 @@ def selective_state_update(
     Raises:
         TypeError: non-tensor or non-floating inputs; dt_softplus not a bool.
         ValueError: wrong ndim or any shape mismatch (a state whose d_state is not A's names both),
-            G not dividing dim.
+            G not dividing dim, tensors on different devices, an input that shares memory with the
+            state.
     """
     batch, dim, d_state, groups = _check_selective_state_update_args(
         state, x, dt, A, B, C, D, z, dt_bias, dt_softplus
@@ -803,7 +845,8 @@ def selective_state_update(
         step = F.softplus(step)
     Bg = B.to(dtype).reshape(batch, groups, 1, d_state)  # (batch, G, 1, N)
     Cg = C.to(dtype).reshape(batch, groups, 1, d_state)
-    h = rearrange(state.to(dtype), "b (g p) n -> b g p n", g=groups)
+    # A copy even in state's dtype: autograd saves h, and state is overwritten below.
+    h = rearrange(state.to(dtype, copy=True), "b (g p) n -> b g p n", g=groups)
     step_g = rearrange(step, "b (g p) -> b g p", g=groups)
     x_g = rearrange(x.to(dtype), "b (g p) -> b g p", g=groups)
     h = torch.exp(step_g.unsqueeze(-1) * rearrange(A.to(dtype), "(g p) n -> g p n", g=groups)) * h
@@ -852,6 +895,7 @@ def _check_causal_conv1d_args(x, weight, bias, activation):
     batch, dim, seqlen = x.shape
     width = _check_conv_weight_bias(dim, weight, bias)
     _check_conv_activation(activation)
+    _check_same_device("causal_conv1d", x=x, weight=weight, bias=bias)
     return batch, dim, seqlen, width
 
 
@@ -871,6 +915,8 @@ def _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation):
         )
     _check_updated_in_place(conv_state=conv_state)
     _check_conv_activation(activation)
+    _check_same_device("causal_conv1d_update", x=x, conv_state=conv_state, weight=weight, bias=bias)
+    _check_read_apart({"conv_state": conv_state}, {"x": x, "weight": weight, "bias": bias})
     return batch, dim, width
 
 
@@ -960,7 +1006,8 @@ def causal_conv1d_update(
         TypeError: non-tensor or non-floating inputs, bias of another dtype than weight.
         ValueError: wrong ndim, weight not (dim, width) or with width 0, bias not (dim,),
             conv_state not (batch, dim, width) or an expanded view (stride 0: its rows would share
-            memory), an activation other than None / "silu".
+            memory), an input that shares memory with conv_state, tensors on different devices, an
+            activation other than None / "silu".
     """
     _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation)
 
@@ -1095,6 +1142,7 @@ def _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps=1e-10)
             )
     _check_same_device("linear_attention_step", q=q, k=k, v=v, state=state, z_state=z_state)
     _check_updated_in_place(state=state, z_state=z_state)
+    _check_read_apart({"state": state, "z_state": z_state}, {"q": q, "k": k, "v": v})
     if scale is None:
         scale = _default_scale(k_dim, "K")
     return scale
@@ -1173,10 +1221,10 @@ def linear_attention(
             z = z + kc.sum(2)
         kv = kv + kc.transpose(-1, -2) @ vc
         outputs.append(out)
-    if outputs:
-        o = rearrange(torch.cat(outputs, dim=2), "b h t v -> b t h v").to(q.dtype)
-    else:
-        o = v.new_empty(batch, 0, num_heads, v_dim).to(q.dtype)
+    # With T = 0 there is no chunk: the empty output still comes from q, k, v (connected to
+    # autograd, empty gradients), as the other backend's does.
+    o = torch.cat(outputs, dim=2) if outputs else (qh.sum(-1, keepdim=True) + kh.sum(-1, keepdim=True)) * vh
+    o = rearrange(o, "b h t v -> b t h v").to(q.dtype)
     if not output_final_state:
         return o
     return o, ((kv, z) if normalize else kv)
@@ -1214,8 +1262,9 @@ def linear_attention_step(
     Raises:
         TypeError: non-tensor / non-floating inputs or mismatched q / k / v dtypes, a state or
             z_state that is not float32 / float64, a scale or eps that is not a number.
-        ValueError: wrong ndim or mismatched shapes, tensors on different devices, a non-finite
-            scale, eps < 0 or not finite, K = 0 without an explicit scale.
+        ValueError: wrong ndim or mismatched shapes, tensors on different devices, states that
+            share memory with each other or with q / k / v, a non-finite scale, eps < 0 or not
+            finite, K = 0 without an explicit scale.
     """
     scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps)
 

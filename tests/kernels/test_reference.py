@@ -628,6 +628,83 @@ def test_linear_attention_state_form_errors():
         kernels.linear_attention_step(q[:, 0], k[:, 0], v[:, 0], rand(2, 3, 5, 4))
 
 
+def test_every_op_refuses_tensors_on_two_devices():
+    # Found by a fresh-clone check: the reference ops failed inside torch (or, for the conv update
+    # with a meta state, returned uninitialised memory), where the Triton backend named the tensors.
+    meta = torch.empty(1, 4, 2, 8, dtype=F64, device="meta")
+    q = rand(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="flash_attention: all tensors must be on one device, got q on cpu, k on meta"):
+        kernels.flash_attention(q, meta, q)
+    inputs = scan_inputs()
+    with pytest.raises(ValueError, match="selective_scan: all tensors must be on one device.*A on meta"):
+        kernels.selective_scan(**(inputs | {"A": inputs["A"].to("meta")}))
+    state, x = rand(2, 4, 3), rand(2, 4)
+    with pytest.raises(ValueError, match="selective_state_update: all tensors must be on one device.*B on meta"):
+        kernels.selective_state_update(state, x, x.abs(), -rand(4, 3).abs(), rand(2, 3).to("meta"), rand(2, 3))
+    weight = rand(4, 3)
+    with pytest.raises(ValueError, match="causal_conv1d: all tensors must be on one device.*weight on meta"):
+        kernels.causal_conv1d(rand(2, 4, 5), weight.to("meta"))
+    with pytest.raises(ValueError, match="causal_conv1d_update: all tensors must be on one device.*conv_state on meta"):
+        kernels.causal_conv1d_update(x, torch.zeros(2, 4, 3, dtype=F64, device="meta"), weight)
+
+
+def test_selective_scan_refuses_an_A_that_is_not_2_d():
+    inputs = scan_inputs()
+    with pytest.raises(ValueError, match=r"A must have 2 dimensions, got shape \(4,\)"):
+        kernels.selective_scan(**(inputs | {"A": inputs["A"][:, 0]}))
+    with pytest.raises(TypeError, match="A must be a torch.Tensor, got NoneType"):
+        kernels.selective_scan(**(inputs | {"A": None}))
+
+
+def test_decode_inputs_that_share_memory_with_the_updated_state_are_refused():
+    # The step reads them while it writes the state in place, in an order each backend chooses.
+    state, z = rand(1, 1, 4, 4), rand(1, 1, 4)
+    q = rand(1, 1, 4)
+    with pytest.raises(ValueError, match=r"k shares memory with state.*pass k.clone\(\)"):
+        kernels.linear_attention_step(q, state[..., 0], q, state, z_state=z)
+    with pytest.raises(ValueError, match="q shares memory with z_state"):
+        kernels.linear_attention_step(z, q, q, state, z_state=z)
+    conv_state = rand(2, 4, 4)
+    with pytest.raises(ValueError, match="x shares memory with conv_state"):
+        kernels.causal_conv1d_update(conv_state[:, :, 0], conv_state, rand(4, 4))
+    ssm = rand(1, 4, 4)
+    with pytest.raises(ValueError, match="z shares memory with state"):
+        kernels.selective_state_update(
+            ssm, rand(1, 4), rand(1, 4).abs(), -rand(4, 4).abs(), rand(1, 4), rand(1, 4), z=ssm[:, :, 1]
+        )
+    # Clones are fine, and views of other tensors too.
+    kernels.linear_attention_step(q, state[..., 0].clone(), q, state, z_state=z)
+
+
+def test_selective_state_update_is_differentiable_in_its_parameters():
+    # The reference's h was a view of the state it then overwrote: backward through A or dt failed.
+    A = (-rand(2, 3).abs()).requires_grad_()
+    dt = rand(1, 2, positive=True, requires_grad=True)
+    B, C, x = rand(1, 3), rand(1, 3), rand(1, 2)
+
+    def step(A, dt):
+        return kernels.selective_state_update(torch.ones(1, 2, 3, dtype=F64), x, dt, A, B, C)  # a fresh state
+
+    assert torch.autograd.gradcheck(step, (A, dt))
+
+
+def test_linear_attention_of_an_empty_sequence_has_empty_gradients():
+    q, k, v = linear_inputs(seqlen=0, requires_grad=True)
+    out = kernels.linear_attention(q, k, v)
+    assert out.shape == (2, 0, 3, 3)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+def test_window_beyond_int64_is_refused_clearly():
+    q = rand(1, 4, 2, 8)
+    with pytest.raises(ValueError, match=r"window must be at most 2\*\*63 - 1.*pass window=None"):
+        kernels.flash_attention(q, q, q, causal=True, window=10**20)
+    torch.testing.assert_close(
+        kernels.flash_attention(q, q, q, causal=True, window=2**63 - 1), kernels.flash_attention(q, q, q, causal=True)
+    )
+
+
 def test_attention_loop_sanity():
     # The loop reference itself: a row seeing one key copies its value, lse = its scaled score.
     q, k, v = rand(1, 1, 1, 4), rand(1, 1, 1, 4), rand(1, 1, 1, 4)
