@@ -8,8 +8,6 @@ import os
 
 import torch
 
-from kernels.reference import _check_same_device
-
 # Triton passes Python floats to kernels as fp32 scalars.
 FP32_MAX = torch.finfo(torch.float32).max
 
@@ -84,17 +82,6 @@ def check_device(op: str, *tensors: torch.Tensor | None) -> None:
             "before importing kernels, or use backend='reference'"
         )
     check_interpreter_dtype(op, *tensors)
-
-
-def check_devices(op: str, **tensors: torch.Tensor | None) -> None:
-    """The named tensors (None ones skipped) on one device, then :func:`check_device`.
-
-    Raises:
-        ValueError: tensors on several devices (the message lists each tensor's device by name), or
-            :func:`check_device`'s errors.
-    """
-    _check_same_device(op, **tensors)
-    check_device(op, *tensors.values())
 
 
 def check_no_grad(op: str, **tensors: torch.Tensor | None) -> None:

@@ -74,7 +74,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import cdiv, check_devices, check_no_grad, device_guard, next_power_of_2, strides
+from kernels._host import cdiv, check_device, check_no_grad, device_guard, next_power_of_2, strides
 from kernels.reference import (
     _check_causal_conv1d_args,
     _check_causal_conv1d_update_args,
@@ -554,11 +554,11 @@ def causal_conv1d(
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor or non-floating inputs,
         bias of another dtype than weight; ValueError: wrong ndim or shapes, width 0, an unknown
-        activation), and, for this backend only, ValueError for inputs on different devices or CPU
+        activation, tensors on different devices), and, for this backend only, ValueError for CPU
         inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     _check_causal_conv1d_args(x, weight, bias, activation)
-    check_devices("causal_conv1d", x=x, weight=weight, bias=bias)
+    check_device("causal_conv1d", x, weight, bias)  # one device: checked by the shared validation
     silu = activation == "silu"
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return _CausalConv1dFunction.apply(x, weight, bias, silu)
@@ -594,12 +594,13 @@ def causal_conv1d_update(
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor or non-floating inputs,
         bias of another dtype than weight; ValueError: wrong ndim or shapes, width 0, an expanded
-        conv_state, an unknown activation), and, for this backend only, ValueError for inputs on
-        different devices or CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it), and RuntimeError when called with grad mode on and
-        an input that requires grad (use torch.no_grad(), or backend='reference').
+        conv_state or an input sharing its memory, an unknown activation, tensors on different
+        devices), and, for this backend only, ValueError for CPU inputs without
+        ``TRITON_INTERPRET=1`` (or bfloat16 ones under it), and RuntimeError when called with grad
+        mode on and an input that requires grad (use torch.no_grad(), or backend='reference').
     """
     batch, dim, width = _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation)
-    check_devices("causal_conv1d_update", x=x, conv_state=conv_state, weight=weight, bias=bias)
+    check_device("causal_conv1d_update", x, conv_state, weight, bias)  # one device: checked above
     check_no_grad("causal_conv1d_update", x=x, conv_state=conv_state, weight=weight, bias=bias)
     fp64 = torch.float64 in (x.dtype, conv_state.dtype)
     y = torch.empty((batch, dim), dtype=x.dtype, device=x.device)

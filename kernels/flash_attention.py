@@ -47,7 +47,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import cdiv, check_devices, check_fp32_scalars, device_guard, next_power_of_2, split_fp64
+from kernels._host import cdiv, check_device, check_fp32_scalars, device_guard, next_power_of_2, split_fp64
 from kernels.reference import (
     _check_attention_args,
     _compute_dtype,
@@ -864,10 +864,10 @@ def flash_attention(
         The reference's errors, from the same checks (TypeError: non-tensor inputs, dtypes other
         than fp16/bf16/fp32/fp64, mismatched dtypes, non-bool causal or return_lse, non-int window,
         non-float scale; ValueError: wrong ndim, mismatched batch / head_dim / k-v shapes, no heads or
-        head_dim 0, Hq not a multiple of Hkv, Tk == 0, window <= 0, window with causal=False,
-        non-finite scale), and, for this backend only, ValueError for head_dim above 256, a scale
-        beyond float32's range, inputs on different devices or on a device other than CUDA / CPU,
-        or CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
+        head_dim 0, Hq not a multiple of Hkv, Tk == 0, window <= 0 or beyond int64, window with
+        causal=False, non-finite scale, tensors on different devices), and, for this backend only,
+        ValueError for head_dim above 256, a scale beyond float32's range, inputs on a device other
+        than CUDA / CPU, or CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     # The reference's validation: same checks, order and messages.
     batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale = _check_attention_args(
@@ -881,6 +881,6 @@ def flash_attention(
             "use backend='reference'"
         )
     check_fp32_scalars("flash_attention", _LOG2E, scale=scale)
-    check_devices("flash_attention", q=q, k=k, v=v)
+    check_device("flash_attention", q, k, v)  # one device: checked by the shared validation
 
     return _FlashAttentionFunction.apply(q, k, v, bool(causal), window, float(scale), bool(return_lse))

@@ -305,8 +305,8 @@ def flash_attention(
         TypeError: non-tensor inputs, dtypes other than fp16/bf16/fp32/fp64, mismatched dtypes,
             non-bool causal or return_lse, non-int window, non-float scale.
         ValueError: wrong ndim, mismatched batch / head_dim / k-v shapes, no heads or head_dim 0,
-            Hq not a multiple of Hkv, Tk == 0, window <= 0, window with causal=False, non-finite
-            scale.
+            Hq not a multiple of Hkv, Tk == 0, window <= 0 or beyond int64, window with
+            causal=False, non-finite scale, tensors on different devices.
     """
     batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale = _check_attention_args(
         q, k, v, causal, window, scale, return_lse
@@ -754,7 +754,8 @@ def selective_scan(
 
     Raises:
         TypeError: non-tensor or non-floating inputs; delta_softplus or return_last_state not a bool.
-        ValueError: wrong ndim or any shape mismatch, G not dividing dim.
+        ValueError: wrong ndim or any shape mismatch, G not dividing dim, tensors on different
+            devices.
     """
     batch, dim, _, d_state, groups = _check_selective_scan_args(
         u, delta, A, B, C, D, z, delta_bias, initial_state, delta_softplus, return_last_state
@@ -956,7 +957,7 @@ def causal_conv1d(
     Raises:
         TypeError: non-tensor or non-floating inputs, bias of another dtype than weight.
         ValueError: x not 3-D, weight not (dim, width) or with width 0, bias not (dim,), an
-            activation other than None / "silu".
+            activation other than None / "silu", tensors on different devices.
     """
     _, _, seqlen, width = _check_causal_conv1d_args(x, weight, bias, activation)
 

@@ -77,7 +77,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import cdiv, check_devices, check_no_grad, device_guard, next_power_of_2, strides
+from kernels._host import cdiv, check_device, check_no_grad, device_guard, next_power_of_2, strides
 from kernels.reference import (
     _check_selective_scan_args,
     _check_selective_state_update_args,
@@ -824,17 +824,14 @@ def selective_scan(
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor or non-floating
         inputs, delta_softplus or return_last_state not a bool; ValueError: wrong ndim or any shape
-        mismatch, G not dividing dim), and, for this backend only, ValueError for inputs on
-        different devices or CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
+        mismatch, G not dividing dim, tensors on different devices), and, for this backend only,
+        ValueError for CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     _check_selective_scan_args(
         u, delta, A, B, C, D, z, delta_bias, initial_state, delta_softplus, return_last_state
     )
     tensors = (u, delta, A, B, C, D, z, delta_bias, initial_state)
-    check_devices(
-        "selective_scan", u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias,
-        initial_state=initial_state,
-    )  # fmt: skip
+    check_device("selective_scan", *tensors)  # one device: checked by the shared validation
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         y, last = _SelectiveScanFunction.apply(*tensors, bool(delta_softplus))
     else:  # inference (prefill): no graph, no checkpoints
@@ -879,14 +876,15 @@ def selective_state_update(
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor or non-floating
         inputs, dt_softplus not a bool; ValueError: wrong ndim or any shape mismatch, G not
-        dividing dim), and, for this backend only, ValueError for inputs on different devices or
-        CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it), and RuntimeError when called with grad mode on and an input that
-        requires grad (use torch.no_grad(), or backend='reference').
+        dividing dim, tensors on different devices, an input sharing the state's memory), and, for
+        this backend only, ValueError for CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16
+        ones under it), and RuntimeError when called with grad mode on and an input that requires
+        grad (use torch.no_grad(), or backend='reference').
     """
     batch, dim, d_state, groups = _check_selective_state_update_args(
         state, x, dt, A, B, C, D, z, dt_bias, dt_softplus
     )
-    check_devices("selective_state_update", state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias)
+    check_device("selective_state_update", state, x, dt, A, B, C, D, z, dt_bias)  # one device: checked above
     check_no_grad("selective_state_update", state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias)
     dtype = torch.float64 if torch.float64 in (x.dtype, state.dtype) else torch.float32
     Bg, Cg = _grouped(B, dtype, 3), _grouped(C, dtype, 3)
