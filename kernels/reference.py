@@ -107,14 +107,20 @@ def _check_updated_in_place(**states: torch.Tensor | None) -> None:
 def _check_read_apart(states: dict[str, torch.Tensor | None], inputs: dict[str, torch.Tensor | None]) -> None:
     """Inputs a decode step reads must not share memory with the states it updates in place: the
     write may land before the read (the backends order them differently), so the result would
-    depend on the backend. Judged like :func:`_check_updated_in_place` (None ones skipped).
+    depend on the backend. Judged like :func:`_check_updated_in_place` (None ones skipped); the
+    tensors are on one device (checked before).
 
     Raises:
         ValueError: an input whose byte range overlaps a state's in one storage.
     """
+    # On every eager decode step: the storage pointers are compared first, the spans only computed
+    # for an input in the state's storage.
     for state_name, state in states.items():
+        if state is None or not state.numel() or state.device.type == "meta":
+            continue
+        storage = state.untyped_storage().data_ptr()
         for name, t in inputs.items():
-            if state is not None and t is not None and _share_memory(state, t):
+            if t is not None and t.numel() and t.untyped_storage().data_ptr() == storage and _spans_overlap(state, t):
                 raise ValueError(
                     f"{name} shares memory with {state_name}, which is updated in place while {name} is "
                     f"read; pass {name}.clone()"
@@ -125,8 +131,11 @@ def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors' byte ranges overlap in one storage (empty and meta tensors never do)."""
     if not (a.numel() and b.numel()) or "meta" in (a.device.type, b.device.type):
         return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and _spans_overlap(a, b)
+
+
+def _spans_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two non-empty tensors of one storage can touch a common byte."""
     (start_a, end_a), (start_b, end_b) = _byte_span(a), _byte_span(b)
     return start_a < end_b and start_b < end_a
 
