@@ -513,7 +513,10 @@ OP_CALLS = {
 def test_backends(op):
     assert OP_CALLS[op](backend="reference").dtype == F64
     if op in kernels._TRITON_OPS:  # landed: "triton" runs the kernel (interpreted on CPU)
-        assert OP_CALLS[op](backend="triton").dtype == F64
+        # A GPU machine runs the Triton backend compiled, on CUDA tensors (conftest sets the
+        # interpreter only where there is no GPU).
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            assert OP_CALLS[op](backend="triton").dtype == F64
     else:
         with pytest.raises(
             NotImplementedError, match=f"{op}.*Triton kernel has not landed.*backend='reference'"
