@@ -192,21 +192,40 @@ def host_us(
     return elapsed / calls * 1e6
 
 
+FLUSH_MODES = ("read", "zero")
+
+
 def bench_graph_ms(
-    fn: Callable[[], Any], *, reps: int = 20, replays: int = 15, flush_bytes: int = 256 << 20
+    fn: Callable[[], Any],
+    *,
+    reps: int = 20,
+    replays: int = 15,
+    flush_bytes: int = 256 << 20,
+    flush: str = "read",
 ) -> float:
     """Median GPU time of ``fn()`` in milliseconds with no host overhead: ``fn`` captured in a CUDA
     graph, as a graph-captured decode step runs it.
 
-    One graph holds ``reps`` pairs (L2 flush: a ``flush_bytes`` zero fill; ``fn()``), a second the
+    One graph holds ``reps`` pairs (L2 flush over a ``flush_bytes`` buffer; ``fn()``), a second the
     flushes alone; each is replayed ``replays`` times and timed with CUDA events, and the result
     is (median pair graph - median flush graph) / reps. ``fn`` is called once first (autotuning,
     compilation) and must be capturable: no host syncs, no allocations that change per call.
 
+    ``flush="read"`` (default) evicts the L2 by reading the buffer (an ``amax``): ``fn`` starts on a
+    cold cache of clean lines. ``"zero"`` writes it (a zero fill, as ``triton.testing.do_bench``
+    does), which leaves the L2 full of dirty lines that ``fn``'s first misses must write back to
+    HBM: on the H200 (2026-12-02) that added 6-8 us to every decode kernel reading >= 134 MB
+    (ours, SDPA and a copy alike; ``benchmarks/results/2026-12-02-nvidia-h200-decode-flush.json``),
+    traffic the kernel does not cause.
+
     Raises:
+        ValueError: ``flush`` not in :data:`FLUSH_MODES`.
         RuntimeError: from CUDA graph capture when ``fn`` is not capturable.
     """
-    flush = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
+    if flush not in FLUSH_MODES:
+        raise ValueError(f"flush must be one of {FLUSH_MODES}, got {flush!r}")
+    buffer = torch.empty(flush_bytes // 4, dtype=torch.float32, device="cuda").zero_()
+    flush_l2 = buffer.zero_ if flush == "zero" else buffer.amax
     fn()
     torch.cuda.synchronize()
 
@@ -235,11 +254,11 @@ def bench_graph_ms(
         return sorted(times)[len(times) // 2]
 
     def flush_then_fn() -> None:
-        flush.zero_()
+        flush_l2()
         fn()
 
     with_fn = median_ms(capture(flush_then_fn))
-    flush_only = median_ms(capture(flush.zero_))
+    flush_only = median_ms(capture(flush_l2))
     return max(with_fn - flush_only, 0.0) / reps
 
 

@@ -4,6 +4,7 @@
     python benchmarks/decode.py --quick         # smoke run: batch 1, KV length 8k and 32k
     python benchmarks/decode.py --batches 1 --seqlens 8192 32768 --page-size 16
     python benchmarks/decode.py --batches 1 --seqlens 8192 --num-splits 16 32 60 96 128  # split sweep
+    python benchmarks/decode.py --quick --flush zero   # graph timing after a zero-fill L2 flush (dirty lines)
 
 The issue's setting (issue 6): one query token per sequence, 32 query heads over 8 KV heads, head
 dim 128, bf16, every sequence of the batch at the full KV length. Providers, all in this process,
@@ -27,7 +28,9 @@ warm-up call (compilation; its tiles come from ``kernels.flash_decode.split_conf
 KV-read bandwidth = ``2 * batch * seqlen * Hkv * D * itemsize`` bytes (K and V, each read once)
 over the time. Before timing, each provider's output is compared with the fp32 reference
 (:func:`kernels.reference.flash_decode`). Every provider is also timed captured in a CUDA graph
-(:func:`benchmarks.common.bench_graph_ms`): a Triton launch from Python costs far more host time
+(:func:`benchmarks.common.bench_graph_ms`, the L2 evicted before each call by a 256 MB read; ``--flush
+zero`` zero-fills instead, as ``do_bench`` does, leaving dirty lines that the timed kernel writes back:
+6-8 us more per call from 134 MB of KV on the H200): a Triton launch from Python costs far more host time
 than the kernel takes at small KV lengths, and graph-captured decode (``LanguageModel.generate``)
 pays none of it; the host time of one eager call (:func:`benchmarks.common.host_us`: launches
 issued back to back without waiting for the GPU) shows how much of an eager time is the host's.
@@ -56,6 +59,7 @@ import kernels  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     DO_BENCH_REP_MS,
     DO_BENCH_WARMUP_MS,
+    FLUSH_MODES,
     RESULTS_DIR,
     bench_graph_ms,
     bench_ms,
@@ -167,8 +171,11 @@ def make_provider(name: str, x: dict) -> Callable[[], torch.Tensor]:
     raise ValueError(f"unknown provider {name!r}; choose from {PROVIDERS} or ours_splits<N>")
 
 
-def run_config(batch: int, seqlen: int, providers: Sequence[str], page_size: int, dtype: torch.dtype) -> dict:
-    """Check and time every provider at one (batch, seqlen); returns the row."""
+def run_config(
+    batch: int, seqlen: int, providers: Sequence[str], page_size: int, dtype: torch.dtype, flush: str = "read"
+) -> dict:
+    """Check and time every provider at one (batch, seqlen), the graph timings with the L2 ``flush``
+    of :func:`benchmarks.common.bench_graph_ms`; returns the row."""
     x = make_inputs(batch, seqlen, page_size, dtype)
     nbytes = kv_bytes(batch, seqlen, NUM_KV_HEADS, HEAD_DIM, x["k"].element_size())
     # Reference on the last sequence only (fp32 gathers the whole cache).
@@ -189,7 +196,7 @@ def run_config(batch: int, seqlen: int, providers: Sequence[str], page_size: int
                 if name != "read":
                     row["max_abs_err"][name] = (out[last].float() - want).abs().max().item()
                 row["us"][name] = 1e3 * bench_ms(fn, warmup=DO_BENCH_WARMUP_MS, rep=DO_BENCH_REP_MS)
-                row["graph_us"][name] = 1e3 * bench_graph_ms(fn)
+                row["graph_us"][name] = 1e3 * bench_graph_ms(fn, flush=flush)
                 row["host_us"][name] = host_us(fn)
         except (RuntimeError, ValueError) as err:  # OOM is a RuntimeError: recorded, the sweep goes on
             row["error"][name] = short_reason(err, [str(w.message) for w in caught])
@@ -262,6 +269,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--out", type=Path, default=RESULTS_DIR, help="results folder (default benchmarks/results)"
     )
     parser.add_argument("--name", help="results name (default decode, decode-quick with --quick)")
+    parser.add_argument(
+        "--flush", choices=FLUSH_MODES, default="read",
+        help="how the graph timing evicts the L2 before each call: read a 256 MB buffer (default) or zero "
+        "it (leaves dirty lines the timed kernel writes back; see benchmarks.common.bench_graph_ms)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     args.batches = args.batches or list(QUICK_BATCHES if args.quick else BATCHES)
     args.seqlens = args.seqlens or list(QUICK_SEQLENS if args.quick else SEQLENS)
@@ -301,6 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "warmup_ms": DO_BENCH_WARMUP_MS, "rep_ms": DO_BENCH_REP_MS},
         "graph_timing": "benchmarks.common.bench_graph_ms: 20 (L2 flush, call) pairs in one CUDA graph, "
                         "minus a graph of the flushes alone, median of 15 replays",
+        "graph_flush": f"{args.flush}: the L2 flush of 256 MB before each graph-timed call",
         "host_timing": "benchmarks.common.host_us: 50 eager calls issued back to back, host clock, "
                        "no wait on the GPU in between (launch-side time per call)",
     }  # fmt: skip
@@ -308,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     for batch in args.batches:
         for seqlen in args.seqlens:
-            rows.append(run_config(batch, seqlen, providers, args.page_size, torch.bfloat16))
+            rows.append(run_config(batch, seqlen, providers, args.page_size, torch.bfloat16, args.flush))
             print(format_table(table_header(providers), [table_row(rows[-1], providers)]).splitlines()[-1])
             write_json(path, {"benchmark": "decode", "versions": info, "settings": settings, "rows": rows})
             torch.cuda.empty_cache()

@@ -676,7 +676,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "graph_timing": None
         if args.no_graph
         else (
-            "benchmarks.common.bench_graph_ms in the same rounds (L2 flushed, no host overhead); "
+            "benchmarks.common.bench_graph_ms in the same rounds (L2 flushed by a 256 MB read, no host overhead); "
             "graph_ms: fwd = the forward's graph, bwd = the forward + backward graph minus the forward's, "
             "per round, then the median"
         ),

@@ -45,6 +45,9 @@ def test_parse_args_and_table_row():
     assert bench.parse_args(["--num-splits", "16", "60"]).num_splits == [16, 60]
     with pytest.raises(SystemExit):
         bench.parse_args(["--num-splits", "0"])
+    assert args.flush == "read" and bench.parse_args(["--flush", "zero"]).flush == "zero"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--flush", "none"])
     row = {
         "batch": 1, "seqlen": 8192, "page_size": 64, "kv_bytes": 33_554_432,
         "us": {"ours": 10.0, "sdpa_gqa": 22.5, "read": 16.0}, "tb_s": {"ours": 3.36, "sdpa_gqa": 1.49, "read": 2.1},

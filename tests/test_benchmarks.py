@@ -253,3 +253,8 @@ def test_script_without_gpu_exits_with_clear_message():
     assert proc.returncode != 0
     assert "benchmarks need a CUDA GPU" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_bench_graph_ms_refuses_an_unknown_flush_before_touching_cuda():
+    with pytest.raises(ValueError, match=r"flush must be one of \('read', 'zero'\), got 'clean'"):
+        common.bench_graph_ms(lambda: None, flush="clean")
