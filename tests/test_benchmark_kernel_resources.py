@@ -1,0 +1,60 @@
+"""benchmarks/kernel_resources.py: kernels compiled for sm_90 on a CPU, registers and spills read back."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import kernel_resources as tool
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_tool(*argv: str, interpret: str | None = None) -> subprocess.CompletedProcess:
+    # conftest sets TRITON_INTERPRET=1 for this process on a CPU machine; the tool needs the compiler.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret is not None:
+        env["TRITON_INTERPRET"] = interpret
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "kernel_resources.py"), *argv],
+        capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=600,
+    )  # fmt: skip
+
+
+def test_decode_kernel_compiles_for_sm90_and_reports_its_resources():
+    out = run_tool("--kernel", "flash_decode_split")
+    assert out.returncode == 0, out.stderr
+    lines = re.findall(r"B(\d+) KV (\d+), (\d+) splits: tile (\d+), (\d+) warps, (\d+) stages -> "
+                       r"REG (\d+), STACK (\d+), smem (\d+)", out.stdout)  # fmt: skip
+    assert [(b, kv) for b, kv, *_ in lines] == [("1", "8192"), ("1", "32768"), ("8", "8192")]
+    for *_, warps, stages, regs, stack, smem in lines:
+        assert warps == "4" and 1 <= int(stages) <= 3
+        assert 16 <= int(regs) <= 255 and int(stack) >= 0
+        assert int(smem) > 0  # the pipeline's K / V buffers
+    # A larger key tile holds more in registers: the tool really recompiles with the override.
+    wide = run_tool("--kernel", "flash_decode_split", "--block", "128", "--stages", "1")
+    assert wide.returncode == 0, wide.stderr
+    wide_regs = [int(r) for r in re.findall(r"tile 128, 4 warps, 1 stages -> REG (\d+)", wide.stdout)]
+    assert len(wide_regs) == 3 and wide_regs[0] > int(lines[0][6])
+
+
+def test_refuses_the_interpreter_and_bad_options():
+    out = run_tool("--kernel", "flash_decode_split", interpret="1")
+    assert out.returncode != 0 and "unset TRITON_INTERPRET" in out.stderr
+    for argv in (["--block", "24"], ["--warps", "0"], ["--kernel", "flash_attention"]):
+        with pytest.raises(SystemExit):
+            tool.parse_args(argv)
+    assert tool.parse_args([]).kernel == list(tool.KERNELS)
+
+
+def test_compile_for_names_a_missing_argument():
+    import importlib
+
+    fd = importlib.import_module("kernels.flash_decode")
+    with pytest.raises(ValueError, match="flash_decode_split_kernel: no value for argument 'Q'"):
+        tool.compile_for(fd.flash_decode_split_kernel, {}, {}, num_warps=4, num_stages=1)
