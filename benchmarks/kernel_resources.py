@@ -37,6 +37,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 KERNELS = ("linear_attention_fused_fwd", "flash_decode_split")
+# Compute capabilities Triton's NVIDIA backend compiles for (Turing on); others abort inside LLVM.
+ARCHS = (75, 80, 86, 87, 89, 90, 100, 103, 120)
 
 
 def compile_for(
@@ -206,7 +208,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description="Registers, spills and shared memory of mixerlab's Triton kernels, compiled without a GPU."
     )
     parser.add_argument("--kernel", choices=KERNELS, nargs="+", default=list(KERNELS))
-    parser.add_argument("--arch", type=int, default=90, help="compute capability as an int (default 90: H100 / H200)")
+    parser.add_argument(
+        "--arch", type=int, choices=ARCHS, default=90, help="compute capability as an int (default 90: H100 / H200)"
+    )
     parser.add_argument("--block", type=int, help="override the tile (BLOCK_E of the LA forward, BLOCK_N of decode)")
     parser.add_argument("--warps", type=int, help="override num_warps")
     parser.add_argument("--stages", type=int, help="override num_stages")

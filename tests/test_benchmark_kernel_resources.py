@@ -46,7 +46,7 @@ def test_decode_kernel_compiles_for_sm90_and_reports_its_resources():
 def test_refuses_the_interpreter_and_bad_options():
     out = run_tool("--kernel", "flash_decode_split", interpret="1")
     assert out.returncode != 0 and "unset TRITON_INTERPRET" in out.stderr
-    for argv in (["--block", "24"], ["--warps", "0"], ["--kernel", "flash_attention"]):
+    for argv in (["--block", "24"], ["--warps", "0"], ["--kernel", "flash_attention"], ["--arch", "12"]):
         with pytest.raises(SystemExit):
             tool.parse_args(argv)
     assert tool.parse_args([]).kernel == list(tool.KERNELS)
