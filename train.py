@@ -35,15 +35,15 @@ from omegaconf import DictConfig, OmegaConf
 import data as datasets_lib
 from data.mqar import parse_slice_name
 from eval.cli import user_errors
-from eval.records import git_sha, make_record, training_settings, write_records
+from eval.records import check_wandb_mode, git_sha, make_record, training_settings, write_records
 from models import ModelConfig
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
+from models.config import config_from_groups
 from models.lit import LitLM
 
 # Hydra writes its records to the console and to <run_dir>/train.log (conf/train.yaml).
 log = logging.getLogger("mixerlab.train")
 
-MODEL_KEYS = ("d_model", "n_layers", "mlp", "mlp_ratio", "norm_eps", "embed_dropout", "resid_dropout")
 DATA_META_KEYS = ("name", "monitor", "monitor_mode")
 
 
@@ -51,19 +51,12 @@ def build_model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
     """The plain-dict model config of a composed run config: model size + mixer layout and settings.
 
     Raises:
-        ValueError: an invalid combination (validated by :class:`models.ModelConfig`).
+        ValueError: an unknown model key, settings for a mixer the layout does not use, or an invalid
+            combination (:func:`models.config.config_from_groups`).
     """
     model = OmegaConf.to_container(cfg.model, resolve=True)
     mixer = OmegaConf.to_container(cfg.mixer, resolve=True)
-    config = {key: model[key] for key in MODEL_KEYS if key in model}
-    config.update(
-        vocab_size=int(vocab_size),
-        pattern=list(mixer["pattern"]),
-        mixer_settings=mixer.get("settings") or {},
-        shared_block=mixer.get("shared_block"),
-        name=mixer["name"],
-    )
-    return ModelConfig.from_dict(config).to_dict()
+    return config_from_groups(model, mixer, vocab_size)
 
 
 def _loggers(cfg: DictConfig, run_dir: Path, run_name: str) -> list:
@@ -71,6 +64,7 @@ def _loggers(cfg: DictConfig, run_dir: Path, run_name: str) -> list:
     if cfg.logger.csv.enabled:
         loggers.append(L.pytorch.loggers.CSVLogger(save_dir=str(run_dir), name="csv", version=""))
     if cfg.logger.wandb.enabled:
+        check_wandb_mode(cfg.logger.wandb.mode, "logger.wandb.mode")
         try:
             from lightning.pytorch.loggers import WandbLogger
 

@@ -37,8 +37,12 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 KERNELS = ("linear_attention_fused_fwd", "flash_decode_split")
-# Compute capabilities Triton's NVIDIA backend compiles for (Turing on); others abort inside LLVM.
-ARCHS = (75, 80, 86, 87, 89, 90, 100, 103, 120)
+# Compute capabilities with bf16 tensor cores that Triton's NVIDIA backend compiles for (others abort
+# inside LLVM, and sm_75 emulates bf16), and the shared memory one program may opt into there, bytes
+# (CUDA C Programming Guide, "Technical Specifications per Compute Capability").
+MAX_SHARED_BYTES = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 103: 232448,
+                    120: 101376}  # fmt: skip
+ARCHS = tuple(MAX_SHARED_BYTES)
 
 
 def compile_for(
@@ -215,10 +219,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warps", type=int, help="override num_warps")
     parser.add_argument("--stages", type=int, help="override num_stages")
     args = parser.parse_args(argv)
-    for name in ("block", "warps", "stages"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name} must be >= 1, got {value}")
+    if args.warps is not None and args.warps not in (1, 2, 4, 8, 16, 32):
+        parser.error(f"--warps must be a power of two from 1 to 32 (1024 threads a program), got {args.warps}")
+    if args.stages is not None and not 1 <= args.stages <= 8:
+        parser.error(f"--stages must be in [1, 8], got {args.stages}")
     if args.block is not None and (args.block < 16 or args.block & (args.block - 1)):
         parser.error(f"--block must be a power of two >= 16 (tl.dot's smallest tile), got {args.block}")
     return args
@@ -242,8 +246,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             tile = constexprs.get("BLOCK_E", constexprs.get("BLOCK_N"))
             compiled = compile_for(fn, kernel_args, constexprs, num_warps=warps, num_stages=stages, arch=args.arch)
             usage = resource_usage(compiled)
+            limit = MAX_SHARED_BYTES[args.arch]
+            fits = "" if usage["shared_bytes"] <= limit else f" (over sm_{args.arch}'s {limit}: cannot launch)"
             print(f"  {label}: tile {tile}, {warps} warps, {stages} stages -> REG {usage['registers']}, "
-                  f"STACK {usage['stack_bytes']}, smem {usage['shared_bytes']}", flush=True)  # fmt: skip
+                  f"STACK {usage['stack_bytes']}, smem {usage['shared_bytes']}{fits}", flush=True)  # fmt: skip
     return 0
 
 

@@ -24,3 +24,42 @@ def user_errors() -> Iterator[None]:
             raise
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+
+
+class OutputDirCheck:
+    """Hydra callback (``hydra.callbacks`` of ``conf/train.yaml``): refuse, as one line, a run or
+    sweep directory that cannot be created, before Hydra tries to and fails in a traceback
+    (``hydra.run.dir=/read-only/run``).
+
+    Hydra calls ``on_run_start`` / ``on_multirun_start`` before it creates the directory; this
+    creates and removes a probe file in the nearest existing folder of ``hydra.run.dir`` (or
+    ``hydra.sweep.dir``).
+
+    Raises:
+        SystemExit: status 2, with ``error: hydra.run.dir=... cannot be created: ...`` on stderr.
+    """
+
+    def on_run_start(self, config, **kwargs) -> None:
+        self._check(config.hydra.run.dir, "hydra.run.dir")
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        self._check(config.hydra.sweep.dir, "hydra.sweep.dir")
+
+    @staticmethod
+    def _check(directory: str, option: str) -> None:
+        from pathlib import Path
+
+        from eval.records import check_writable_dir
+
+        path = Path(str(directory))
+        blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        try:
+            if blocking is not None:
+                raise ValueError(f"{option}={directory} cannot be created: {blocking} is a file, not a folder")
+            ancestor = next(p for p in (path, *path.parents) if p.exists())
+            check_writable_dir(ancestor, f"{option}={directory} cannot be created", f"pass {option}=<a writable folder>")
+        except ValueError as err:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)

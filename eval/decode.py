@@ -43,26 +43,22 @@ from omegaconf import DictConfig, OmegaConf
 from eval.cli import user_errors
 from eval.common import check_lengths, resolve_device
 from eval.records import check_output, git_sha, log_records_to_wandb, make_record, write_records
-from models import LanguageModel, ModelConfig
+from models import LanguageModel
+from models.config import config_from_groups
 from models.model import DecodeStep
 
-MODEL_KEYS = ("d_model", "n_layers", "mlp", "mlp_ratio", "norm_eps")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_model(cfg: DictConfig) -> LanguageModel:
-    """A randomly initialised :class:`LanguageModel` of the composed ``model`` and ``mixer`` groups."""
+    """A randomly initialised :class:`LanguageModel` of the composed ``model`` and ``mixer`` groups.
+
+    Raises:
+        ValueError: as :func:`models.config.config_from_groups`.
+    """
     model = OmegaConf.to_container(cfg.model, resolve=True)
     mixer = OmegaConf.to_container(cfg.mixer, resolve=True)
-    config = {key: model[key] for key in MODEL_KEYS if key in model}
-    config.update(
-        vocab_size=int(cfg.vocab_size),
-        pattern=list(mixer["pattern"]),
-        mixer_settings=mixer.get("settings") or {},
-        shared_block=mixer.get("shared_block"),
-        name=mixer["name"],
-    )
-    return LanguageModel(ModelConfig.from_dict(config))
+    return LanguageModel(config_from_groups(model, mixer, int(cfg.vocab_size)))
 
 
 def _sync(device: torch.device) -> None:

@@ -143,7 +143,10 @@ def check_output(path: str | os.PathLike, example: str, *, option: str = "output
             f"directory, such as output={ancestor.parent / example}"
         )
     fix = f"pass output=<a writable file path>, e.g. output={example}"
-    check_writable_dir(ancestor, f"{name} cannot be written", fix)
+    what = f"{name} cannot be written"
+    if ancestor != path.parent:  # name the folder that refused, not one that does not exist yet
+        what += f" (its missing folders would be created in {ancestor.absolute()}, which refuses new files)"
+    check_writable_dir(ancestor, what, fix)
 
 
 def check_writable_dir(directory: Path, what: str, fix: str) -> None:
@@ -169,6 +172,22 @@ def write_records(path: str | os.PathLike, records: list[dict[str, Any]]) -> Pat
     return path
 
 
+WANDB_MODES = ("online", "offline")
+
+
+def check_wandb_mode(mode: Any, option: str) -> None:
+    """Refuse a W&B mode other than ``online`` / ``offline``: anything else used to log offline
+    without a word (a typo such as ``mode=onlin``).
+
+    Raises:
+        ValueError: ``"<option> must be 'online' or 'offline', got ..."``.
+    """
+    if mode not in WANDB_MODES:
+        raise ValueError(
+            f"{option} must be 'online' or 'offline', got {mode!r} (to turn W&B off, set its enabled=false)"
+        )
+
+
 def log_records_to_wandb(
     records: list[dict[str, Any]],
     *,
@@ -186,6 +205,7 @@ def log_records_to_wandb(
     """
     if not enabled or not records:
         return
+    check_wandb_mode(mode, "wandb.mode")
     try:
         import wandb
     except ImportError:

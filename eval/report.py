@@ -76,7 +76,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data import DATAMODULES
 from eval.cli import user_errors
-from eval.records import check_writable_dir
+from eval.records import check_wandb_mode, check_writable_dir
 from eval.report_plots import PLOTS, plot_points
 from eval.report_tables import (
     Table,
@@ -763,8 +763,11 @@ def build_report(cfg: DictConfig) -> Report:
         ValueError: empty ``runs`` or an empty entry, an ``out`` that is (inside) a file or cannot
             be written, a bad ``recall_path``, ``seqlen`` or ``best_over_lr``, a ``task`` that is
             neither a known task nor in the records, or an invalid record file, metrics.csv or W&B
-            summary (named; unless ``skip_invalid=true``).
+            summary (named; unless ``skip_invalid=true``), a ``wandb.mode`` other than online /
+            offline with W&B enabled.
     """
+    if cfg.wandb.enabled:
+        check_wandb_mode(cfg.wandb.mode, "wandb.mode")
     if cfg.recall_path not in ("decode", "parallel"):
         raise ValueError(f"recall_path must be decode or parallel, got {cfg.recall_path!r}")
     if cfg.seqlen is not None and (
@@ -869,7 +872,10 @@ def build_report(cfg: DictConfig) -> Report:
     if blocking is not None:
         raise ValueError(f"out={cfg.out!r}: {blocking} is a file, not a folder; pass out=<folder>")
     ancestor = next(p for p in (out, *out.parents) if p.exists())
-    check_writable_dir(ancestor, f"out={cfg.out!r} cannot be written", "pass out=<a writable folder>")
+    what = f"out={cfg.out!r} cannot be written"
+    if ancestor != out:  # name the folder that refused, not one that does not exist yet
+        what += f" (its missing folders would be created in {ancestor.absolute()}, which refuses new files)"
+    check_writable_dir(ancestor, what, "pass out=<a writable folder>")
     figures, pngs, png_bytes = {}, {}, {}
     for spec in PLOTS:
         fig = figures[spec.name] = plot_points(points[spec.name], spec)

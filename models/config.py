@@ -180,3 +180,35 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form, the inverse of :meth:`from_dict` (JSON/YAML serialisable)."""
         return dataclasses.asdict(self)
+
+
+# Keys of a ``model=`` config group (conf/model/*.yaml): the ModelConfig sizes it sets, its name, and
+# num_heads, which the mixer configs read through ``${model.num_heads}``.
+MODEL_GROUP_KEYS = (
+    "name", "d_model", "n_layers", "num_heads", "mlp", "mlp_ratio", "norm_eps", "embed_dropout", "resid_dropout",
+)  # fmt: skip
+
+
+def config_from_groups(model: Mapping[str, Any], mixer: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
+    """The plain-dict :class:`ModelConfig` of a composed run: the ``model`` group's sizes with the
+    ``mixer`` group's pattern, settings and shared block (both resolved to plain containers).
+
+    Settings for a mixer that no layer of the layout uses are kept and ignored: experiment configs
+    set, say, ``mixer.settings.attention`` for every mixer a sweep may pick.
+
+    Raises:
+        ValueError: a key the model group does not have (a typo such as ``+model.foo=1``, which would
+            otherwise change nothing), or what :meth:`ModelConfig.from_dict` refuses.
+    """
+    unknown = sorted(set(model) - set(MODEL_GROUP_KEYS))
+    if unknown:
+        raise ValueError(f"unknown model keys {unknown}; valid keys: {sorted(MODEL_GROUP_KEYS)}")
+    config = {key: model[key] for key in MODEL_GROUP_KEYS if key in model and key not in ("name", "num_heads")}
+    config.update(
+        vocab_size=int(vocab_size),
+        pattern=list(mixer["pattern"]),
+        mixer_settings=mixer.get("settings") or {},
+        shared_block=mixer.get("shared_block"),
+        name=mixer["name"],
+    )
+    return ModelConfig.from_dict(config).to_dict()

@@ -41,12 +41,19 @@ def test_decode_kernel_compiles_for_sm90_and_reports_its_resources():
     assert wide.returncode == 0, wide.stderr
     wide_regs = [int(r) for r in re.findall(r"tile 128, 4 warps, 1 stages -> REG (\d+)", wide.stdout)]
     assert len(wide_regs) == 3 and wide_regs[0] > int(lines[0][6])
+    # Tiles whose buffers exceed what a program may use are flagged, not printed as if they ran.
+    huge = run_tool("--kernel", "flash_decode_split", "--block", "1024", "--stages", "2")
+    assert huge.returncode == 0, huge.stderr
+    assert huge.stdout.count("(over sm_90's 232448: cannot launch)") == 3
+    assert "cannot launch" not in out.stdout
 
 
 def test_refuses_the_interpreter_and_bad_options():
     out = run_tool("--kernel", "flash_decode_split", interpret="1")
     assert out.returncode != 0 and "unset TRITON_INTERPRET" in out.stderr
-    for argv in (["--block", "24"], ["--warps", "0"], ["--kernel", "flash_attention"], ["--arch", "12"]):
+    bad = (["--block", "24"], ["--warps", "0"], ["--warps", "3"], ["--warps", "64"], ["--stages", "50"],
+           ["--kernel", "flash_attention"], ["--arch", "12"], ["--arch", "75"])  # fmt: skip
+    for argv in bad:
         with pytest.raises(SystemExit):
             tool.parse_args(argv)
     assert tool.parse_args([]).kernel == list(tool.KERNELS)

@@ -471,9 +471,16 @@ def test_unwritable_output_is_refused_before_evaluating(copy_run, tmp_path, monk
         rf"{re.escape(str(read_only))}: Permission denied; pass output=<a writable file path>",
     ):
         copying_eval(compose_eval("copying", [f"ckpt={ckpt}", "device=cpu"]))
-    for output in (read_only / "r.json", read_only / "new" / "r.json"):  # the nearest existing folder
-        with pytest.raises(ValueError, match=rf"output={re.escape(str(output))} cannot be written: "):
-            copying_eval(compose_eval("copying", [f"ckpt={ckpt}", "device=cpu", f"output={output}"]))
+    output = read_only / "r.json"
+    with pytest.raises(ValueError, match=rf"output={re.escape(str(output))} cannot be written: "):
+        copying_eval(compose_eval("copying", [f"ckpt={ckpt}", "device=cpu", f"output={output}"]))
+    output = read_only / "new" / "r.json"  # the message names the nearest existing folder, which refused
+    with pytest.raises(
+        ValueError,
+        match=rf"output={re.escape(str(output))} cannot be written \(its missing folders would be created "
+        rf"in {re.escape(str(read_only))}, which refuses new files\): {re.escape(str(read_only))}: Permission",
+    ):
+        copying_eval(compose_eval("copying", [f"ckpt={ckpt}", "device=cpu", f"output={output}"]))
     assert sorted(p.name for p in read_only.iterdir()) == ["copy.ckpt"]
 
 

@@ -622,8 +622,10 @@ def test_unwritable_out_is_refused_before_the_report_is_built(runs, tmp_path, mo
     read_only = tmp_path / "shared"
     read_only.mkdir()
     refuse_files_in(monkeypatch, read_only)
-    for out in (read_only, read_only / "report"):
-        with pytest.raises(ValueError, match=rf"cannot be written: {re.escape(str(read_only))}: Permission denied; "
+    folder = re.escape(str(read_only))
+    created_in = rf" \(its missing folders would be created in {folder}, which refuses new files\)"
+    for out, note in ((read_only, ""), (read_only / "report", created_in)):
+        with pytest.raises(ValueError, match=rf"cannot be written{note}: {folder}: Permission denied; "
                            r"pass out=<a writable folder>"):  # fmt: skip
             make_report(f"[{runs / 'mamba-run'}]", out)
     assert list(read_only.iterdir()) == []
@@ -651,6 +653,13 @@ def test_works_without_wandb(runs, tmp_path, monkeypatch, capsys):
     assert "wandb is not installed" in capsys.readouterr().out
     assert rep.figures["decode_tokens_per_s"] is not None and rep.html.exists()
     assert not (tmp_path / "wandb").exists()
+
+
+def test_a_mistyped_wandb_mode_is_refused_before_the_report_is_built(runs, tmp_path):
+    # Found by a fresh-clone check: any mode but "online" logged offline without a word.
+    with pytest.raises(ValueError, match="wandb.mode must be 'online' or 'offline', got 'onlin'"):
+        make_report(f"[{runs / 'decode'}]", tmp_path / "out", "wandb.enabled=true", "wandb.mode=onlin")
+    assert not (tmp_path / "out").exists()
 
 
 def test_wandb_offline_tables_and_scatter(runs, tmp_path, monkeypatch):

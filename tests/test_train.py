@@ -166,6 +166,10 @@ def test_bad_configs_raise_clear_errors(tmp_path):
         run_train(tmp_path, ["mixer=attention", "model.num_heads=5"])
     with pytest.raises(ValueError, match="unknown optim keys"):
         run_train(tmp_path, ["+optim.momentum=0.9"])
+    with pytest.raises(ValueError, match=r"unknown model keys \['foo'\]; valid keys: \['d_model', "):
+        run_train(tmp_path, ["+model.foo=1"])
+    with pytest.raises(ValueError, match="logger.wandb.mode must be 'online' or 'offline', got 'onlin'"):
+        run_train(tmp_path, ["logger=wandb", "logger.wandb.mode=onlin"])
     with pytest.raises(ValueError, match="optim.lr must be > 0"):
         run_train(tmp_path, ["optim.lr=-1"])
     if not torch.cuda.is_available():
@@ -248,6 +252,19 @@ def test_train_cli_reports_a_mistyped_setting_in_one_line(tmp_path):
     assert result.returncode == 2 and "error: mamba: d_state must be an int, got 'abc'" in result.stderr
     assert "Traceback" not in result.stderr
     assert not list(tmp_path.glob("outputs/*"))  # the run directory Hydra made and its date folder are removed
+
+
+def test_train_cli_reports_an_uncreatable_run_dir_in_one_line(tmp_path):
+    # Found by a fresh-clone check: Hydra failed to create it in a chained traceback.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for option in ("hydra.run.dir", "hydra.sweep.dir"):
+        args = [str(REPO_ROOT / "train.py"), f"{option}={blocker / 'run'}"] + (["-m"] if "sweep" in option else [])
+        result = cli(args, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert f"error: {option}={blocker / 'run'} cannot be created: {blocker} is a file, not a folder" in result.stderr
+        assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
 def test_remove_unused_run_dir_keeps_anything_with_content(tmp_path):
