@@ -6,6 +6,9 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+
+from eval.records import check_writable_dir
 
 
 @contextmanager
@@ -47,10 +50,6 @@ class OutputDirCheck:
 
     @staticmethod
     def _check(directory: str, option: str) -> None:
-        from pathlib import Path
-
-        from eval.records import check_writable_dir
-
         path = Path(str(directory))
         blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
         try:
