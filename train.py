@@ -51,8 +51,8 @@ def build_model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
     """The plain-dict model config of a composed run config: model size + mixer layout and settings.
 
     Raises:
-        ValueError: an unknown model key, settings for a mixer the layout does not use, or an invalid
-            combination (:func:`models.config.config_from_groups`).
+        ValueError: an unknown model key or an invalid combination
+            (:func:`models.config.config_from_groups`).
     """
     model = OmegaConf.to_container(cfg.model, resolve=True)
     mixer = OmegaConf.to_container(cfg.mixer, resolve=True)

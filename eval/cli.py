@@ -56,7 +56,9 @@ class OutputDirCheck:
             if blocking is not None:
                 raise ValueError(f"{option}={directory} cannot be created: {blocking} is a file, not a folder")
             ancestor = next(p for p in (path, *path.parents) if p.exists())
-            check_writable_dir(ancestor, f"{option}={directory} cannot be created", f"pass {option}=<a writable folder>")
+            check_writable_dir(
+                ancestor, f"{option}={directory} cannot be created", f"pass {option}=<a writable folder>", target=path
+            )
         except ValueError as err:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise

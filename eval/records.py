@@ -143,23 +143,30 @@ def check_output(path: str | os.PathLike, example: str, *, option: str = "output
             f"directory, such as output={ancestor.parent / example}"
         )
     fix = f"pass output=<a writable file path>, e.g. output={example}"
-    what = f"{name} cannot be written"
-    if ancestor != path.parent:  # name the folder that refused, not one that does not exist yet
-        what += f" (its missing folders would be created in {ancestor.absolute()}, which refuses new files)"
-    check_writable_dir(ancestor, what, fix)
+    check_writable_dir(ancestor, f"{name} cannot be written", fix, target=path.parent)
 
 
-def check_writable_dir(directory: Path, what: str, fix: str) -> None:
+def check_writable_dir(directory: Path, what: str, fix: str, *, target: Path | None = None) -> None:
     """Create and remove a probe file in ``directory``, so that a run fails before its work, not
     when it writes its results (the atomic writers create their temporary file there too).
 
+    Args:
+        directory: an existing folder.
+        what, fix: the message's start and end.
+        target: the folder the caller will write to, when it does not exist yet and ``directory``
+            is its nearest existing ancestor: the message then says the missing folders would be
+            created in ``directory`` (naming the folder that refused, not one that does not exist).
+
     Raises:
-        ValueError: the probe cannot be created: ``"<what>: <directory>: <reason>; <fix>"``.
+        ValueError: the probe cannot be created: ``"<what>[ (its missing folders ...)]: <directory>:
+            <reason>; <fix>"``.
     """
+    if target is not None and Path(target) != Path(directory):
+        what += f" (its missing folders would be created in {Path(directory).absolute()}, which refuses new files)"
     try:
         fd, probe = tempfile.mkstemp(prefix=".mixerlab-write-check-", dir=directory)
     except OSError as err:
-        raise ValueError(f"{what}: {directory.absolute()}: {err.strerror or err}; {fix}") from None
+        raise ValueError(f"{what}: {Path(directory).absolute()}: {err.strerror or err}; {fix}") from None
     os.close(fd)
     os.unlink(probe)
 

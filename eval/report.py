@@ -872,10 +872,7 @@ def build_report(cfg: DictConfig) -> Report:
     if blocking is not None:
         raise ValueError(f"out={cfg.out!r}: {blocking} is a file, not a folder; pass out=<folder>")
     ancestor = next(p for p in (out, *out.parents) if p.exists())
-    what = f"out={cfg.out!r} cannot be written"
-    if ancestor != out:  # name the folder that refused, not one that does not exist yet
-        what += f" (its missing folders would be created in {ancestor.absolute()}, which refuses new files)"
-    check_writable_dir(ancestor, what, "pass out=<a writable folder>")
+    check_writable_dir(ancestor, f"out={cfg.out!r} cannot be written", "pass out=<a writable folder>", target=out)
     figures, pngs, png_bytes = {}, {}, {}
     for spec in PLOTS:
         fig = figures[spec.name] = plot_points(points[spec.name], spec)
