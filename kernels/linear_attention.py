@@ -65,7 +65,8 @@ the orientation it is consumed in (dK uses ``V G^T``, dV uses ``K Q^T``, each it
 transposed operands of the loads are read through swapped strides, and no kernel calls
 ``tl.trans``. Triton 3.6 on Hopper also miscompiles a ``tl.sum`` of a loaded tile that feeds a
 ``tl.dot`` (the normaliser's z and q . z sums): the forward scan's z is a dot of the k tile with
-ones instead, and the other sums read their own copy of the tile (``_own_copy``); the fused
+ones instead, the reverse scan's dz a dot of the q tile with r (as a hi / lo pair of bf16 columns;
+fp16 sums a reload), and the chunk kernels' sums read their own copy of the tile (``_own_copy``); the fused
 forward's q . z_c is a tensor-core product with a 64-wide operand (16- and 32-wide operands built in
 registers were miscompiled: wrong values, then illegal addresses, 2026-12-01). No atomics:
 every output element is written by exactly one program, so forward and backward are deterministic.
@@ -292,7 +293,7 @@ def _chunk_products(
 @triton.autotune(configs=_STATE_CONFIGS, key=_STATE_KEY, prune_configs_by={"early_config_prune": _prune_configs})
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def linear_attention_state_kernel(
-    X, Y, W, S_IN, Z_IN, STATES, ZSTATES, S_OUT, Z_OUT,
+    X, Y, W, WP, S_IN, Z_IN, STATES, ZSTATES, S_OUT, Z_OUT,
     stride_xb, stride_xt, stride_xh, stride_xd,
     stride_yb, stride_yt, stride_yh, stride_ye,
     stride_sb, stride_sh, stride_sd, stride_se,
@@ -307,7 +308,8 @@ def linear_attention_state_kernel(
     Forward (REVERSE=False; X = k, Y = v, D = K, E = V, scale = 1): STATES[c] = S_c = S_IN +
     sum_{c' < c} X_{c'}^T Y_{c'}, S_OUT = S_N; with HAS_Z, ZSTATES[c] = z_c = Z_IN + the sum of X's
     rows before chunk c, Z_OUT = z_N.
-    Reverse (X = q, Y = G, W = r): STATES[c] = dS_c = S_IN + scale sum_{c' > c} X_{c'}^T Y_{c'},
+    Reverse (X = q, Y = G, W = r (B*H, T), WP = r's hi / lo pair (B*H, T, 16) in X's dtype, read
+    instead of W unless X is fp16): STATES[c] = dS_c = S_IN + scale sum_{c' > c} X_{c'}^T Y_{c'},
     S_OUT = dS_0; with HAS_Z, ZSTATES[c] = dz_c = Z_IN + scale sum_{t after chunk c} r_t q_t.
     STATES (B*H, n_chunks, D, E) in the input dtype; ZSTATES (B*H, n_chunks, D), S_OUT (B*H, D, E),
     Z_OUT (B*H, D) in the accumulator dtype, all contiguous. S_IN / Z_IN: any strides, any float dtype.
@@ -359,7 +361,7 @@ def linear_attention_state_kernel(
         tl.store(STATES + row * (D_DIM * E_DIM) + state_offs, s.to(STATES.dtype.element_ty), mask=de_mask)
         if HAS_Z:
             if REVERSE:
-                z_now = z
+                z_now = z + _scaled(tl.sum(tl.where(z_cols[None, :] < 2, z_acc, 0.0), 1), scale, scale_lo, FP64)
             else:
                 z_now = z + tl.sum(tl.where(z_cols[None, :] == 0, z_acc, 0.0), 1)
             tl.store(ZSTATES + row * D_DIM + offs_d, z_now, mask=z_mask)
@@ -376,9 +378,23 @@ def linear_attention_state_kernel(
         if REVERSE:
             s += _scaled(tl.dot(x_t, y, input_precision=DOT_PRECISION, out_dtype=ACC), scale, scale_lo, FP64)
             if HAS_Z:
-                w = tl.load(W + bh64 * T + offs_t, mask=t_mask, other=0.0)
-                z += _scaled(tl.sum(_own_copy(x_base, offs_t, offs_d, stride_xt, stride_xd, T, D_DIM, ACC) * w[:, None], 0),
-                             scale, scale_lo, FP64)
+                if X.dtype.element_ty == tl.float16:
+                    # fp16's 65504 range cannot hold r: the elementwise sum over a reload of Q_c.
+                    w = tl.load(W + bh64 * T + offs_t, mask=t_mask, other=0.0)
+                    z += _scaled(tl.sum(_own_copy(x_base, offs_t, offs_d, stride_xt, stride_xd, T, D_DIM, ACC) * w[:, None], 0),
+                                 scale, scale_lo, FP64)
+                else:
+                    # sum_t r_t q_t = Q_c^T r on the tensor cores, r as the preprocess kernel's hi /
+                    # lo pair in columns 0 and 1 of a (BLOCK_T, 16) tile in X's dtype (hi + lo = r
+                    # to ~16 bits in bf16, exact in fp32 / fp64; r rounded to bf16 alone would add
+                    # 2^-9 relative error per term). The pair is loaded, not built here: built in
+                    # registers, the operand made Triton 3.6 access memory illegally on the H200
+                    # (2026-12-02). The fp16 path's reload and elementwise product sat on the scan's
+                    # sequential path: at B2 T8192 H16 D128 (H200, 2026-12-02, bf16) the reverse scan
+                    # took 192.5 us that way (88.1 us without the normaliser); with the dot the
+                    # normalised forward + backward went from 812 to 699 us (unnormalised 545).
+                    w_pair = tl.load(WP + (bh64 * T + offs_t)[:, None] * 16 + z_cols[None, :], mask=t_mask[:, None], other=0.0)
+                    z_acc = tl.dot(x_t, w_pair, z_acc, input_precision=DOT_PRECISION, out_dtype=ACC)
         else:
             s = tl.dot(x_t, y, s, input_precision=DOT_PRECISION, out_dtype=ACC)
             if HAS_Z:
@@ -386,7 +402,9 @@ def linear_attention_state_kernel(
 
     tl.store(S_OUT + bh64 * (D_DIM * E_DIM) + state_offs, s, mask=de_mask)
     if HAS_Z:
-        if not REVERSE:
+        if REVERSE:
+            z = z + _scaled(tl.sum(tl.where(z_cols[None, :] < 2, z_acc, 0.0), 1), scale, scale_lo, FP64)
+        else:
             z = z + tl.sum(tl.where(z_cols[None, :] == 0, z_acc, 0.0), 1)
         tl.store(Z_OUT + bh64 * D_DIM + offs_d, z, mask=z_mask)
 
@@ -600,9 +618,12 @@ def linear_attention_fused_fwd_kernel(
                 tl.store(ZSTATES + (bh * n_chunks + chunk) * D_DIM + offs_d, tl.sum(z_acc, 1), mask=z_first)
         scores = tl.dot(q, k_t, input_precision=DOT_PRECISION, out_dtype=ACC)
         scores = tl.where(offs_t[:, None] >= offs_t[None, :], scores, 0.0)
-        o = tl.dot(q, s_c, input_precision=DOT_PRECISION, out_dtype=ACC)
-        o = _scaled(tl.dot(scores.to(v.dtype), v, o, input_precision=DOT_PRECISION, out_dtype=ACC), scale, scale_lo, FP64)
         if NORMALIZE:
+            # den before O_c's products, so the fp32 scores die at their 16-bit cast instead of
+            # living across two dots: at K = 128 and 4 warps the spills halved (136 -> 72 bytes a
+            # thread, Triton 3.9) and the forward storing states took 223 instead of 246 us at B2
+            # T8192 H16 (H200, 2026-12-02; without autograd 176 either way). 8 warps, 32- or
+            # 128-wide V tiles and 2 stages were all slower (219-350 us).
             # q . z_c on the tensor cores, the in-chunk part from the fp32 masked scores. z grows
             # linearly in T, so its fp16 copy is z / max|z| (no overflow past 65504, relative
             # rounding as for S_c), rescaled in the accumulator. bf16 has fp32's exponent range:
@@ -620,9 +641,12 @@ def linear_attention_fused_fwd_kernel(
             qz = tl.sum(tl.dot(q, z_c, input_precision=DOT_PRECISION, out_dtype=ACC), 1) * z_max
             den = _scaled(tl.sum(scores, 1) + qz, scale, scale_lo, FP64) + eps
             den = tl.where(t_mask, den, 1.0)  # padding rows (never stored) must not divide 0 by 0
-            o = o / den[:, None]
             tl.store(DEN + bh * T + offs_t, den, mask=t_mask & (tl.zeros_like(offs_t) + pid_e == 0))
             z_acc += tl.dot(k_t, ones, input_precision=DOT_PRECISION, out_dtype=ACC)
+        o = tl.dot(q, s_c, input_precision=DOT_PRECISION, out_dtype=ACC)
+        o = _scaled(tl.dot(scores.to(v.dtype), v, o, input_precision=DOT_PRECISION, out_dtype=ACC), scale, scale_lo, FP64)
+        if NORMALIZE:
+            o = o / den[:, None]
         tl.store(o_base + offs_t[:, None] * stride_ot + offs_e[None, :] * stride_oe, o.to(Out.dtype.element_ty),
                  mask=t_mask[:, None] & e_mask[None, :])
         s = tl.dot(k_t, v, s, input_precision=DOT_PRECISION, out_dtype=ACC)
@@ -640,17 +664,19 @@ def linear_attention_fused_fwd_kernel(
 
 @triton.jit(do_not_specialize=["num_heads", "T"])
 def linear_attention_bwd_preprocess_kernel(
-    DO, Out, DEN, G, R,
+    DO, Out, DEN, G, R, RP,
     stride_dob, stride_dot, stride_doh, stride_dod,
     stride_ob, stride_ot, stride_oh, stride_od,
     stride_gb, stride_gt, stride_gh, stride_gd,
     num_heads, T, E_DIM,
-    FP64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+    FP64: tl.constexpr, PAIR: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """G = dO / den and r = -rowsum(dO * O) / den (normalize only); grid (cdiv(T, BLOCK_T), H, B).
 
     O = N / den, so dL/dN = dO / den and dL/dden = -rowsum(dO * N) / den^2 = -rowsum(dO * O) / den.
-    G (B, T, H, V) in the input dtype; R (B*H, T) in the accumulator dtype.
+    G (B, T, H, V) in the input dtype; R (B*H, T) in the accumulator dtype. With PAIR, also RP
+    (B*H, T, 16) in G's dtype: r as hi = r rounded, lo = (r - hi) rounded in columns 0 and 1, zeros
+    elsewhere, the operand of the reverse scan's dz product.
     """
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -676,7 +702,14 @@ def linear_attention_bwd_preprocess_kernel(
             G + batch * stride_gb + head * stride_gh + offs_t[:, None] * stride_gt + offs_e[None, :] * stride_gd,
             (do / den[:, None]).to(G.dtype.element_ty), mask=mask
         )
-    tl.store(R + row + offs_t, -r / den, mask=t_mask)
+    r = -r / den
+    tl.store(R + row + offs_t, r, mask=t_mask)
+    if PAIR:
+        cols = tl.arange(0, 16)
+        hi = r.to(G.dtype.element_ty).to(ACC)
+        lo = (r - hi).to(G.dtype.element_ty).to(ACC)
+        pair = tl.where(cols[None, :] == 0, hi[:, None], tl.where(cols[None, :] == 1, lo[:, None], 0.0))
+        tl.store(RP + (row + offs_t)[:, None] * 16 + cols[None, :], pair.to(G.dtype.element_ty), mask=t_mask[:, None])
 
 
 @triton.autotune(configs=_BWD_CONFIGS, key=_CHUNK_KEY, prune_configs_by={"early_config_prune": _prune_configs})
@@ -885,7 +918,7 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
 
 
-def _scan(x, y, w, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool, scale: float):
+def _scan(x, y, w, wp, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool, scale: float):
     """Launch the state scan over (B, T, H, D) x and (B, T, H, E) y; returns
     (states (B, H, n_chunks, D, E) in x's dtype, zstates (B, H, n_chunks, D) or None,
     s_out (B, H, D, E), z_out (B, H, D) or None), the last three in the accumulator dtype."""
@@ -911,7 +944,7 @@ def _scan(x, y, w, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool, sc
         return (cdiv(d_dim, meta["BLOCK_D"]) * e_tiles, num_heads, batch)
 
     linear_attention_state_kernel[grid](
-        x, y, w if w is not None else s_out, s_in if s_in is not None else s_out,
+        x, y, w if w is not None else s_out, wp if wp is not None else s_out, s_in if s_in is not None else s_out,
         z_in if z_in is not None else s_out, states, zstates if normalize else s_out, s_out,
         z_out if normalize else s_out,
         *x.stride(), *y.stride(), *strides(s_in, 4), *strides(z_in, 3),
@@ -939,7 +972,9 @@ def fused_config(dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_E, num_warps, num_stages) of the fused forward kernel for inputs of ``dtype``.
 
     16-bit: 64-wide V tiles in 3 stages, 4 warps (H200, 2026-12-01, bf16, fastest of 32 / 64 / 128 x
-    4 / 8 warps x 2 / 3 stages at B2 T8192 H16 D128 and B8 T2048 H32 D64 with the states stored).
+    4 / 8 warps x 2 / 3 stages at B2 T8192 H16 D128 and B8 T2048 H32 D64 with the states stored;
+    normalised too on 2026-12-02, where (64, 8, 3), (64, 8, 2), (32, 4, 3) and (128, 8, 2) took
+    1.1-3.1x as long, with or without states, despite spilling less).
     fp32 / fp64 (IEEE products on the FMA units): 32-wide tiles, 2 stages. Interpreter: one stage.
     """
     if _INTERPRET:
@@ -1024,7 +1059,7 @@ def _forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, store_
     v_dim = v.shape[3]
     chunk = chunk_size(q.dtype)
     states, zstates, kv, z = _scan(
-        k, v, None, kv0, z0, chunk=chunk, reverse=False, normalize=normalize, scale=1.0
+        k, v, None, None, kv0, z0, chunk=chunk, reverse=False, normalize=normalize, scale=1.0
     )
     o = torch.empty((batch, seqlen, num_heads, v_dim), dtype=q.dtype, device=q.device)
     den = torch.empty((batch, num_heads, seqlen), dtype=kv.dtype, device=q.device) if normalize else None
@@ -1055,19 +1090,24 @@ def _backward(do, dkv, dz, q, k, v, o, states, zstates, den, scale: float, norma
     fp64 = acc == torch.float64
     if do is None:  # only the final state was used
         do = torch.zeros((batch, seqlen, num_heads, v_dim), dtype=q.dtype, device=q.device)
-    g, r = do, None
+    g, r, rp = do, None, None
+    # r's hi / lo pair for the reverse scan's dz product (fp16 sums r itself there: see the kernel).
+    pair = normalize and q.dtype != torch.float16
     if normalize and do.numel() == 0:  # no output element (V == 0): nothing reaches the normaliser
         r = torch.zeros((batch, num_heads, seqlen), dtype=acc, device=q.device)
+        rp = torch.zeros((batch, num_heads, seqlen, 16), dtype=q.dtype, device=q.device) if pair else None
     elif normalize:
         g = torch.empty(do.shape, dtype=q.dtype, device=q.device)
         r = torch.empty((batch, num_heads, seqlen), dtype=acc, device=q.device)
+        rp = torch.empty((batch, num_heads, seqlen, 16), dtype=q.dtype, device=q.device) if pair else None
         block_t = 32 if _INTERPRET else 64
         linear_attention_bwd_preprocess_kernel[(cdiv(seqlen, block_t), num_heads, batch)](
-            do, o, den, g, r, *do.stride(), *o.stride(), *g.stride(), num_heads, seqlen, v_dim,
-            FP64=fp64, BLOCK_T=block_t, BLOCK_E=min(_pad(v_dim), 64),
+            do, o, den, g, r, rp if pair else r, *do.stride(), *o.stride(), *g.stride(), num_heads, seqlen, v_dim,
+            FP64=fp64, PAIR=pair, BLOCK_T=block_t, BLOCK_E=min(_pad(v_dim), 64),
         )  # fmt: skip
+    dz_in = dz if normalize else None
     dstates, dzstates, dkv0, dz0 = _scan(
-        q, g, r, dkv, dz if normalize else None, chunk=chunk, reverse=True, normalize=normalize, scale=scale
+        q, g, r, rp, dkv, dz_in, chunk=chunk, reverse=True, normalize=normalize, scale=scale
     )
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
