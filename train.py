@@ -39,7 +39,7 @@ from eval.records import check_wandb_mode, git_sha, make_record, training_settin
 from models import ModelConfig
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
 from models.config import config_from_groups
-from models.lit import LitLM
+from models.lit import LitLM, logged_metrics
 
 # Hydra writes its records to the console and to <run_dir>/train.log (conf/train.yaml).
 log = logging.getLogger("mixerlab.train")
@@ -272,8 +272,7 @@ def check_early_stopping(settings: Any, slice_names: list[str]) -> None:
     if not settings:
         return
     monitor, mode = settings.get("monitor"), settings.get("mode", "min")
-    known = {"val/loss", "val/acc", "val/ppl", "train/loss", "train/acc", "train/tokens"}
-    known |= {f"val/{metric}_{name}" for metric in ("loss", "acc") for name in slice_names}
+    known = logged_metrics(slice_names)
     if monitor not in known:
         given = "no early_stopping.monitor" if monitor is None else f"early_stopping.monitor={monitor!r}"
         raise ValueError(

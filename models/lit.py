@@ -21,6 +21,21 @@ from models.model import LanguageModel
 
 IGNORE_INDEX = -100
 
+# What LitLM logs each training step; validation adds the names of :func:`logged_metrics`.
+TRAIN_METRICS = ("train/loss", "train/acc", "train/tokens")
+
+
+def logged_metrics(slice_names: Sequence[str]) -> set[str]:
+    """Every metric name :class:`LitLM` logs for a task with these validation slices: the training
+    step's ``train/loss``, ``train/acc`` (next-token accuracy on scored positions) and
+    ``train/tokens`` (tokens seen, all ranks), and per validation epoch ``val/loss_<slice>`` and
+    ``val/acc_<slice>`` for each slice plus ``val/loss``, ``val/acc`` (the first slice's) and
+    ``val/ppl`` (exp of ``val/loss``, capped at e^50). train.py checks ``early_stopping.monitor``
+    against it before training starts.
+    """
+    per_slice = {f"val/{metric}_{name}" for metric in ("loss", "acc") for name in slice_names}
+    return {*TRAIN_METRICS, "val/loss", "val/acc", "val/ppl"} | per_slice
+
 DEFAULT_OPTIM = {
     "lr": 1e-3,
     "weight_decay": 0.1,

@@ -19,7 +19,7 @@ from helpers import MIXER_CONFIGS, REPO_ROOT, SHAKESPEARE, compose_eval, compose
 import train as train_module
 from eval.recall import recall_eval
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
-from models.lit import load_model
+from models.lit import load_model, logged_metrics
 
 # A tiny but real run: 20 optimizer steps of a 32-wide model on MQAR, one validation at the end.
 TINY = [
@@ -56,6 +56,10 @@ def test_every_mixer_config_trains_20_steps(tmp_path, mixer):
     assert 0.0 <= out["metrics"]["val/acc"] <= 1.0
     lit = load_model(out["last_ckpt"])
     assert lit.model.config.name == mixer
+    # The names early_stopping.monitor is checked against are the ones this run logged.
+    with open(Path(out["run_dir"]) / "csv" / "metrics.csv") as f:
+        columns = set(next(csv.reader(f)))
+    assert {c for c in columns if c.startswith(("train/", "val/"))} == logged_metrics(lit.slice_names)
     records = json.loads((Path(out["run_dir"]) / "results" / "train.json").read_text())
     assert {r["metric"] for r in records} >= {"val/acc", "val/loss"}
     assert all(r["mixer"] == mixer and r["state_bytes"] == lit.model.state_size(r["seqlen"]) for r in records)
