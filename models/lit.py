@@ -36,6 +36,7 @@ def logged_metrics(slice_names: Sequence[str]) -> set[str]:
     per_slice = {f"val/{metric}_{name}" for metric in ("loss", "acc") for name in slice_names}
     return {*TRAIN_METRICS, "val/loss", "val/acc", "val/ppl"} | per_slice
 
+
 DEFAULT_OPTIM = {
     "lr": 1e-3,
     "weight_decay": 0.1,
