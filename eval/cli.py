@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
+
 from eval.records import check_writable_dir
 
 
@@ -29,7 +31,7 @@ def user_errors() -> Iterator[None]:
         sys.exit(2)
 
 
-class OutputDirCheck:
+class OutputDirCheck(Callback):
     """Hydra callback (``hydra.callbacks`` of ``conf/train.yaml``): refuse, as one line, a run or
     sweep directory that cannot be created, before Hydra tries to and fails in a traceback
     (``hydra.run.dir=/read-only/run``).

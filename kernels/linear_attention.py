@@ -1192,7 +1192,8 @@ def linear_attention(
         v: (B, T, H, V) values, same dtype as q.
         scale: defaults to ``K ** -0.5``.
         normalize: divide by the normaliser above (needs non-negative feature inner products).
-        eps: added to the normaliser.
+        eps: added to the normaliser (>= 0; with 0 a row whose normaliser is 0, e.g. relu
+            features that are all zero, comes out NaN: the default 1e-10 avoids that).
         initial_state: kv (B, H, K, V) when normalize=False, the pair (kv, z (B, H, K)) when
             normalize=True, or None (zeros); any float dtype (computed in fp32, fp64 for fp64 inputs).
         output_final_state: also return the state after the last token, in the same form.
@@ -1263,7 +1264,8 @@ def linear_attention_step(
         scale: defaults to ``K ** -0.5``.
         z_state: (B, H, K) normaliser state, float32 (or float64), updated in place; normalises exactly
             when given.
-        eps: added to the normaliser.
+        eps: added to the normaliser (>= 0; with 0 a row whose normaliser is 0, e.g. relu
+            features that are all zero, comes out NaN: the default 1e-10 avoids that).
 
     Computes in float32 (float64 when q or the state is float64); each state element is read and
     written once. Not differentiable (a decode-time op, like the reference's in-place update).

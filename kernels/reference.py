@@ -1126,6 +1126,11 @@ def _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps=1e-10)
     _check_tensor("q", q, 3)
     _check_tensor("k", k, 3)
     _check_tensor("v", v, 3)
+    if isinstance(state, (tuple, list)):
+        raise TypeError(
+            "state must be the (B, H, K, V) tensor, got a pair: linear_attention(..., normalize=True) "
+            "returns its state as (kv, z); pass linear_attention_step(q, k, v, kv, z_state=z)"
+        )
     _check_tensor("state", state, 4)
     _check_same_dtype(q=q, k=k, v=v)
     _check_scale(scale)
@@ -1184,7 +1189,8 @@ def linear_attention(
         v: (B, T, H, V) values, same dtype as q.
         scale: defaults to ``K ** -0.5``.
         normalize: divide by the normaliser above.
-        eps: added to the normaliser.
+        eps: added to the normaliser (>= 0; with 0 a row whose normaliser is 0, e.g. relu
+            features that are all zero, comes out NaN: the default 1e-10 avoids that).
         initial_state: kv (B, H, K, V) when normalize=False, the pair (kv, z (B, H, K)) when
             normalize=True, or None (zeros); float32 (float64 for float64 inputs).
         output_final_state: also return the state after the last token, in the same form.
@@ -1262,7 +1268,8 @@ def linear_attention_step(
         state: (B, H, K, V) float32 (float64) kv state, updated in place.
         scale: defaults to ``K ** -0.5``.
         z_state: (B, H, K) normaliser state updated in place; normalises exactly when given.
-        eps: added to the normaliser.
+        eps: added to the normaliser (>= 0; with 0 a row whose normaliser is 0, e.g. relu
+            features that are all zero, comes out NaN: the default 1e-10 avoids that).
 
     Computes in float32 (float64 when q or the state is float64).
 

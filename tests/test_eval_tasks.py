@@ -468,7 +468,7 @@ def test_unwritable_output_is_refused_before_evaluating(copy_run, tmp_path, monk
     with pytest.raises(
         ValueError,
         match=rf"the default output {re.escape(str(ckpt))}\.copying\.json cannot be written: "
-        rf"{re.escape(str(read_only))}: Permission denied; pass output=<a writable file path>",
+        rf"creating a file in {re.escape(str(read_only))} failed: Permission denied; pass output=<a writable file path>",
     ):
         copying_eval(compose_eval("copying", [f"ckpt={ckpt}", "device=cpu"]))
     output = read_only / "r.json"
@@ -478,7 +478,8 @@ def test_unwritable_output_is_refused_before_evaluating(copy_run, tmp_path, monk
     with pytest.raises(
         ValueError,
         match=rf"output={re.escape(str(output))} cannot be written \(its missing folders would be created "
-        rf"in {re.escape(str(read_only))}, which refuses new files\): {re.escape(str(read_only))}: Permission",
+        rf"in {re.escape(str(read_only))}, which refuses new files\): creating a file in {re.escape(str(read_only))} "
+        rf"failed: Permission",
     ):
         copying_eval(compose_eval("copying", [f"ckpt={ckpt}", "device=cpu", f"output={output}"]))
     assert sorted(p.name for p in read_only.iterdir()) == ["copy.ckpt"]

@@ -757,6 +757,7 @@ _SHARED = _t(400)
         ((*STEP_ARGS[:2], _t(2, 4, 6), STEP_ARGS[3]), {}),
         ((*STEP_ARGS[:3], _t(2, 3, 6, 8)), {}),
         ((*STEP_ARGS[:3], _t(2, 3, 8)), {}),
+        ((*STEP_ARGS[:3], (_t(2, 3, 8, 6), _t(2, 3, 8))), {}),
         ((*STEP_ARGS[:2], _t(2, 3, 6, dtype=torch.float16), STEP_ARGS[3]), {}),
         ((*STEP_ARGS[:3], torch.zeros(2, 3, 8, 6, dtype=torch.int32)), {}),
         (STEP_ARGS, {"z_state": _t(2, 3, 6)}),

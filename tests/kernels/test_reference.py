@@ -629,6 +629,10 @@ def test_linear_attention_state_form_errors():
         kernels.linear_attention(q, k, v, normalize=False, initial_state=rand(2, 3, 3, 5))
     with pytest.raises(ValueError, match="state must be"):
         kernels.linear_attention_step(q[:, 0], k[:, 0], v[:, 0], rand(2, 3, 5, 4))
+    # Found by a fresh-clone check: the pair linear_attention returns, handed back whole.
+    _, (kv, z) = kernels.linear_attention(q, k, v, output_final_state=True)
+    with pytest.raises(TypeError, match=r"got a pair: .* pass linear_attention_step\(q, k, v, kv, z_state=z\)"):
+        kernels.linear_attention_step(q[:, 0], k[:, 0], v[:, 0], (kv, z))
 
 
 def test_every_op_refuses_tensors_on_two_devices():
