@@ -6,11 +6,10 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-from eval.records import check_writable_dir
+from eval.records import check_creatable_dir
 
 
 @contextmanager
@@ -52,15 +51,8 @@ class OutputDirCheck(Callback):
 
     @staticmethod
     def _check(directory: str, option: str) -> None:
-        path = Path(str(directory))
-        blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
         try:
-            if blocking is not None:
-                raise ValueError(f"{option}={directory} cannot be created: {blocking} is a file, not a folder")
-            ancestor = next(p for p in (path, *path.parents) if p.exists())
-            check_writable_dir(
-                ancestor, f"{option}={directory} cannot be created", f"pass {option}=<a writable folder>", target=path
-            )
+            check_creatable_dir(directory, f"{option}={directory} cannot be created", f"pass {option}=<a writable folder>")
         except ValueError as err:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise

@@ -174,6 +174,26 @@ def check_writable_dir(directory: Path, what: str, fix: str, *, target: Path | N
     os.unlink(probe)
 
 
+def check_creatable_dir(path: str | os.PathLike, what: str, fix: str, *, file_fix: str | None = None) -> None:
+    """Refuse, before any work, a folder that cannot be made or written: ``path`` or one of its
+    parents is a file, or the nearest existing folder refuses new files (:func:`check_writable_dir`).
+
+    Args:
+        path: the folder the caller will create (if missing) and write to.
+        what, fix: the message's start and end; ``file_fix`` replaces ``fix`` when a file is in the way.
+
+    Raises:
+        ValueError: ``"<what>: <file> is a file, not a folder; <file_fix or fix>"``, or
+            :func:`check_writable_dir`'s message.
+    """
+    path = Path(path)
+    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ValueError(f"{what}: {blocking} is a file, not a folder; {file_fix or fix}")
+    ancestor = next(p for p in (path, *path.parents) if p.exists())
+    check_writable_dir(ancestor, what, fix, target=path)
+
+
 def write_records(path: str | os.PathLike, records: list[dict[str, Any]]) -> Path:
     """Write ``records`` as a JSON list to ``path`` atomically (temp file + rename); returns the path."""
     path = Path(path)

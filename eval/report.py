@@ -76,7 +76,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data import DATAMODULES
 from eval.cli import user_errors
-from eval.records import check_wandb_mode, check_writable_dir
+from eval.records import check_creatable_dir, check_wandb_mode
 from eval.report_plots import PLOTS, plot_points
 from eval.report_tables import (
     Table,
@@ -868,11 +868,8 @@ def build_report(cfg: DictConfig) -> Report:
     if not str(cfg.out or "").strip():
         raise ValueError("out is empty: pass out=<folder> for the report's files")
     out = Path(cfg.out)
-    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        raise ValueError(f"out={cfg.out!r}: {blocking} is a file, not a folder; pass out=<folder>")
-    ancestor = next(p for p in (out, *out.parents) if p.exists())
-    check_writable_dir(ancestor, f"out={cfg.out!r} cannot be written", "pass out=<a writable folder>", target=out)
+    check_creatable_dir(out, f"out={cfg.out!r} cannot be written", "pass out=<a writable folder>",
+                        file_fix="pass out=<folder>")  # fmt: skip
     figures, pngs, png_bytes = {}, {}, {}
     for spec in PLOTS:
         fig = figures[spec.name] = plot_points(points[spec.name], spec)
