@@ -31,6 +31,17 @@ def test_paged_inputs_hold_the_contiguous_cache_and_providers_agree():
     for splits in (1, 3, 40):  # forced split counts: one chunk, uneven chunks, one key per split
         torch.testing.assert_close(bench.make_provider(f"ours_splits{splits}", x)(), want, rtol=1e-5, atol=1e-5)
     assert torch.equal(bench.make_provider("read", x)(), x["v"])
+    # The one-pass read floor loads every element of K and V once: its partial sums add up to theirs.
+    sums = bench.make_provider("read_kv", x)()
+    assert sums.shape == (bench.READ_KV_MIN_PROGRAMS, bench.READ_KV_BLOCK)
+    want_sum = (x["k"].double() + x["v"].double()).sum()
+    torch.testing.assert_close(sums.double().sum(), want_sum, rtol=1e-6, atol=1e-3)
+    with pytest.raises(ValueError, match="contiguous k and v of one shape"):
+        bench.read_kv(x["k"], x["v"][:, :39])
+    with pytest.raises(ValueError, match="contiguous k and v of one shape"):
+        bench.read_kv(x["k"].transpose(1, 2), x["v"].transpose(1, 2))
+    with pytest.raises(ValueError, match="out must have shape"):
+        bench.read_kv(x["k"], x["v"], torch.empty(3, bench.READ_KV_BLOCK))
     with pytest.raises(ValueError, match="unknown provider"):
         bench.make_provider("flashinfer", x)
 
@@ -52,12 +63,13 @@ def test_parse_args_and_table_row():
         "batch": 1, "seqlen": 8192, "page_size": 64, "kv_bytes": 33_554_432,
         "us": {"ours": 10.0, "sdpa_gqa": 22.5, "read": 16.0}, "tb_s": {"ours": 3.36, "sdpa_gqa": 1.49, "read": 2.1},
         "max_abs_err": {"ours": 1e-3}, "error": {}, "copy_tb_s": 4.2, "ours_vs_sdpa_gqa": 2.25,
-        "paged_vs_contiguous": 0.98, "ours_of_copy_bw": 0.8,
+        "paged_vs_contiguous": 0.98, "ours_of_copy_bw": 0.8, "ceiling_vs_sdpa_gqa": 1.86,
     }  # fmt: skip
     providers = ["ours", "sdpa_gqa", "read"]
     cells = bench.table_row(row, providers)
     assert len(cells) == len(bench.table_header(providers))
     assert cells[3] == "10.0 (3.36)" and "2.25x" in cells and "80%" in cells
+    assert cells[len(providers) + 4] == "1.86x"  # the ceiling column, after ours/sdpa_gqa
     assert bench.host_row(row, providers) == ["1", "8192", "-", "-", "-"]  # no host times: an old row
     row["host_us"] = {"ours": 61.25, "sdpa_gqa": 19.0}
     assert bench.host_row(row, providers) == ["1", "8192", "61.2", "19.0", "-"]
