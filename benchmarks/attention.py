@@ -56,6 +56,7 @@ from benchmarks.common import (  # noqa: E402
     DO_BENCH_WARMUP_MS,
     RESULTS_DIR,
     bench_ms,
+    check_out_dir,
     fmt_ratio,
     fmt_sci,
     fmt_tflops,
@@ -458,6 +459,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(f"--seqlens: {t} is not positive")
     if args.window <= 0:
         parser.error("--window must be positive")
+    check_out_dir(parser, args.out)
     return args
 
 

@@ -14,6 +14,7 @@ Triton is imported lazily, so this module (and the scripts' CPU-side logic) impo
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import math
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from eval.records import git_dirty, git_sha
+from eval.records import check_creatable_dir, git_dirty, git_sha
 from models.checkpoint import atomic_write_bytes
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -36,6 +37,20 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # many timed repetitions as fit in 100 ms (at least one), each preceded by an L2 flush.
 DO_BENCH_WARMUP_MS = 25
 DO_BENCH_REP_MS = 100
+
+
+def check_out_dir(parser: argparse.ArgumentParser, out: Path) -> None:
+    """Stop with argparse's one-line error (exit status 2) when the ``--out`` folder cannot be
+    created or written, before anything is timed: the results are written after the first
+    measured shape, minutes in.
+
+    Raises:
+        SystemExit: from ``parser.error`` with :func:`eval.records.check_creatable_dir`'s message.
+    """
+    try:
+        check_creatable_dir(out, f"--out {out}", "pass --out <a writable folder>")
+    except ValueError as err:
+        parser.error(str(err))
 
 
 def require_cuda(script: str) -> None:

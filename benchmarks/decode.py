@@ -69,6 +69,7 @@ from benchmarks.common import (  # noqa: E402
     RESULTS_DIR,
     bench_graph_ms,
     bench_ms,
+    check_out_dir,
     fmt_ratio,
     fmt_sci,
     format_table,
@@ -351,6 +352,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--page-size must be positive")
     if any(n <= 0 for n in args.num_splits):
         parser.error(f"--num-splits: values must be positive, got {args.num_splits}")
+    check_out_dir(parser, args.out)
     return args
 
 

@@ -83,6 +83,7 @@ from benchmarks.common import (  # noqa: E402
     RESULTS_DIR,
     bench_graph_ms,
     bench_ms,
+    check_out_dir,
     fmt_ratio,
     fmt_sci,
     format_table,
@@ -628,6 +629,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     args.providers = list(dict.fromkeys(args.providers))
     args.name = args.name or ("linear-attention-quick" if args.quick else "linear-attention")
+    check_out_dir(parser, args.out)
     return args
 
 

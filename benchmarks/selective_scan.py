@@ -83,6 +83,7 @@ from benchmarks.common import (  # noqa: E402
     DO_BENCH_WARMUP_MS,
     RESULTS_DIR,
     bench_ms,
+    check_out_dir,
     fmt_ratio,
     fmt_sci,
     format_table,
@@ -772,6 +773,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.no_conv = args.no_conv or args.quick
     args.providers = list(dict.fromkeys(args.providers))
     args.name = args.name or ("selective-scan-quick" if args.quick else "selective-scan")
+    check_out_dir(parser, args.out)
     return args
 
 

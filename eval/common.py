@@ -32,6 +32,7 @@ import data as data_lib
 from data.mqar import IGNORE_INDEX
 from eval.records import (
     check_output,
+    check_sweep_output,
     git_sha,
     log_records_to_wandb,
     make_record,
@@ -100,7 +101,8 @@ def check_settings(
     Raises:
         ValueError: no checkpoint given; ``decode_paths`` not a list, empty, with an unknown or a
             repeated path; a non-positive count; an ``output`` that cannot be written as a file
-            (:func:`eval.records.check_output`).
+            (:func:`eval.records.check_output`) or that an earlier job of the same ``-m`` sweep wrote
+            (:func:`eval.records.check_sweep_output`).
     """
     if "decode_paths" in cfg:
         paths = cfg.decode_paths
@@ -122,6 +124,7 @@ def check_settings(
             raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
     if cfg.output:
         check_output(cfg.output, f"{name}.json")
+        check_sweep_output(cfg.output)
 
 
 def check_lengths(values: Any, key: str) -> list[int]:
@@ -517,8 +520,8 @@ def check_default_output(cfg: DictConfig, ctx: EvalContext, name: str, variant: 
     :func:`check_settings`).
 
     Raises:
-        ValueError: ``<checkpoint>.<name>[.<variant>].json`` exists as a directory, or no file can
-            be created next to the checkpoint.
+        ValueError: ``<checkpoint>.<name>[.<variant>].json`` exists as a directory, no file can
+            be created next to the checkpoint, or an earlier job of the same ``-m`` sweep wrote it.
     """
     if cfg.output:
         return
@@ -530,6 +533,7 @@ def check_default_output(cfg: DictConfig, ctx: EvalContext, name: str, variant: 
             f"move it away or pass output=<a file path> (e.g. output={example})"
         )
     check_output(path, f"{_output_suffix(name, variant)}.json", option="the default output")
+    check_sweep_output(path, option="the default output")
 
 
 def finish(
@@ -546,7 +550,8 @@ def finish(
     output = output_path(cfg, ctx, name, variant)
     if output.exists():
         # Said out loud: a quick check with fewer examples would otherwise silently replace a full run.
-        print(f"replacing the earlier results in {output} (pass output=PATH to keep both)")
+        keep = "give output= another path" if cfg.output else "pass output=PATH"
+        print(f"replacing the earlier results in {output} ({keep} to keep both)")
     write_records(output, records)
     print(f"results: {output}")
     log_records_to_wandb(

@@ -42,7 +42,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from eval.cli import user_errors
 from eval.common import check_lengths, resolve_device
-from eval.records import check_output, git_sha, log_records_to_wandb, make_record, write_records
+from eval.records import (
+    check_output,
+    check_sweep_output,
+    git_sha,
+    log_records_to_wandb,
+    make_record,
+    write_records,
+)
 from models import LanguageModel
 from models.config import config_from_groups
 from models.model import DecodeStep
@@ -186,8 +193,9 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
 
     Raises:
         ValueError: invalid settings (non-positive sizes, context_lengths not a list of them, unknown
-            dtype or device, an ``output``, or the default one, that cannot be written as a file) or
-            a cache whose bytes differ from the mixer's state_size.
+            dtype or device, an ``output``, or the default one, that cannot be written as a file or
+            that an earlier job of the same ``-m`` sweep wrote) or a cache whose bytes differ from
+            the mixer's state_size.
     """
     for key in ("batch_size", "decode_steps", "vocab_size"):
         if not isinstance(cfg[key], int) or cfg[key] < 1:
@@ -206,6 +214,7 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     output = Path(cfg.output or f"{run}.json")
     if not cfg.output:  # before the measurements, not after them
         check_output(output, "decode.json", option="the default output")
+    check_sweep_output(output, option="output" if cfg.output else "the default output")
     copy_bw = copy_bandwidth(device)
     sha = git_sha()
     batch = cfg.batch_size
@@ -288,7 +297,8 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             f"{graph:>13}{kernels:>14}"
         )
     if output.exists():  # as the other evaluations: a run in another dtype or batch would replace it silently
-        print(f"replacing the earlier results in {output} (pass output=PATH to keep both)")
+        keep = "give output= another path" if cfg.output else "pass output=PATH"
+        print(f"replacing the earlier results in {output} ({keep} to keep both)")
     write_records(output, records)
     plot(records, output.with_suffix(".png"))
     print(f"wrote {output} and {output.with_suffix('.png')}")

@@ -194,11 +194,53 @@ def check_creatable_dir(path: str | os.PathLike, what: str, fix: str, *, file_fi
     check_writable_dir(ancestor, what, fix, target=path)
 
 
+# Record files written by the jobs of a Hydra sweep (``-m``) in this process: the default launcher
+# runs a sweep's jobs one after another in one process, so a later job can see an earlier one's.
+_SWEEP_OUTPUTS: set[Path] = set()
+
+
+def _in_sweep() -> bool:
+    """Whether this process is running a job of a Hydra multirun (``-m``)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def check_sweep_output(path: str | os.PathLike, *, option: str = "output") -> None:
+    """Refuse, before a sweep job's work, a record file that an earlier job of the same ``-m`` sweep
+    wrote: every job would replace the one before it, and only the last job's records would stay.
+    Outside a sweep, or with Hydra's joblib launcher (each job in a process of its own), nothing is
+    checked.
+
+    Args:
+        path: the ``output`` setting or the default output path of this job.
+        option: ``output`` (the setting) or a phrase such as ``the default output``, as in
+            :func:`check_output`.
+
+    Raises:
+        ValueError: ``"<option> <path> was written by an earlier job of this sweep (-m) ..."``, with
+            the fix: a file name that differs per job.
+    """
+    path = Path(path)
+    if not (_in_sweep() and path.resolve() in _SWEEP_OUTPUTS):
+        return
+    name = f"output={path}" if option == "output" else f"{option} {path}"
+    per_job = path.with_name(f"{path.stem}-${{hydra:job.num}}{path.suffix or '.json'}")
+    raise ValueError(
+        f"{name} was written by an earlier job of this sweep (-m): each job would replace the one "
+        f"before it; give each job its own file, e.g. output='{per_job}'"
+    )
+
+
 def write_records(path: str | os.PathLike, records: list[dict[str, Any]]) -> Path:
-    """Write ``records`` as a JSON list to ``path`` atomically (temp file + rename); returns the path."""
+    """Write ``records`` as a JSON list to ``path`` atomically (temp file + rename); returns the path.
+    In a Hydra sweep the path is remembered for :func:`check_sweep_output`."""
     path = Path(path)
     payload = json.dumps(records, indent=2).encode()
     atomic_write_bytes(path, lambda f: f.write(payload))
+    if _in_sweep():
+        _SWEEP_OUTPUTS.add(path.resolve())
     return path
 
 

@@ -365,8 +365,8 @@ class LanguageModel(nn.Module):
             ``(B, T + n)`` int64, ``n <= max_new_tokens`` (fewer when every sequence stopped).
 
         Raises:
-            ValueError: empty prompt, negative ``max_new_tokens``, ``temperature <= 0`` or
-                ``top_k < 1``.
+            ValueError: empty prompt, negative ``max_new_tokens``, ``temperature <= 0``,
+                ``top_k < 1`` or a stop token outside ``[0, vocab_size)`` (it could never stop).
         """
         if input_ids.ndim != 2 or input_ids.shape[1] < 1:
             raise ValueError(
@@ -378,6 +378,13 @@ class LanguageModel(nn.Module):
             raise ValueError(f"temperature must be > 0 (or pass greedy=True), got {temperature}")
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
+        vocab = self.config.vocab_size
+        outside = [t for t in stop_tokens or [] if not 0 <= t < vocab]
+        if outside:
+            raise ValueError(
+                f"stop_tokens {outside} lie outside the vocabulary [0, {vocab}): the model can never emit "
+                "them; pass token ids of its tokenizer"
+            )
         batch, prompt_len = input_ids.shape
         if max_new_tokens == 0:
             return input_ids

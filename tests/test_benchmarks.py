@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -258,3 +259,18 @@ def test_script_without_gpu_exits_with_clear_message():
 def test_bench_graph_ms_refuses_an_unknown_flush_before_touching_cuda():
     with pytest.raises(ValueError, match=r"flush must be one of \('read', 'zero'\), got 'clean'"):
         common.bench_graph_ms(lambda: None, flush="clean")
+
+
+@pytest.mark.parametrize("script", ["attention", "decode", "linear_attention", "selective_scan"])
+def test_benchmarks_refuse_an_unusable_out_folder_before_timing(tmp_path, script, capsys):
+    # The results are written after the first measured shape: an unusable --out must stop the run
+    # at argument parsing, with argparse's one-line error, not with a traceback minutes in.
+    module = importlib.import_module(f"benchmarks.{script}")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        module.parse_args(["--out", str(blocker / "results")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--out {blocker / 'results'}: {blocker} is a file, not a folder; pass --out <a writable folder>" in err
+    assert module.parse_args(["--out", str(tmp_path / "new" / "folder")]).out == tmp_path / "new" / "folder"

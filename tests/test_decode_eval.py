@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,7 +16,7 @@ from hydra import compose, initialize_config_dir
 import eval.decode as decode_module
 from eval import roofline as rl
 from eval.decode import build_model, decode_eval
-from eval.records import REPO_ROOT
+from eval.records import REPO_ROOT, check_sweep_output, write_records
 
 
 def compose_decode(*overrides):
@@ -117,3 +120,31 @@ def test_decode_eval_counts_kernels_per_step_on_cuda(tmp_path):
     # Two attention layers each need at least the split-K kernel, plus projections and the head.
     assert len(kernels) == 1 and kernels[0]["value"] >= 8
     assert any(r["metric"] == "decode_tokens_per_s" and r["mode"] == "cuda_graph" for r in records)
+
+
+def test_decode_sweep_refuses_one_output_file_for_every_job(tmp_path):
+    # `-m` runs the jobs one after another in this process: with one output= path, the second job
+    # would replace the first one's records; it stops before measuring, naming a per-job path.
+    output = tmp_path / "dd.json"
+    args = [
+        sys.executable, str(REPO_ROOT / "eval" / "decode.py"), "-m", "mixer=attention,mamba",
+        "context_lengths=[8]", "decode_steps=1", "device=cpu", f"output={output}",
+    ]  # fmt: skip
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    want = (
+        f"output={output} was written by an earlier job of this sweep (-m): each job would replace the "
+        f"one before it; give each job its own file, e.g. output='{tmp_path / 'dd-${hydra:job.num}.json'}'"
+    )
+    assert want in result.stderr
+    assert {r["mixer"] for r in json.loads(output.read_text())} == {"attention"}  # the first job's records stay
+    assert "decode-mamba" not in result.stdout  # the second job measured nothing
+
+
+def test_sweep_output_check_is_silent_outside_a_sweep(tmp_path):
+    output = tmp_path / "dd.json"
+    write_records(output, [])
+    check_sweep_output(output)  # a second plain run replaces its results, saying so (see above)

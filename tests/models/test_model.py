@@ -136,6 +136,9 @@ def test_generate_sampling_and_stop_tokens():
         model.generate(prompt, 2, temperature=0.0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.generate(prompt, -1)
+    vocab = model.config.vocab_size
+    with pytest.raises(ValueError, match=rf"stop_tokens \[{vocab}, -1\] lie outside the vocabulary \[0, {vocab}\)"):
+        model.generate(prompt, 2, stop_tokens=[3, vocab, -1])
 
 
 def test_config_errors_are_clear():
