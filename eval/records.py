@@ -210,8 +210,8 @@ def _in_sweep() -> bool:
 def check_sweep_output(path: str | os.PathLike, *, option: str = "output") -> None:
     """Refuse, before a sweep job's work, a record file that an earlier job of the same ``-m`` sweep
     wrote: every job would replace the one before it, and only the last job's records would stay.
-    Outside a sweep, or with Hydra's joblib launcher (each job in a process of its own), nothing is
-    checked.
+    Outside a sweep nothing is checked; with Hydra's joblib launcher only the jobs that ran earlier in
+    the same worker process are seen.
 
     Args:
         path: the ``output`` setting or the default output path of this job.
