@@ -145,7 +145,10 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
                 axis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
             elif scale == "log" and values:
                 # within a decade (30000-32000 bytes) matplotlib labels minor ticks 3x10^4,
-                # 3.025x10^4, ... into each other: a few evenly spaced plain numbers instead
+                # 3.025x10^4, ... into each other: a few evenly spaced plain numbers instead, over
+                # limits 1.25x around the points (a single point got a decade-wide default range,
+                # whose evenly spaced ticks, 3e5 / 6e5 / 9e5, all lay far from a point at 1.04e5)
+                (ax.set_xlim if axis is ax.xaxis else ax.set_ylim)(min(values) / 1.25, max(values) * 1.25)
                 axis.set_major_locator(MaxNLocator(nbins=4))
                 axis.set_major_formatter(ScalarFormatter(useOffset=False))
                 axis.set_minor_locator(NullLocator())

@@ -353,7 +353,7 @@ def test_plot_points_log_axes_colours_and_legend():
 def test_log_axis_tick_labels_do_not_overlap():
     # decode state bytes 2e4 .. 6e5: labels at every minor tick (3x10^4, 4x10^4, ...) overlapped
     spec = next(p for p in PLOTS if p.name == "recall_vs_state_bytes")
-    for xs in ((2e4, 4.1e4, 8e4, 6e5), (2e4, 3e4, 4e4, 5e4), (1e3, 1e7), (3e4, 3.2e4)):
+    for xs in ((2e4, 4.1e4, 8e4, 6e5), (2e4, 3e4, 4e4, 5e4), (1e3, 1e7), (3e4, 3.2e4), (1.04e5,)):
         points = [{"series": "s", "state_bytes": x, "accuracy": 0.5} for x in xs]
         fig = plot_points(points, spec)
         fig.canvas.draw()
@@ -367,6 +367,9 @@ def test_log_axis_tick_labels_do_not_overlap():
         assert len(labels) >= 2, xs  # the axis can be read
         boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.x0)
         assert all(left.x1 <= right.x0 for left, right in itertools.pairwise(boxes)), xs
+        # a labelled tick near the points: one run alone at 1.04e5 bytes got ticks at 3e5, 6e5, 9e5
+        ticks = [t.get_position()[0] for t in labels]
+        assert any(min(xs) / 2 <= t <= max(xs) * 2 for t in ticks), (xs, ticks)
 
 
 def test_marker_labels_name_the_width_and_tell_alike_runs_apart():
