@@ -82,6 +82,7 @@ from benchmarks.common import (  # noqa: E402
     write_json,
 )
 from kernels import reference  # noqa: E402
+from kernels._host import cdiv  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 BATCHES = (1, 8)
@@ -147,8 +148,7 @@ def read_kv(k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None) -
         )
     n = k.numel()
     programs = min(max(n // READ_KV_ELEMENTS, READ_KV_MIN_PROGRAMS), READ_KV_MAX_PROGRAMS)
-    per_program = -(-n // programs)
-    per_program = -(-per_program // READ_KV_BLOCK) * READ_KV_BLOCK  # whole tiles
+    per_program = cdiv(cdiv(n, programs), READ_KV_BLOCK) * READ_KV_BLOCK  # whole tiles
     if out is None:
         out = torch.empty(programs, READ_KV_BLOCK, dtype=torch.float32, device=k.device)
     elif out.shape != (programs, READ_KV_BLOCK):

@@ -36,6 +36,7 @@ from eval.records import (
     git_sha,
     log_records_to_wandb,
     make_record,
+    say_if_replacing,
     training_settings,
     write_records,
 )
@@ -548,10 +549,7 @@ def finish(
         The path of the record file.
     """
     output = output_path(cfg, ctx, name, variant)
-    if output.exists():
-        # Said out loud: a quick check with fewer examples would otherwise silently replace a full run.
-        keep = "give output= another path" if cfg.output else "pass output=PATH"
-        print(f"replacing the earlier results in {output} ({keep} to keep both)")
+    say_if_replacing(output, bool(cfg.output))
     write_records(output, records)
     print(f"results: {output}")
     log_records_to_wandb(

@@ -48,6 +48,7 @@ from eval.records import (
     git_sha,
     log_records_to_wandb,
     make_record,
+    say_if_replacing,
     write_records,
 )
 from models import LanguageModel
@@ -296,9 +297,7 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             f"{context:>8}{m['state_bytes']:>14}{prefill_tps:>15.1f}{decode_tps:>14.1f}{bandwidth / 1e9:>11.2f}"
             f"{graph:>13}{kernels:>14}"
         )
-    if output.exists():  # as the other evaluations: a run in another dtype or batch would replace it silently
-        keep = "give output= another path" if cfg.output else "pass output=PATH"
-        print(f"replacing the earlier results in {output} ({keep} to keep both)")
+    say_if_replacing(output, bool(cfg.output))  # a run in another dtype or batch replaces this one
     write_records(output, records)
     plot(records, output.with_suffix(".png"))
     print(f"wrote {output} and {output.with_suffix('.png')}")

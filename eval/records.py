@@ -233,6 +233,14 @@ def check_sweep_output(path: str | os.PathLike, *, option: str = "output") -> No
     )
 
 
+def say_if_replacing(path: Path, output_given: bool) -> None:
+    """Print that ``path`` already holds records which this run replaces (a quick check with fewer
+    examples would otherwise silently replace a full run), with how to keep both."""
+    if path.exists():
+        keep = "give output= another path" if output_given else "pass output=PATH"
+        print(f"replacing the earlier results in {path} ({keep} to keep both)")
+
+
 def write_records(path: str | os.PathLike, records: list[dict[str, Any]]) -> Path:
     """Write ``records`` as a JSON list to ``path`` atomically (temp file + rename); returns the path.
     In a Hydra sweep the path is remembered for :func:`check_sweep_output`."""
