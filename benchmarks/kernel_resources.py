@@ -184,8 +184,7 @@ def flash_decode_cases(block: int | None, warps: int | None, stages: int | None)
     heads, kv_heads, dim = 32, 8, 128
     for batch, seqlen in ((1, 8192), (1, 32768), (8, 8192)):
         splits = fd.num_splits_heuristic(batch, kv_heads, seqlen)
-        block_n, num_warps, num_stages = fd.split_config(torch.bfloat16, dim, batch * kv_heads * splits,
-                                                         -(-seqlen // splits))  # fmt: skip
+        block_n, num_warps, num_stages = fd.split_config(torch.bfloat16, dim, batch * kv_heads * splits)
         block_n, num_warps, num_stages = block or block_n, warps or num_warps, stages or num_stages
         args: dict[str, Any] = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "BLOCK_TABLE": "*i32", "SEQLENS": "*i32",
                                 "OUT": "*bf16", "O_PART": "*fp32", "M_PART": "*fp32", "L_PART": "*fp32"}  # fmt: skip
@@ -196,7 +195,7 @@ def flash_decode_cases(block: int | None, warps: int | None, stages: int | None)
         args |= {"stride_tb": 1, "stride_tp": 1, "stride_sb": 1}
         args |= _strides(["stride_ob", "stride_oh", "stride_od"], batch, heads, dim)
         args |= {"group": heads // kv_heads, "block_size": seqlen, "window": 0, "num_splits": splits,
-                 "qk_scale": dim**-0.5, "qk_scale_lo": 0.0}  # fmt: skip
+                 "qk_scale": dim**-0.5, "qk_scale_lo": 0.0, "capacity": seqlen}  # fmt: skip
         constexprs = {"HAS_WINDOW": False, "SPLIT": splits > 1, "FP64": False, "DOT_PRECISION": "tf32",
                       "HEAD_DIM": dim, "BLOCK_D": dim, "BLOCK_G": 16, "BLOCK_N": block_n}  # fmt: skip
         label = f"B{batch} KV {seqlen}, {splits} splits"

@@ -9,35 +9,40 @@ tensors and for ``backend="triton"`` (CPU tensors run under ``TRITON_INTERPRET=1
 Why a split: at decode each sequence has one query per head, so FlashAttention's parallelism over
 query blocks is gone and a (batch, KV head) grid leaves most SMs idle at small batch -- while the
 step is bound by reading the KV cache. FlashDecoding (Dao, Haziza, Massa, Sizov 2023,
-"Flash-Decoding for long-context inference") also splits the keys into ``num_splits`` chunks:
+"Flash-Decoding for long-context inference") also splits the keys ``num_splits`` ways:
 
 - ``flash_decode_split_kernel``, grid ``(B, Hkv, num_splits)``: a program owns one KV head of one
-  sequence and one chunk of its visible keys. It loads the queries of *all* the KV head's GQA group
+  sequence and one split of its visible keys. It loads the queries of *all* the KV head's GQA group
   as one ``(BLOCK_G, D)`` tile (the group padded to >= 16 rows, the smallest ``tl.dot`` tile), so
-  each K/V tile is read from HBM once per group, not once per query head. It streams its chunk
-  ``BLOCK_N`` keys at a time, gathering every key's page through the block table, with the online
+  each K/V tile is read from HBM once per group, not once per query head. It streams its split's
+  keys ``BLOCK_N`` at a time, gathering every key's page through the block table, with the online
   softmax of FlashAttention-2 (Dao 2023, Algorithm 1, lines 6-10): running row max ``m``, row sum
   ``l`` and the unnormalised fp32 accumulator ``acc``. It writes ``(acc, m, l)`` to a small fp32
   workspace -- ``(B, Hq, num_splits, D)`` plus two ``(B, Hq, num_splits)`` -- or, with one split,
   the normalised output directly (one launch).
 - ``flash_decode_combine_kernel``, grid ``(Hq, B)``: merges the splits of one query head with the
   same rescaling, ``M = max_s m_s``, ``o = sum_s e^{m_s - M} acc_s / sum_s e^{m_s - M} l_s``
-  (FlashAttention-2's rescaling algebra applied across chunks instead of across tiles), reading the
+  (FlashAttention-2's rescaling algebra applied across splits instead of across tiles), reading the
   splits ``BLOCK_S`` at a time with a running max so any ``num_splits`` fits in registers.
 
-A sequence's visible keys are ``[lo, seqlens[b])`` with ``lo = max(0, seqlens[b] - window)``; they
-are cut into ``num_splits`` chunks of ``ceil(n / num_splits)`` keys, so the chunks of each sequence
-are balanced whatever its length. Chunks are not rounded to whole tiles: rounding would leave
-splits idle (8192 keys in 60 splits of 137 keys, rounded to three 64-key tiles, keep only 43
-busy). The heuristic picks power-of-two split counts instead, so that the usual power-of-two
-lengths give chunks of whole tiles (a partial last tile costs a dependent load round trip at
-unchanged HBM traffic: on the H200, 8192 keys in 64 splits took 18.2 µs against 19.9 µs in 60 or
-56, 2026-12-01). Splits past
-the end (short sequences, more splits than keys, empty sequences) run no tile and write
+A sequence's visible keys are ``[lo, seqlens[b])`` with ``lo = max(0, seqlens[b] - window)``, cut
+into ``BLOCK_N``-key tiles; split ``s`` takes tiles ``s, s + S, s + 2S, ...`` of ``S = num_splits``,
+so the splits of each sequence stay balanced to one tile whatever its length, and, without a
+window, the position of a split's first tile does not depend on ``seqlens[b]``. That is what the
+tile order is for. Each program starts with a chain of dependent loads -- its length, then
+block-table entries, then K and V -- and after a cold L2 every link is a DRAM round trip; so the
+first tile's table entries are loaded beside the length (bounded by the table's capacity: entries
+past the sequence's pages may be loaded, but no K / V is read through them), and every later
+tile's one tile ahead of its K and V, in the loop. On the H200 (2026-12-02, bf16, CUDA graphs
+after a read flush; ``2026-12-02-nvidia-h200-decode-tile-order.json``), against the same tiles
+and splits in contiguous chunks with each tile's entries loaded just before its K: with the
+64-key tiles in 3 stages of :func:`split_config`, B8 2k (4 splits) 23.8 against 31.8 µs and B1
+32k (32 splits) 39.4 against 54.1; with 32-key tiles in 3 stages, B1 8k 16.9 against 18.1 and B8
+8k 69.6 against 77.6.
+Splits past the end (short sequences, more splits than tiles, empty sequences) run no tile and write
 ``m = -inf, l = 0, acc = 0``, which the combine weighs by ``e^{-inf} = 0``; a head whose splits are
-all empty returns 0. Keys beyond ``seqlens[b]`` (the tail of the last page), pages outside the
-window and table entries past the used pages are never loaded: loads are masked per key, so NaN
-in unused memory cannot leak.
+all empty returns 0. Keys beyond ``seqlens[b]`` (the tail of the last page) and pages outside the
+window are never loaded: K and V loads are masked per key, so NaN in unused memory cannot leak.
 
 The number of splits when ``num_splits=None`` comes from :func:`num_splits_heuristic`: from the
 shapes only (batch, KV heads and the table's capacity, capped by the window), never from the
@@ -85,11 +90,11 @@ _LOG2E = math.log2(math.e)
 
 # SM count assumed where there is none to query (the interpreter): an H100 / H200 SXM.
 NOMINAL_SMS = 132
-# Split programs resident per SM when the GPU counts as full. A program is 4 warps holding a
-# (BLOCK_N, D) K and V tile per pipeline stage (<= 64 KB of shared memory in 16 bits): an H200 SM
-# (64 warps, 228 KB) keeps about four, and a memory-bound kernel needs that many loads in flight
-# per SM to approach HBM bandwidth. An assumption, not a measurement.
-PROGRAMS_PER_SM = 4
+# Split programs per SM when the GPU counts as full. split_config's 16-bit rule gives each program
+# 64-key K and V tiles in 3 pipeline stages, two tiles' loads in flight; two such programs per SM
+# (256 at batch 1 on an H200) beat four of 32-key tiles (512) at every measured shape but one
+# (see split_config): a choice from measurement, not an occupancy limit.
+PROGRAMS_PER_SM = 2
 # A split shorter than this many keys spends more on its Q load, its partial write and the combine
 # than it gains from parallelism.
 MIN_SPLIT_TOKENS = 128
@@ -111,11 +116,12 @@ def num_splits_heuristic(batch: int, num_kv_heads: int, seqlen: int, num_sms: in
     returns the smallest power of two ``s`` in ``[1, s_max]`` whose efficiency reaches
     ``WAVE_EFFICIENCY``, else the most efficient one (the smallest among ties), where ``s_max =
     clamp(seqlen // MIN_SPLIT_TOKENS, 1, MAX_SPLITS)`` keeps every split at least
-    ``MIN_SPLIT_TOKENS`` keys long. Powers of two cut power-of-two lengths into whole tiles (see
-    the module docstring; on the H200 64 splits beat 60 at 8k and 128k keys, and 8 beat 6, 11 and
-    12 at batch 8). Large batches thus get one split (no workspace, no combine), batch 1 at long
-    context many: B = 1, 8 KV heads, 132 SMs -> 16 splits at 2k keys, 64 from 8k on (512 programs
-    of 528 slots); B = 8 -> 8 splits.
+    ``MIN_SPLIT_TOKENS`` keys long. Powers of two share the usual power-of-two lengths out in
+    equal numbers of whole tiles (on the H200, with the keys in contiguous chunks, 64 splits beat 60
+    at 8k and 128k keys, and 8 beat 6, 11 and 12 at batch 8; 2026-12-01). Large batches thus get
+    one split (no workspace, no combine), batch 1 at long context many: B = 1, 8 KV heads, 132 SMs
+    -> 16 splits at 2k keys (128 programs, one an SM), 32 from 8k on (256 programs of 264 slots);
+    B = 8 -> 4 splits.
 
     The same idea as FlashAttention's ``num_splits_heuristic`` (flash-attn ``flash_api.cpp``,
     wave efficiency over a range of split counts); the constants here are our own.
@@ -172,14 +178,13 @@ INTERPRET_BLOCK_N = 16
 COMBINE_BLOCK_S = 4 if _INTERPRET else 64
 # Lengths, the group size, the page size and the split count vary at run time; specialising on
 # them would compile a kernel per value class for no speed gain (they only feed bounds and masks).
-_RUNTIME_INTS = ["group", "block_size", "window", "num_splits"]
+_RUNTIME_INTS = ["group", "block_size", "window", "num_splits", "capacity"]
 
 
 def split_config(
     dtype: torch.dtype,
     block_d: int,
     programs: int,
-    keys_per_split: int,
     num_sms: int = NOMINAL_SMS,
     max_shared: int = NOMINAL_SHARED_BYTES,
 ) -> tuple[int, int, int]:
@@ -188,24 +193,26 @@ def split_config(
     A rule rather than Triton's autotuner: the autotuner times eager launches, and from Python a
     decode launch costs ~100 µs of host time against a 10-20 µs kernel at batch 1, so it timed the
     host and picked at random (on the H200 the step was 20.4 µs at B1 8k where the best config
-    takes 18.2). The rule is the fastest of 12 configs in CUDA graphs on the H200 (2026-12-01, bf16,
-    head dim 128, GQA 4, batch 1 and 8, 2k-128k keys, power-of-two splits): at most one program per
-    SM (batch 1, 2k keys: 128 programs) -> 128-key tiles, the most bytes in flight per program
-    (10.5 µs against 12.6 with 32-key tiles); chunks of <= 128 keys over several programs per SM
-    (B1 8k) -> 32-key tiles in 3 stages, whole tiles with the loads of three in flight (18.2
-    against 19.6 with 64); longer chunks -> 64-key tiles in 2 stages (B1 32k-128k, B8 8k-32k:
-    within 1-5% of the best everywhere). Tiles stay <= 32 KB a stage in 16 bits (head dim 256:
-    64 keys), and the K and V tiles of all stages within 3/4 of ``max_shared`` (the rest is room
-    for the compiler's own buffers): on a GPU with ~100 KB a program (sm_86 / sm_89) the key tile
-    halves, then the stages drop, until they fit; the H200's 227 KB fits every choice above. fp32 /
-    fp64 inputs get 32-key tiles in 2 stages: their IEEE dots run on FMA units and unroll
+    takes 18.2). The rule, from sweeps in CUDA graphs on the H200 (bf16, head dim 128, GQA 4,
+    batch 1 and 8, 2k-128k keys, power-of-two splits; 2026-12-01, and 2026-12-02 with this
+    kernel's tile order and table prefetch): at most one program per SM (batch 1, 2k keys: 128
+    programs) -> 128-key tiles, the most bytes in flight per program (10.5 µs against 12.6 with
+    32-key tiles); otherwise 64-key tiles in 3 stages, two programs per SM (``PROGRAMS_PER_SM``),
+    two tiles' loads in flight each. Against 32-key tiles in 3 stages with twice the splits (four
+    programs per SM), at SDPA's 16.5 / 38.7 / 23.3 / 67.6 / 246.4 µs (B1 8k, B1 32k, B8 2k, B8 8k,
+    B8 32k): 17.2 / 39.4 / 23.5 / 68.0 / 244.6 µs against 16.9 / 39.8 / 24.6 / 69.8 / 249.6
+    (``2026-12-02-nvidia-h200-decode-tile-rule.json``); 64-key tiles in 2 stages, the rule before
+    the table prefetch, lost up to 40% with it. Tiles stay <= 32 KB a stage in 16 bits (head dim
+    256: 64 keys), and the K and V tiles of all stages within 3/4 of ``max_shared`` (the rest is
+    room for the compiler's own buffers): on a GPU with ~100 KB a program (sm_86 / sm_89) the key
+    tile halves, then the stages drop, until they fit; the H200's 227 KB fits both choices above.
+    fp32 / fp64 inputs get 32-key tiles in 2 stages: their IEEE dots run on FMA units and unroll
     completely. Under the interpreter, INTERPRET_BLOCK_N keys in one stage.
 
     Args:
         dtype: q's dtype.
         block_d: head dim padded to a power of two (>= 16).
         programs: split programs launched, ``B * Hkv * num_splits``.
-        keys_per_split: ``ceil(seqlen / num_splits)`` for the longest possible sequence.
         num_sms: streaming multiprocessors of the GPU.
         max_shared: opt-in shared memory per program of the GPU, bytes.
 
@@ -216,12 +223,7 @@ def split_config(
         return INTERPRET_BLOCK_N, 4, 1
     if dtype in (torch.float32, torch.float64):
         return 32, 4, 2
-    if programs <= num_sms:
-        block_n, stages = 128, 2
-    elif keys_per_split <= 128:
-        block_n, stages = 32, 3
-    else:
-        block_n, stages = 64, 2
+    block_n, stages = (128, 2) if programs <= num_sms else (64, 3)
     block_n = min(block_n, 16384 // block_d)
     # K and V tiles of every stage, 16-bit: 2 * stages * block_n * block_d * 2 bytes.
     while 4 * stages * block_n * block_d > max_shared * 3 // 4 and (block_n > 16 or stages > 1):
@@ -254,32 +256,39 @@ def flash_decode_split_kernel(
     stride_vp, stride_vs, stride_vh, stride_vd,
     stride_tb, stride_tp, stride_sb,
     stride_ob, stride_oh, stride_od,
-    group, block_size, window, num_splits, qk_scale, qk_scale_lo,
+    group, block_size, window, num_splits, qk_scale, qk_scale_lo, capacity,
     HAS_WINDOW: tl.constexpr, SPLIT: tl.constexpr, FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """One (sequence, KV head, key chunk); grid (B, Hkv, num_splits). Writes the chunk's
+    """One (sequence, KV head, key split); grid (B, Hkv, num_splits). Writes the split's
     unnormalised output and (m, l) per query head of the group to the workspace, or with SPLIT
-    False (one chunk) the normalised output."""
+    False (one split) the normalised output."""
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
     batch = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     pid_s = tl.program_id(2)
-
-    seqlen = tl.load(SEQLENS + batch * stride_sb).to(tl.int32)
-    lo = 0
-    if HAS_WINDOW:
-        lo = tl.maximum(seqlen - window, 0)
-    # This sequence's visible keys [lo, seqlen) in num_splits chunks (see the module docstring).
-    chunk = tl.cdiv(seqlen - lo, num_splits)
-    start = lo + pid_s * chunk
-    end = tl.minimum(start + chunk, seqlen)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     g_mask = offs_g < group
     d_mask = offs_d < HEAD_DIM
     heads = kv_head * group + offs_g  # (BLOCK_G,) the query heads of this KV head's group
+    table = BLOCK_TABLE + batch * stride_tb
+
+    seqlen = tl.load(SEQLENS + batch * stride_sb).to(tl.int32)
+    lo = 0
+    bound = capacity
+    if HAS_WINDOW:
+        lo = tl.maximum(seqlen - window, 0)
+        bound = seqlen
+    # The visible keys [lo, seqlen) in BLOCK_N-key tiles; this split takes tiles pid_s, pid_s +
+    # num_splits, ... (see the module docstring). Key t lives in page block_table[b, t //
+    # block_size], slot t % block_size. The table entries of a tile are loaded one tile ahead of
+    # its K / V, and the first tile's, without a window, before seqlen arrives: its keys do not
+    # depend on it, so the load is bounded by the table's capacity instead (entries past the
+    # sequence's pages may be loaded here, but no K / V is read through them).
+    offs_next = lo + pid_s * BLOCK_N + tl.arange(0, BLOCK_N)
+    page_next = tl.load(table + (offs_next // block_size) * stride_tp, mask=offs_next < bound, other=0)
     q = tl.load(
         Q + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
         mask=g_mask[:, None] & d_mask[None, :], other=0.0,
@@ -288,15 +297,15 @@ def flash_decode_split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=ACC)
     l_i = tl.zeros([BLOCK_G], dtype=ACC)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=ACC)
-    table = BLOCK_TABLE + batch * stride_tb
     k_base = K + kv_head * stride_kh + offs_d[None, :] * stride_kd
     v_base = V + kv_head * stride_vh + offs_d[None, :] * stride_vd
-    for start_n in range(start, end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        # Key t of the sequence lives in page block_table[b, t // block_size], slot t % block_size;
-        # masked keys load no table entry and no K / V (unused memory may hold NaN).
-        page = tl.load(table + (offs_n // block_size) * stride_tp, mask=n_mask, other=0).to(tl.int64)
+    for tile in range(pid_s, tl.cdiv(seqlen - lo, BLOCK_N), num_splits):
+        offs_n = lo + tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        # Masked keys (past seqlen) load no K / V: unused memory may hold NaN.
+        n_mask = offs_n < seqlen
+        page = page_next.to(tl.int64)
+        offs_next = offs_n + num_splits * BLOCK_N
+        page_next = tl.load(table + (offs_next // block_size) * stride_tp, mask=offs_next < seqlen, other=0)
         slot = (offs_n % block_size).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_base + page[:, None] * stride_kp + slot[:, None] * stride_ks, mask=kv_mask, other=0.0)
@@ -306,8 +315,8 @@ def flash_decode_split_kernel(
         else:
             s = s * qk_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
-        # start_n < end, so every tile holds a visible key and m_new is finite for every row
-        # (padded rows see scores of 0): no -inf - -inf can occur.
+        # Every tile run holds a visible key, so m_new is finite for every row (padded rows see
+        # scores of 0): no -inf - -inf can occur.
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = _exp(s - m_new[:, None], FP64)
         alpha = _exp(m_i - m_new, FP64)  # rescales what was accumulated under the old max (0 at first)
@@ -414,7 +423,7 @@ def flash_decode(
         seqlens: (B,) integer (int32) cached tokens per sequence, in [0, max_blocks * block_size].
         window: sliding window w > 0 counting the current token, or None.
         scale: score scale; defaults to ``D ** -0.5``.
-        num_splits: key chunks per sequence processed in parallel (>= 1); None picks
+        num_splits: key splits per sequence processed in parallel (>= 1); None picks
             :func:`num_splits_heuristic` for this GPU. Splits beyond a sequence's keys are empty
             and contribute nothing; results differ between split counts only by rounding.
         check_values: check the ranges of ``seqlens`` and the used ``block_table`` entries on the
@@ -474,9 +483,8 @@ def flash_decode(
     qk_scale, qk_scale_lo = split_fp64(scale) if fp64 else (scale * _LOG2E, 0.0)
     block_d = max(16, next_power_of_2(head_dim))
     block_n, num_warps, num_stages = split_config(
-        q.dtype, block_d, batch * num_kv_heads * num_splits, -(-seqlen // num_splits), num_sms,
-        _max_shared_bytes(q.device),
-    )  # fmt: skip
+        q.dtype, block_d, batch * num_kv_heads * num_splits, num_sms, _max_shared_bytes(q.device)
+    )
     group = num_heads // num_kv_heads
     split = num_splits > 1
     acc_dtype = torch.float64 if fp64 else torch.float32
@@ -487,7 +495,7 @@ def flash_decode(
         o_part = torch.empty(rows * (head_dim + 2), dtype=acc_dtype, device=q.device)
         m_part = o_part[rows * head_dim :]
         l_part = o_part[rows * (head_dim + 1) :]
-    else:  # one chunk writes the output itself; the workspace pointers are unused
+    else:  # one split writes the output itself; the workspace pointers are unused
         o_part = m_part = l_part = out
 
     with device_guard(q):
@@ -495,7 +503,7 @@ def flash_decode(
             q, k_cache, v_cache, block_table, seqlens, out, o_part, m_part, l_part,
             *q.stride(), *k_cache.stride(), *v_cache.stride(),
             *block_table.stride(), seqlens.stride(0), *out.stride(),
-            group, block_size, window or 0, num_splits, qk_scale, qk_scale_lo,
+            group, block_size, window or 0, num_splits, qk_scale, qk_scale_lo, max_blocks * block_size,
             HAS_WINDOW=window is not None, SPLIT=split, FP64=fp64,
             # fp32 inputs: IEEE fp32 products (TF32 would cost ~1e-3 relative error); 16-bit inputs
             # multiply exactly in the tensor cores either way.

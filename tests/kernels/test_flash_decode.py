@@ -265,13 +265,14 @@ def test_empty_batch_and_all_empty_sequences():
 
 def test_num_splits_heuristic():
     heuristic = fd.num_splits_heuristic
-    # Batch 1, 8 KV heads on 132 SMs: split until ~4 programs per SM, at >= 128 keys per split.
-    assert heuristic(1, 8, 2048, 132) == 16
-    assert heuristic(1, 8, 8192, 132) == 64  # 512 programs: first power of two filling >= 90% of 528
-    assert heuristic(1, 8, 131072, 132) == 64
-    assert heuristic(8, 8, 8192, 132) == 8
-    assert heuristic(2, 8, 8192, 132) == 32
-    assert heuristic(64, 8, 32768, 132) == 1  # 512 programs already fill 528 slots
+    # Batch 1, 8 KV heads on 132 SMs: split until ~2 programs per SM, at >= 128 keys per split.
+    assert heuristic(1, 8, 2048, 132) == 16  # 128 programs: 2048 // MIN_SPLIT_TOKENS caps it
+    assert heuristic(1, 8, 8192, 132) == 32  # 256 programs: first power of two filling >= 90% of 264
+    assert heuristic(1, 8, 131072, 132) == 32
+    assert heuristic(8, 8, 8192, 132) == 4
+    assert heuristic(2, 8, 8192, 132) == 16
+    assert heuristic(32, 8, 32768, 132) == 1  # 256 programs already fill 264 slots
+    assert heuristic(64, 8, 32768, 132) == 1  # 512 programs: two waves, 97% of their slots used
     assert heuristic(1, 8, 100, 132) == 1  # too short to split
     for batch in (1, 3, 17, 64, 1000):
         for seqlen in (1, 129, 4096, 1 << 17):
@@ -285,22 +286,24 @@ def test_split_config(monkeypatch):
     monkeypatch.setattr(fd, "_INTERPRET", True)
     assert fd.split_config(torch.bfloat16, 128, 128, 128) == (fd.INTERPRET_BLOCK_N, 4, 1)
     monkeypatch.setattr(fd, "_INTERPRET", False)
-    assert fd.split_config(torch.bfloat16, 128, 8 * 16, 128, 132) == (128, 4, 2)  # B1 2k: <= 1 program / SM
-    assert fd.split_config(torch.bfloat16, 256, 8 * 16, 128, 132) == (64, 4, 2)  # <= 32 KB tiles
-    assert fd.split_config(torch.float16, 128, 8 * 64, 128, 132) == (32, 4, 3)  # B1 8k: short chunks
-    assert fd.split_config(torch.bfloat16, 128, 8 * 64, 2048, 132) == (64, 4, 2)  # B1 128k
-    assert fd.split_config(torch.float32, 128, 8, 4096, 132) == (32, 4, 2)
+    assert fd.split_config(torch.bfloat16, 128, 8 * 16, 132) == (128, 4, 2)  # B1 2k: <= 1 program / SM
+    assert fd.split_config(torch.bfloat16, 256, 8 * 16, 132) == (64, 4, 2)  # <= 32 KB tiles
+    assert fd.split_config(torch.float16, 128, 8 * 32, 132) == (64, 4, 3)  # B1 8k-128k
+    assert fd.split_config(torch.bfloat16, 128, 8 * 8 * 4, 132) == (64, 4, 3)  # B8
+    assert fd.split_config(torch.bfloat16, 256, 8 * 32, 132) == (32, 4, 3)  # 3 stages of 32 KB exceed 3/4
+    assert fd.split_config(torch.float32, 128, 8, 132) == (32, 4, 2)
     # ~100 KB of shared memory (sm_86 / sm_89): the tiles shrink until K and V of all stages fit 3/4 of it.
     small = 101376
-    assert fd.split_config(torch.bfloat16, 128, 8 * 16, 128, 132, small) == (64, 4, 2)
-    assert fd.split_config(torch.bfloat16, 256, 8 * 64, 128, 132, small) == (16, 4, 3)
-    assert fd.split_config(torch.bfloat16, 256, 8 * 64, 2048, 132, small) == (32, 4, 2)
-    for block_d in (16, 64, 128, 256):  # the H200's 227 KB keeps every choice of the sweep
-        for programs, keys in ((8, 64), (1000, 128), (1000, 4096)):
-            assert fd.split_config(torch.float16, block_d, programs, keys, 132) == fd.split_config(
-                torch.float16, block_d, programs, keys, 132, 1 << 30
+    assert fd.split_config(torch.bfloat16, 128, 8 * 16, 132, small) == (64, 4, 2)
+    assert fd.split_config(torch.bfloat16, 128, 8 * 32, 132, small) == (32, 4, 3)
+    assert fd.split_config(torch.bfloat16, 256, 8 * 32, 132, small) == (16, 4, 3)
+    assert fd.split_config(torch.bfloat16, 256, 8 * 16, 132, small) == (32, 4, 2)
+    for block_d in (16, 64, 128):  # the H200's 227 KB keeps both choices of the rule
+        for programs in (8, 1000):
+            assert fd.split_config(torch.float16, block_d, programs, 132) == fd.split_config(
+                torch.float16, block_d, programs, 132, 1 << 30
             )
-    assert fd.split_config(torch.float64, 64, 1000, 16, 132) == (32, 4, 2)
+    assert fd.split_config(torch.float64, 64, 1000, 132) == (32, 4, 2)
 
 
 # ----------------------------------------------------------------------------------------------
