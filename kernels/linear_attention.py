@@ -290,6 +290,18 @@ def _chunk_products(
 # ----------------------------------------------------------------------------------------------
 
 
+@triton.jit
+def _z_total(z, z_acc, scale, scale_lo, REVERSE: tl.constexpr, FP64: tl.constexpr):
+    """The state kernel's z (or dz) so far: z plus what the tensor cores accumulated in z_acc
+    (BLOCK_D, 16): column 0 forward (X^T times ones), columns 0 + 1 in reverse (Q^T times r's hi /
+    lo pair), scaled there."""
+    z_cols = tl.arange(0, 16)
+    if REVERSE:
+        return z + _scaled(tl.sum(tl.where(z_cols[None, :] < 2, z_acc, 0.0), 1), scale, scale_lo, FP64)
+    else:
+        return z + tl.sum(tl.where(z_cols[None, :] == 0, z_acc, 0.0), 1)
+
+
 @triton.autotune(configs=_STATE_CONFIGS, key=_STATE_KEY, prune_configs_by={"early_config_prune": _prune_configs})
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def linear_attention_state_kernel(
@@ -360,11 +372,7 @@ def linear_attention_state_kernel(
         row = bh64 * n_chunks + chunk
         tl.store(STATES + row * (D_DIM * E_DIM) + state_offs, s.to(STATES.dtype.element_ty), mask=de_mask)
         if HAS_Z:
-            if REVERSE:
-                z_now = z + _scaled(tl.sum(tl.where(z_cols[None, :] < 2, z_acc, 0.0), 1), scale, scale_lo, FP64)
-            else:
-                z_now = z + tl.sum(tl.where(z_cols[None, :] == 0, z_acc, 0.0), 1)
-            tl.store(ZSTATES + row * D_DIM + offs_d, z_now, mask=z_mask)
+            tl.store(ZSTATES + row * D_DIM + offs_d, _z_total(z, z_acc, scale, scale_lo, REVERSE, FP64), mask=z_mask)
         offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
         t_mask = offs_t < T
         x_t = tl.load(
@@ -402,11 +410,7 @@ def linear_attention_state_kernel(
 
     tl.store(S_OUT + bh64 * (D_DIM * E_DIM) + state_offs, s, mask=de_mask)
     if HAS_Z:
-        if REVERSE:
-            z = z + _scaled(tl.sum(tl.where(z_cols[None, :] < 2, z_acc, 0.0), 1), scale, scale_lo, FP64)
-        else:
-            z = z + tl.sum(tl.where(z_cols[None, :] == 0, z_acc, 0.0), 1)
-        tl.store(Z_OUT + bh64 * D_DIM + offs_d, z, mask=z_mask)
+        tl.store(Z_OUT + bh64 * D_DIM + offs_d, _z_total(z, z_acc, scale, scale_lo, REVERSE, FP64), mask=z_mask)
 
 
 # ----------------------------------------------------------------------------------------------
