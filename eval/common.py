@@ -280,7 +280,7 @@ def load_checkpoint(
             not in ``tasks`` (:func:`wrong_task_error`).
     """
     ckpt = Path(ckpt).expanduser()
-    lit = load_model(ckpt, map_location=device)
+    lit = load_model(ckpt, map_location=device, arg="ckpt")
     data_cfg = dict(lit.hparams.data or {})
     if tasks is not None and data_cfg.get("name") not in tasks:
         raise wrong_task_error(ckpt, data_cfg.get("name"), script, tasks)

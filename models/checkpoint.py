@@ -66,12 +66,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_write_bytes(path, lambda f: torch.save(checkpoint, f))
 
 
-def read_checkpoint(path: str | os.PathLike, arg: str = "ckpt") -> dict[str, Any]:
+def read_checkpoint(path: str | os.PathLike, arg: str | None = None) -> dict[str, Any]:
     """Load a checkpoint dict on the CPU, turning every failure into an actionable error.
 
     Args:
         path: a ``.ckpt`` file written by ``train.py``.
-        arg: the command-line setting that named it, for the messages (``ckpt``, ``resume``).
+        arg: the command-line setting that named it, for the messages (``ckpt``, ``resume``); None
+            for a path given in Python (the messages then name no setting).
 
     Returns:
         Lightning's checkpoint dict (``state_dict``, ``hyper_parameters``, ...).
@@ -83,10 +84,10 @@ def read_checkpoint(path: str | os.PathLike, arg: str = "ckpt") -> dict[str, Any
             ``state_dict``), or its weights hold NaN or inf (:func:`check_finite_weights`).
     """
     path = Path(path)
-    hint = (
-        f"pass {arg}=<a .ckpt file written by train.py, e.g. "
-        "outputs/<date>/<time>-<mixer>-<data>/checkpoints/best.ckpt>"
+    example = (
+        "a .ckpt file written by train.py, e.g. outputs/<date>/<time>-<mixer>-<data>/checkpoints/best.ckpt"
     )
+    hint = f"pass {arg}=<{example}>" if arg else f"give {example}"
     if not path.exists():
         raise FileNotFoundError(f"checkpoint not found: {path}; {hint}")
     if path.is_dir():
@@ -130,14 +131,15 @@ def read_checkpoint(path: str | os.PathLike, arg: str = "ckpt") -> dict[str, Any
     return checkpoint
 
 
-def check_finite_weights(state_dict: dict[str, Any], path: str | os.PathLike, arg: str = "ckpt") -> None:
+def check_finite_weights(state_dict: dict[str, Any], path: str | os.PathLike, arg: str | None = None) -> None:
     """Refuse weights that hold NaN or inf: a diverged run's checkpoint would otherwise score 0
     everywhere without a word, and training on from it stays NaN (every update is).
 
     Args:
         state_dict: a checkpoint's ``state_dict``.
         path: the checkpoint file, for the message.
-        arg: the command-line setting that named it (``ckpt``, ``resume``).
+        arg: the command-line setting that named it (``ckpt``, ``resume``); None for a path given in
+            Python.
 
     Raises:
         ValueError: how many floating-point tensors hold a non-finite value, naming the first.
@@ -146,9 +148,10 @@ def check_finite_weights(state_dict: dict[str, Any], path: str | os.PathLike, ar
         name: t for name, t in state_dict.items() if isinstance(t, torch.Tensor) and t.is_floating_point()
     }
     bad = [name for name, t in floats.items() if not bool(torch.isfinite(t).all())]
+    earlier = "an earlier checkpoint of the run, e.g. its best.ckpt if that was saved before the divergence"
     if bad:
         raise ValueError(
             f"checkpoint {path} has NaN or inf weights in {len(bad)} of its {len(floats)} floating-point "
-            f"tensors (the first: {bad[0]}): the run likely diverged; pass {arg}=<an earlier checkpoint of "
-            "the run, e.g. its best.ckpt if that was saved before the divergence>"
+            f"tensors (the first: {bad[0]}): the run likely diverged; "
+            + (f"pass {arg}=<{earlier}>" if arg else f"use {earlier}")
         )

@@ -253,19 +253,21 @@ def check_optim(optim: dict[str, Any] | None) -> dict[str, Any]:
     return optim
 
 
-def load_model(path, map_location: str | torch.device = "cpu") -> LitLM:
+def load_model(path, map_location: str | torch.device = "cpu", arg: str | None = None) -> LitLM:
     """Rebuild a trained :class:`LitLM` (in eval mode) from a checkpoint file alone.
 
     Args:
         path: a ``.ckpt`` written by ``train.py``.
         map_location: device for the weights.
+        arg: the command-line setting that named ``path`` (``ckpt`` in the evaluations), for the
+            error messages; None (the default) when called from Python.
 
     Raises:
         FileNotFoundError: missing checkpoint.
         ValueError: truncated, corrupt or foreign checkpoint, weights that hold NaN or inf (a
             diverged run), or a model config that no longer validates.
     """
-    checkpoint = read_checkpoint(path)
+    checkpoint = read_checkpoint(path, arg)
     lit = LitLM(**checkpoint["hyper_parameters"])
     try:
         missing, unexpected = lit.load_state_dict(checkpoint["state_dict"], strict=False)

@@ -548,8 +548,11 @@ def test_checkpoints_without_weights_or_model_config_are_refused_in_one_line(cop
         torch.save(content, path)
         with pytest.raises(ValueError, match=re.escape(f"{path} is not a mixerlab checkpoint")) as info:
             load_model(path)
-        assert f"({reason}); pass ckpt=" in str(info.value)
-    with pytest.raises(ValueError, match=r"truncated or corrupt one \(no state_dict"):
+        # From Python the hint names no command-line setting; from an evaluation it names ckpt=.
+        assert f"({reason}); give a .ckpt file written by train.py" in str(info.value)
+        assert "ckpt=" not in str(info.value)
+    no_weights = r"truncated or corrupt one \(no state_dict of model weights\); pass ckpt=<"
+    with pytest.raises(ValueError, match=no_weights):
         copying_eval(compose_eval("copying", [f"ckpt={tmp_path / 'no_state_dict.ckpt'}", "device=cpu"]))
 
 
@@ -567,11 +570,11 @@ def test_checkpoints_with_non_finite_weights_are_refused(copy_run, tmp_path, val
     torch.save(checkpoint, path)
     message = (
         f"checkpoint {path} has NaN or inf weights in 2 of its {len(names)} floating-point tensors "
-        f"(the first: {names[3]}): the run likely diverged; pass ckpt=<an earlier checkpoint"
+        f"(the first: {names[3]}): the run likely diverged; "
     )
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(ValueError, match=re.escape(message + "use an earlier checkpoint of the run")):
         load_model(path)
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(ValueError, match=re.escape(message + "pass ckpt=<an earlier checkpoint of the run")):
         copying_eval(compose_eval("copying", [f"ckpt={path}", "device=cpu", f"output={tmp_path / 'c.json'}"]))
     assert not (tmp_path / "c.json").exists()
 
