@@ -412,8 +412,9 @@ def flash_decode(
     Sequence b's token t lives at ``k_cache[block_table[b, t // block_size], t % block_size]``; the
     query of sequence b attends to its first ``seqlens[b]`` tokens (the cache already holds the new
     token), only the last ``window`` of them when a window is set. Query head h reads KV head
-    ``h // (Hq // Hkv)``. Table entries past a sequence's used pages, slots past its length and
-    pages outside its window are never read.
+    ``h // (Hq // Hkv)``. Table entries past a sequence's used pages may hold any value (e.g. -1):
+    no page is read through them (one tile's worth of them may be loaded, see the module
+    docstring); slots past its length and pages outside its window are never read.
 
     Args:
         q: (B, Hq, D) queries, float16 / bfloat16 / float32 / float64, any strides.
