@@ -189,6 +189,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             if own_best and Path(own_best).resolve().parent != (run_dir / "checkpoints").resolve():
                 own_best = ""
             best = own_best or last
+            last_validated = lit.last_fit_validation_step
             trainer.validate(lit, datamodule=dm, ckpt_path=best or None, verbose=False)
             metrics = dict(lit.val_metrics)  # exact (float64) values of the best checkpoint
             if trainer.is_global_zero:
@@ -201,6 +202,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                         if interrupted
                         else "no validation ran during training (trainer.max_steps < trainer.val_check_interval): "
                         "the best checkpoint is the last one"
+                    )
+                elif last_validated is not None and trainer.global_step > last_validated:
+                    advice = " (a trainer.max_steps that trainer.val_check_interval divides validates them)"
+                    advice = "" if interrupted else advice
+                    log.info(
+                        f"the last {trainer.global_step - last_validated} training steps (after step "
+                        f"{last_validated}, the last validation) were not validated: best.ckpt and the final "
+                        f"validation are of step {last_validated} or earlier, last.ckpt holds the final weights{advice}"
                     )
                 log.info(f"best checkpoint: {best}")
                 log.info(f"last checkpoint: {last}")

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import math
+import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -166,12 +167,29 @@ def length_settings(cfg: DictConfig, default_multipliers: Sequence[int]) -> tupl
     return "length_multipliers", check_lengths(cfg.length_multipliers, "length_multipliers")
 
 
+def hydra_override(key: str, value: str) -> str:
+    """``key=value`` as one shell word that Hydra parses back to ``value``, for commands printed in
+    messages: bare when ``value`` is plain; otherwise quoted for Hydra's override grammar (which
+    rejects a bare ``=`` and reads ``,`` as a sweep and brackets as a list) inside quotes for the
+    shell, ``"key='value'"``, or :func:`shlex.quote` around an escaped single-quoted value when
+    ``value`` holds quotes, ``$``, a backtick or a backslash."""
+    if not any(c in value for c in "=,[]{}()'\" \\$`:"):
+        return f"{key}={value}"
+    if not any(c in value for c in "'\"\\$`"):
+        return f"\"{key}='{value}'\""
+    return shlex.quote(f"{key}='" + value.replace("'", "\\'") + "'")
+
+
 def wrong_task_error(ckpt: Path, task: str | None, script: str, tasks: Sequence[str]) -> ValueError:
     """The error for a checkpoint trained on ``task`` given to ``script``, which evaluates ``tasks``.
 
-    The message names the supported tasks and, for a known task, the script that evaluates it.
+    The message names the supported tasks and, for a known task, the command that evaluates it
+    (the ``ckpt=`` override quoted for the shell and Hydra when the path holds ``=``, ``,``, brackets,
+    quotes or spaces).
     """
-    hint = f"; evaluate it with python {TASK_SCRIPTS[task]} ckpt={ckpt}" if task in TASK_SCRIPTS else ""
+    hint = ""
+    if task in TASK_SCRIPTS:
+        hint = f"; evaluate it with python {TASK_SCRIPTS[task]} {hydra_override('ckpt', str(ckpt))}"
     return ValueError(
         f"{ckpt} was trained on {task!r} data, which {script} does not evaluate: it evaluates checkpoints "
         f"trained on {', '.join(tasks)} (python train.py data={tasks[0]} ...){hint}"

@@ -107,6 +107,8 @@ class LitLM(L.LightningModule):
         self.slice_names = list(slice_names or ["val"])
         self._val_sums: dict[int, torch.Tensor] = {}
         self.val_metrics: dict[str, float] = {}  # the last validation's metrics, exact (float64)
+        # global_step of the last validation during fit (None before one; not the final validate()).
+        self.last_fit_validation_step: int | None = None
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.float64), persistent=True)
 
     def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
@@ -143,6 +145,8 @@ class LitLM(L.LightningModule):
         metrics["val/acc"] = metrics[f"val/acc_{first}"]
         metrics["val/ppl"] = math.exp(min(metrics["val/loss"], 50.0))
         self.val_metrics = metrics
+        if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
+            self.last_fit_validation_step = self.global_step
         for key, value in metrics.items():
             # Already summed over ranks above, so every rank logs the same value; sync_dist (a mean
             # of equal values) only keeps Lightning from warning about unsynchronised epoch metrics.

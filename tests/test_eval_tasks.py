@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 import zipfile
@@ -16,12 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import REPO_ROOT, compose_eval, compose_train, refuse_files_in
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 import eval.copying as copying_module
 import eval.long_context as long_context
 import train as train_module
 from data.synthetic import generated_to_predictions
-from eval.common import decode_predictions, is_out_of_memory, wrong_task_error
+from eval.common import decode_predictions, hydra_override, is_out_of_memory, wrong_task_error
 from eval.copying import copying_eval
 from eval.long_context import long_context_eval
 from eval.perplexity import perplexity_eval
@@ -393,6 +395,27 @@ def test_checkpoints_of_another_task_are_refused(copy_run, passkey_run, text_run
         run(perplexity_eval, "perplexity", passkey_run["last_ckpt"])
     message = str(wrong_task_error(Path("x.ckpt"), None, "eval/recall.py", ("mqar", "induction_heads")))
     assert "None" in message and "mqar, induction_heads" in message and "evaluate it with" not in message
+    # A path Hydra's override grammar would reject unquoted gets a quoted override in the hint.
+    odd = Path("runs/lr=1e-3,b=8/best.ckpt")
+    message = str(wrong_task_error(odd, "copy", "eval/recall.py", ("mqar",)))
+    assert message.endswith("evaluate it with python eval/copying.py " + f"\"ckpt='{odd}'\"")
+    assert str(wrong_task_error(Path("a/b.ckpt"), "copy", "eval/recall.py", ("mqar",))).endswith(
+        "evaluate it with python eval/copying.py ckpt=a/b.ckpt"
+    )
+
+
+def test_hydra_override_round_trips_through_the_shell_and_hydra():
+    """The commands printed in messages work when pasted: one shell word, parsed back by Hydra to
+    the same path, whatever the path holds."""
+    parser = OverridesParser.create()
+    paths = ["a/b.ckpt", "runs/lr=1e-3,b=8/best.ckpt", "x [1]/y.ckpt", "it's/lr=1/b.ckpt", 'q"uo/t.ckpt',
+             "a$b/c.ckpt", "back\\slash/x.ckpt", "c:d/x", "~/x y/z"]  # fmt: skip
+    for path in paths:
+        words = shlex.split(hydra_override("ckpt", path))
+        assert len(words) == 1, (path, words)
+        override = parser.parse_override(words[0])
+        assert override.key_or_group == "ckpt" and override.value() == path
+    assert hydra_override("ckpt", "a/b.ckpt") == "ckpt=a/b.ckpt"
 
 
 @pytest.mark.parametrize("name", ["recall", "copying", "long_context", "perplexity"])

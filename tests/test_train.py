@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import re
 import signal
@@ -77,10 +78,14 @@ def test_every_mixer_config_trains_20_steps(tmp_path, mixer):
     assert (out["metrics"]["val/acc"] * 64 * 4).is_integer()  # exact counts over 64 examples x 4 queries
 
 
-def test_last_checkpoint_holds_the_final_weights_and_best_the_best(tmp_path):
+def test_last_checkpoint_holds_the_final_weights_and_best_the_best(tmp_path, caplog):
     # 7 steps validated at step 5 only: best.ckpt is step 5's, last.ckpt the weights after step 7
     # (Lightning's own save_last would refresh last.ckpt only together with a new best).
-    out = run_train(tmp_path, ["mixer=attention", "trainer.max_steps=7", "trainer.val_check_interval=5"])
+    with caplog.at_level(logging.INFO, logger="mixerlab.train"):
+        out = run_train(tmp_path, ["mixer=attention", "trainer.max_steps=7", "trainer.val_check_interval=5"])
+    # The log says that the final weights were never validated.
+    assert "the last 2 training steps (after step 5, the last validation) were not validated" in caplog.text
+    assert "a trainer.max_steps that trainer.val_check_interval divides validates them" in caplog.text
     assert read_checkpoint(out["best_ckpt"])["global_step"] == 5
     last = read_checkpoint(out["last_ckpt"])
     assert last["global_step"] == 7 and Path(out["last_ckpt"]).name == "last.ckpt"
