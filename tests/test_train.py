@@ -78,11 +78,21 @@ def test_every_mixer_config_trains_20_steps(tmp_path, mixer):
     assert (out["metrics"]["val/acc"] * 64 * 4).is_integer()  # exact counts over 64 examples x 4 queries
 
 
-def test_last_checkpoint_holds_the_final_weights_and_best_the_best(tmp_path, caplog):
+def test_last_checkpoint_holds_the_final_weights_and_best_the_best(tmp_path, caplog, monkeypatch):
     # 7 steps validated at step 5 only: best.ckpt is step 5's, last.ckpt the weights after step 7
     # (Lightning's own save_last would refresh last.ckpt only together with a new best).
-    with caplog.at_level(logging.INFO, logger="mixerlab.train"):
+    # train.py's logger, heard directly: an in-process Hydra run of an evaluation earlier in the
+    # session (hydra/job_logging: disabled) disables existing loggers and raises the root's level.
+    logger = logging.getLogger("mixerlab.train")
+    monkeypatch.setattr(logger, "disabled", False)
+    level = logger.level
+    logger.setLevel(logging.INFO)  # setLevel, not the attribute: it also clears the loggers' level caches
+    logger.addHandler(caplog.handler)
+    try:
         out = run_train(tmp_path, ["mixer=attention", "trainer.max_steps=7", "trainer.val_check_interval=5"])
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.setLevel(level)
     # The log says that the final weights were never validated.
     assert "the last 2 training steps (after step 5, the last validation) were not validated" in caplog.text
     assert "a trainer.max_steps that trainer.val_check_interval divides validates them" in caplog.text
