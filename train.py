@@ -204,8 +204,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                         "the best checkpoint is the last one"
                     )
                 elif last_validated is not None and trainer.global_step > last_validated:
-                    advice = " (a trainer.max_steps that trainer.val_check_interval divides validates them)"
-                    advice = "" if interrupted else advice
+                    advice = ""
+                    if not interrupted:
+                        advice = (
+                            " (a trainer.max_steps that trainer.val_check_interval divides validates them)"
+                        )
                     log.info(
                         f"the last {trainer.global_step - last_validated} training steps (after step "
                         f"{last_validated}, the last validation) were not validated: best.ckpt and the final "

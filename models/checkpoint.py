@@ -148,8 +148,10 @@ def check_finite_weights(state_dict: dict[str, Any], path: str | os.PathLike, ar
         name: t for name, t in state_dict.items() if isinstance(t, torch.Tensor) and t.is_floating_point()
     }
     bad = [name for name, t in floats.items() if not bool(torch.isfinite(t).all())]
-    earlier = "an earlier checkpoint of the run, e.g. its best.ckpt if that was saved before the divergence"
     if bad:
+        earlier = (
+            "an earlier checkpoint of the run, e.g. its best.ckpt if that was saved before the divergence"
+        )
         raise ValueError(
             f"checkpoint {path} has NaN or inf weights in {len(bad)} of its {len(floats)} floating-point "
             f"tensors (the first: {bad[0]}): the run likely diverged; "
