@@ -640,6 +640,24 @@ def test_empty_sequence_and_batch(normalize):
             assert torch.equal(g, torch.full_like(g, 2.0))
 
 
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
+@pytest.mark.parametrize("k_dim,v_dim", [(0, 6), (8, 0)], ids=["K0", "V0"])
+def test_zero_feature_dims_forward_and_backward(normalize, k_dim, v_dim):
+    # K == 0 (every term of dV has a factor of K: zero) and V == 0 (no output element reaches the
+    # normaliser), with an initial state: outputs and every gradient as the float64 reference's.
+    q, k, v, state = make_inputs(2, 21, 2, k_dim, v_dim, F64, normalize=normalize, init=True)
+    do = torch.randn(v.shape, dtype=F64)
+    dstate = (torch.randn(2, 2, k_dim, v_dim, dtype=F64), torch.randn(2, 2, k_dim, dtype=F64))
+    got = run("triton", q, k, v, state, do, dstate, normalize=normalize, scale=1.0)
+    ref = run("reference", q, k, v, state, do, dstate, normalize=normalize, scale=1.0)
+    for name, x, r in zip(NAMES, got, ref, strict=True):
+        assert (x is None) == (r is None), name
+        if x is not None:
+            torch.testing.assert_close(x, r, rtol=1e-12, atol=1e-12, msg=name)
+    if k_dim == 0:
+        assert torch.equal(got[5], torch.zeros_like(v))
+
+
 def test_fused_forward_rule_and_segments():
     # K up to 128, normalised or not, takes the fused scan-and-output kernel, wider K the two-kernel
     # path; CASES cover both, and segments (interpreter: 4 SMs, so one program splits into 4).
