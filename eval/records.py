@@ -158,18 +158,22 @@ def check_writable_dir(directory: Path, what: str, fix: str, *, target: Path | N
             created in ``directory`` (naming the folder that refused, not one that does not exist).
 
     Raises:
-        ValueError: the probe cannot be created: ``"<what>[ (its missing folders ...)]: creating a
-            file in <directory> failed: <OS reason>; <fix>"``.
+        ValueError: the probe cannot be created: ``"<what>: creating a file in <directory> failed:
+            <OS reason>; <fix>"``, or with ``target`` below ``directory``, ``"<what>: its missing
+            folders would be created in <directory>, where creating a file failed: <OS reason>; <fix>"``.
     """
-    if target is not None and Path(target) != Path(directory):
-        what += f" (its missing folders would be created in {Path(directory).absolute()}, which refuses new files)"
+    where = Path(directory).absolute()
     try:
         fd, probe = tempfile.mkstemp(prefix=".mixerlab-write-check-", dir=directory)
     except OSError as err:
         # The OS's reason as it gives it: /proc, say, refuses a new file with "No such file or
         # directory" although the folder exists.
         reason = err.strerror or err
-        raise ValueError(f"{what}: creating a file in {Path(directory).absolute()} failed: {reason}; {fix}") from None
+        if target is not None and Path(target) != Path(directory):
+            detail = f"its missing folders would be created in {where}, where creating a file failed"
+        else:
+            detail = f"creating a file in {where} failed"
+        raise ValueError(f"{what}: {detail}: {reason}; {fix}") from None
     os.close(fd)
     os.unlink(probe)
 

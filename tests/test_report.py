@@ -626,9 +626,9 @@ def test_unwritable_out_is_refused_before_the_report_is_built(runs, tmp_path, mo
     read_only.mkdir()
     refuse_files_in(monkeypatch, read_only)
     folder = re.escape(str(read_only))
-    created_in = rf" \(its missing folders would be created in {folder}, which refuses new files\)"
-    for out, note in ((read_only, ""), (read_only / "report", created_in)):
-        with pytest.raises(ValueError, match=rf"cannot be written{note}: creating a file in {folder} failed: Permission denied; "
+    created_in = rf"its missing folders would be created in {folder}, where creating a file failed"
+    for out, detail in ((read_only, rf"creating a file in {folder} failed"), (read_only / "report", created_in)):
+        with pytest.raises(ValueError, match=rf"cannot be written: {detail}: Permission denied; "
                            r"pass out=<a writable folder>"):  # fmt: skip
             make_report(f"[{runs / 'mamba-run'}]", out)
     assert list(read_only.iterdir()) == []
