@@ -93,6 +93,10 @@ def _metric_column(r: dict[str, Any]) -> str:
     return f"{metric} [{variant}]" if variant else metric
 
 
+# Record fields that tell apart measurements of one run, mixer and length (see summary_tables).
+_SETTINGS = ("dtype", "batch")
+
+
 def _task_title(r: dict[str, Any]) -> str:
     task = r.get("task") or "?"
     return f"{task} ({r['split']})" if r.get("split") else task
@@ -100,7 +104,8 @@ def _task_title(r: dict[str, Any]) -> str:
 
 def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
     """The report's tables: ``Runs`` (one row per run and mixer: layout, params, tasks, record files)
-    and one table per task and split with a row per run, mixer, seqlen, slice and record file: params,
+    and one table per task and split with a row per run, mixer, seqlen, slice, dtype and batch (the
+    last two where the task's records carry them: eval/decode.py's) and record file: params,
     state bytes (per sequence) and one column per metric (``accuracy [decode]``, ``decode_tokens_per_s
     [eager]``; train.py's per-slice ``val/acc_<slice>`` folded into ``val/acc`` at the slice's seqlen).
     """
@@ -128,6 +133,10 @@ def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
     for title, rows in sorted(groups.items()):
         # eval/decode.py's state_bytes records fill the state bytes column, not a metric column of their own.
         metrics = sorted({_metric_column(r) for r in rows if r["metric"] != "state_bytes"})
+        # Settings a task's records may differ in within one run and length (eval/decode.py's dtype
+        # and batch): a column each where any record has them, and part of the row key, so that an
+        # fp16 and an fp32 measurement never share a row.
+        settings = [f for f in _SETTINGS if any(r.get(f) is not None for r in rows)]
         table_rows: dict[tuple, dict[str, Any]] = {}
         for r in sorted(
             rows,
@@ -136,30 +145,30 @@ def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
                 r["mixer"],
                 r.get("seqlen") or 0,
                 r.get("slice") or "",
+                *(str(r.get(f)) for f in settings),
                 r["record_file"],
             ),
         ):
             # Slices of one length (perplexity's val and val_prefix<N>, copy's length bands) stay apart.
-            key = (r["run"], r["mixer"], r.get("seqlen"), r.get("slice"), r["record_file"])
+            key = (r["run"], r["mixer"], r.get("seqlen"), r.get("slice"), *(r.get(f) for f in settings),
+                   r["record_file"])  # fmt: skip
             row = table_rows.setdefault(key, {"params": r.get("params"), "state_bytes": r.get("state_bytes")})
             if r["metric"] != "state_bytes":
                 row[_metric_column(r)] = r["value"]
         tables.append(
             Table(
                 f"Results: {title}",
-                ["run", "mixer", "params", "seqlen", "slice", "state bytes", *metrics, "record file"],
+                ["run", "mixer", "params", "seqlen", "slice", *settings, "state bytes", *metrics, "record file"],
                 [
                     [
-                        run,
-                        mixer,
+                        *key[:2],
                         row["params"],
-                        seqlen,
-                        slice_name,
+                        *key[2:-1],
                         row["state_bytes"],
                         *(row.get(m) for m in metrics),
-                        file,
+                        key[-1],
                     ]
-                    for (run, mixer, seqlen, slice_name, file), row in table_rows.items()
+                    for key, row in table_rows.items()
                 ],
             )
         )

@@ -29,7 +29,7 @@ from eval.report import (
     val_loss_points,
 )
 from eval.report_plots import PLOTS, plot_points
-from eval.report_tables import fold_slice
+from eval.report_tables import fold_slice, summary_tables
 
 STATE = {  # decode-state bytes per sequence at a length, per mixer (made up, of the right shape)
     "attention": lambda t: 2048 * t,
@@ -490,9 +490,29 @@ def test_tables(report):
     decode = tables["Results: decode"]
     assert "state_bytes" not in decode.columns and "decode_tokens_per_s [cuda_graph]" in decode.columns
     assert len(decode.rows) == 4  # two mixers x two context lengths
+    assert decode.columns[:8] == ["run", "mixer", "params", "seqlen", "slice", "dtype", "batch", "state bytes"]
+    assert [row[5:7] for row in decode.rows] == [["float32", 1]] * 4
+    assert "dtype" not in test.columns and "batch" not in test.columns  # no record there has them
     val = tables["Results: mqar (val)"]
     assert "val/acc" in val.columns and not any("_T128" in c for c in val.columns)
     assert report.sources.ignored == [Path(report.sources.searched[3]) / "benchmark.json"]
+
+
+def test_decode_measurements_of_two_dtypes_keep_their_own_rows():
+    # One record file holding an fp32 and a bf16 measurement at each length (a rerun with dtype=):
+    # a row each, told apart by the dtype column, never one row showing the later value.
+    records = []
+    for dtype, speed in (("float32", 100.0), ("bfloat16", 300.0)):
+        for r in decode_records("attention", [speed, speed / 2]):
+            r["dtype"], r["record_file"] = dtype, "decode-attention-tiny.json"
+            r["state_bytes"] = r["state_bytes"] * (2 if dtype == "float32" else 1)
+            records.append(r)
+    decode = {t.title: t for t in summary_tables(records)}["Results: decode"]
+    rows = [dict(zip(decode.columns, row, strict=True)) for row in decode.rows]
+    got = {(r["seqlen"], r["dtype"]): r["decode_tokens_per_s [eager]"] for r in rows}
+    assert got == {(1024, "bfloat16"): 300.0, (1024, "float32"): 100.0, (4096, "bfloat16"): 150.0,
+                   (4096, "float32"): 50.0}  # fmt: skip
+    assert len(rows) == 4
 
 
 def test_html_is_self_contained_with_plots_and_tables(report):
