@@ -13,6 +13,7 @@ structure of its own (:class:`SharedBlock`).
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 
 import torch
@@ -145,6 +146,30 @@ class ModelCache:
         return sum(c.nbytes() for c in self.layers) + sum(c.nbytes() for c in self.shared)
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value) -> None:
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+
+
+def _check_input_ids(input_ids) -> None:
+    """(B, T) integer token ids, or a clear error (a list, a float or bool tensor, another rank)."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(
+            f"input_ids must be a (batch, seqlen) integer tensor, got {type(input_ids).__name__}; "
+            "wrap it, e.g. torch.tensor([[1, 2, 3]])"
+        )
+    dtype = input_ids.dtype
+    if input_ids.ndim != 2 or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        raise ValueError(
+            f"input_ids must be a (batch, seqlen) integer tensor, got shape {tuple(input_ids.shape)} "
+            f"and dtype {input_ids.dtype}"
+        )
+
+
 class LanguageModel(nn.Module):
     """Causal language model whose mixer layers follow a layout (DESIGN.md, contract 3).
 
@@ -224,13 +249,10 @@ class LanguageModel(nn.Module):
             ``(B, T, vocab_size)`` logits in the parameters' (or autocast) dtype.
 
         Raises:
-            ValueError: ``input_ids`` not 2-D integer, or token ids out of range.
+            TypeError: ``input_ids`` not a tensor.
+            ValueError: ``input_ids`` not 2-D integer (bool is not), or token ids out of range.
         """
-        if input_ids.ndim != 2 or input_ids.dtype.is_floating_point:
-            raise ValueError(
-                f"input_ids must be a (batch, seqlen) integer tensor, got shape {tuple(input_ids.shape)} "
-                f"and dtype {input_ids.dtype}"
-            )
+        _check_input_ids(input_ids)
         # A decode step being captured in a CUDA graph cannot read tokens back to the host; generate()
         # feeds it tokens sampled from the model's own logits, which are in range.
         capturing = input_ids.is_cuda and torch.cuda.is_current_stream_capturing()
@@ -365,19 +387,33 @@ class LanguageModel(nn.Module):
             ``(B, T + n)`` int64, ``n <= max_new_tokens`` (fewer when every sequence stopped).
 
         Raises:
-            ValueError: empty prompt, negative ``max_new_tokens``, ``temperature <= 0``,
-                ``top_k < 1`` or a stop token outside ``[0, vocab_size)`` (it could never stop).
+            TypeError: ``input_ids`` not a tensor, ``max_new_tokens`` / ``top_k`` not ints,
+                ``stop_tokens`` not a list of ints.
+            ValueError: ``input_ids`` not 2-D integer, empty prompt, negative ``max_new_tokens``,
+                ``temperature`` not finite and > 0, ``top_k < 1`` or a stop token outside
+                ``[0, vocab_size)`` (it could never stop).
         """
-        if input_ids.ndim != 2 or input_ids.shape[1] < 1:
+        _check_input_ids(input_ids)
+        if input_ids.shape[1] < 1:
             raise ValueError(
-                f"input_ids must be (batch, seqlen) with seqlen >= 1, got {tuple(input_ids.shape)}"
+                f"input_ids must hold a prompt of at least one token, got shape {tuple(input_ids.shape)}"
             )
+        _check_int("max_new_tokens", max_new_tokens)
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if not greedy and temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (or pass greedy=True), got {temperature}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        # `not temperature > 0` also refuses NaN; inf would sample uniformly, ignoring the model.
+        if not greedy and not (isinstance(temperature, (int, float)) and 0 < temperature < math.inf):
+            raise ValueError(f"temperature must be a finite number > 0 (or pass greedy=True), got {temperature!r}")
+        if top_k is not None:
+            _check_int("top_k", top_k)
+            if top_k < 1:
+                raise ValueError(f"top_k must be >= 1, got {top_k}")
+        if stop_tokens is not None and (
+            not isinstance(stop_tokens, (list, tuple)) or not all(_is_int(t) for t in stop_tokens)
+        ):
+            raise TypeError(
+                f"stop_tokens must be a list of token ids (ints), got {stop_tokens!r}; e.g. stop_tokens=[0]"
+            )
         vocab = self.config.vocab_size
         outside = [t for t in stop_tokens or [] if not 0 <= t < vocab]
         if outside:

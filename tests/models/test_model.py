@@ -141,6 +141,32 @@ def test_generate_sampling_and_stop_tokens():
         model.generate(prompt, 2, stop_tokens=[3, vocab, -1])
 
 
+
+def test_generate_refuses_bad_arguments_with_clear_errors():
+    # Each refused before any step, with what is wrong, not an error from inside PyTorch's sampler.
+    model = model_from_config("attention")
+    prompt = torch.randint(0, 37, (2, 4))
+    cases = [
+        ((prompt.tolist(), 2), {}, TypeError, r"input_ids must be a \(batch, seqlen\) integer tensor, got list"),
+        ((prompt.bool(), 2), {}, ValueError, r"integer tensor, got shape \(2, 4\) and dtype torch.bool"),
+        ((prompt[0], 2), {}, ValueError, r"got shape \(4,\)"),
+        ((prompt, 2.5), {}, TypeError, r"max_new_tokens must be an int, got 2.5"),
+        ((prompt, 2), {"temperature": float("nan")}, ValueError, r"temperature must be a finite number > 0.*nan"),
+        ((prompt, 2), {"temperature": float("inf")}, ValueError, r"temperature must be a finite number > 0.*inf"),
+        ((prompt, 2), {"top_k": 2.5}, TypeError, r"top_k must be an int, got 2.5"),
+        ((prompt, 2), {"stop_tokens": 5}, TypeError, r"stop_tokens must be a list of token ids \(ints\), got 5"),
+        ((prompt, 2), {"stop_tokens": [1.0]}, TypeError, r"stop_tokens must be a list"),
+    ]
+    for args, kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            model.generate(*args, **kwargs)
+    with pytest.raises(TypeError, match="input_ids must be"):
+        model(prompt.tolist())
+    # numpy integers are token ids too
+    out = model.generate(prompt, 2, greedy=True, stop_tokens=list(prompt[:, 0].numpy()))
+    assert out.shape[0] == 2 and 4 <= out.shape[1] <= 6
+
+
 def test_config_errors_are_clear():
     base = dict(
         vocab_size=10,
