@@ -439,7 +439,7 @@ def flash_decode(
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor inputs, non-floating q /
         caches or mismatched dtypes, non-integer block_table / seqlens, non-int window or
-        num_splits; ValueError: wrong ndim or mismatched shapes, Hq not a multiple of Hkv, seqlens
+        num_splits; ValueError: wrong ndim or mismatched shapes, no query or KV head, Hq not a multiple of Hkv, seqlens
         out of [0, max_blocks * block_size], a used page index outside [0, num_blocks), window <= 0,
         num_splits < 1, head_dim 0 without a scale, tensors on different devices), and, for this
         backend only, RuntimeError for inputs that require grad in grad mode (no backward: run it

@@ -413,6 +413,11 @@ def _check_decode_args(q, k_cache, v_cache, block_table, seqlens, window, scale,
             f"block_table (B, max_blocks) = {tuple(block_table.shape)} and seqlens (B,) = "
             f"{tuple(seqlens.shape)} must have B = {batch} rows like q"
         )
+    if num_heads == 0 or num_kv_heads == 0:
+        raise ValueError(
+            f"q (B, Hq, D) = {tuple(q.shape)} and k_cache (num_blocks, block_size, Hkv, D) = "
+            f"{tuple(k_cache.shape)} need at least one head each"
+        )
     _check_heads(num_heads, num_kv_heads)
     _check_window(window)
     _check_scale(scale)
@@ -480,8 +485,8 @@ def flash_decode(
     Raises:
         TypeError: non-tensor inputs, non-floating q / caches or mismatched dtypes, non-integer
             block_table / seqlens, non-int window or num_splits.
-        ValueError: wrong ndim or mismatched shapes, tensors on different devices, Hq not a
-            multiple of Hkv, seqlens out of [0, max_blocks * block_size], a used page index outside
+        ValueError: wrong ndim or mismatched shapes, tensors on different devices, no query or KV
+            head, Hq not a multiple of Hkv, seqlens out of [0, max_blocks * block_size], a used page index outside
             [0, num_blocks) (those two only with ``check_values``), window <= 0, num_splits < 1.
     """
     batch, num_heads, num_kv_heads, head_dim, num_blocks, block_size, max_blocks, scale = _check_decode_args(
@@ -1058,6 +1063,12 @@ def _split_linear_state(initial_state, normalize: bool, q: torch.Tensor, v_dim: 
                 f"by linear_attention(..., output_final_state=True), got {_describe(initial_state)}"
             )
         kv, z = initial_state
+        if z is None:  # a fresh normaliser state is zeros, not None: say so rather than guess
+            raise TypeError(
+                "with normalize=True, initial_state's z must be a (B, H, K) tensor, got None; pass the pair "
+                "returned by linear_attention(..., output_final_state=True) (or torch.zeros(B, H, K) for a "
+                "fresh normaliser)"
+            )
     else:
         if not isinstance(initial_state, torch.Tensor):
             raise TypeError(

@@ -367,12 +367,21 @@ _Q, _CACHE, _TABLE, _LENS = _t(2, 2, 8), _t(3, 4, 1, 8), _i(0, 0, 0, 0).view(2, 
         ((_Q, _t(4, 1, 8), _t(4, 1, 8), _TABLE, _LENS), {}),
         (([1.0], _CACHE, _CACHE, _TABLE, _LENS), {}),
         ((_t(2, 2, 0), _t(3, 4, 1, 0), _t(3, 4, 1, 0), _TABLE, _LENS), {}),  # head_dim 0: no default scale
+        ((_Q, _t(3, 4, 0, 8), _t(3, 4, 0, 8), _TABLE, _LENS), {}),  # no KV head (was a ZeroDivisionError)
+        ((_t(2, 0, 8), _t(3, 4, 2, 8), _t(3, 4, 2, 8), _TABLE, _LENS), {}),  # no query head
     ],
 )
 def test_errors_identical_to_reference(args, kwargs):
     triton_error, reference_error = _call("triton", *args, **kwargs), _call("reference", *args, **kwargs)
     assert reference_error is not None
     assert triton_error == reference_error
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_zero_heads_are_refused(backend):
+    for q, cache in ((_Q, _t(3, 4, 0, 8)), (_t(2, 0, 8), _t(3, 4, 2, 8))):
+        with pytest.raises(ValueError, match=r"need at least one head each"):
+            kernels.flash_decode(q, cache, cache, _TABLE, _LENS, backend=backend)
 
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])

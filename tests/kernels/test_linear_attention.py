@@ -728,6 +728,7 @@ QKV = (_t(1, 4, 2, 8), _t(1, 4, 2, 8), _t(1, 4, 2, 6))
         (QKV, {"scale": True}),
         (QKV, {"initial_state": _t(1, 2, 8, 6)}),  # normalize=True needs (kv, z)
         (QKV, {"initial_state": (_t(1, 2, 8, 6),)}),
+        (QKV, {"initial_state": (_t(1, 2, 8, 6), None)}),  # z None: the reference raised AttributeError
         (QKV, {"initial_state": (_t(1, 2, 8, 6), _t(1, 2, 7))}),
         (QKV, {"initial_state": (_t(1, 2, 6, 8), _t(1, 2, 8))}),
         (QKV, {"normalize": False, "initial_state": (_t(1, 2, 8, 6), _t(1, 2, 8))}),
