@@ -111,6 +111,10 @@ _CUDA_CONFIGS = [(128, 4), (256, 8), (64, 2)]
 UPDATE_BLOCK_D = INTERPRET_BLOCK_D if _INTERPRET else 256
 UPDATE_ROWS = 2 if _INTERPRET else 4
 UPDATE_WARPS = 4
+# The update shifts the window through a (BLOCK_D, W, W) selection tile: widths up to 64 (Mamba uses
+# 2-4), with BLOCK_D shrunk so the tile stays within UPDATE_TILE elements (Triton caps a tile at 2^20).
+UPDATE_MAX_WIDTH = 64
+UPDATE_TILE = 16384
 
 
 def _configs():
@@ -595,24 +599,30 @@ def causal_conv1d_update(
         The reference's errors, from the same checks (TypeError: non-tensor or non-floating inputs,
         bias of another dtype than weight; ValueError: wrong ndim or shapes, width 0, an expanded
         conv_state or an input sharing its memory, an unknown activation, tensors on different
-        devices), and, for this backend only, ValueError for CPU inputs without
-        ``TRITON_INTERPRET=1`` (or bfloat16 ones under it), and RuntimeError when called with grad
+        devices), and, for this backend only, ValueError for width above UPDATE_MAX_WIDTH (64) or
+        CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it), and RuntimeError when called with grad
         mode on and an input that requires grad (use torch.no_grad(), or backend='reference').
     """
     batch, dim, width = _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation)
     check_device("causal_conv1d_update", x, conv_state, weight, bias)  # one device: checked above
     check_no_grad("causal_conv1d_update", x=x, conv_state=conv_state, weight=weight, bias=bias)
+    if width > UPDATE_MAX_WIDTH:
+        raise ValueError(
+            f"the Triton causal_conv1d_update supports width up to {UPDATE_MAX_WIDTH}, got {width}; "
+            "use backend='reference'"
+        )
     fp64 = torch.float64 in (x.dtype, conv_state.dtype)
     y = torch.empty((batch, dim), dtype=x.dtype, device=x.device)
     if y.numel() == 0:
         return y
-    block_d = min(UPDATE_BLOCK_D, max(next_power_of_2(dim), 32 if not _INTERPRET else 1))
+    w_pad = next_power_of_2(width)
+    block_d = min(UPDATE_BLOCK_D, max(next_power_of_2(dim), 32 if not _INTERPRET else 1), UPDATE_TILE // w_pad**2)
     with device_guard(x):
         causal_conv1d_update_kernel[(cdiv(dim, block_d), cdiv(batch, UPDATE_ROWS))](
             x, conv_state, weight, bias, y,
             *x.stride(), *conv_state.stride(), *weight.stride(), *strides(bias, 1),
             batch, dim,
-            WIDTH=width, W_PAD=next_power_of_2(width), HAS_BIAS=bias is not None,
+            WIDTH=width, W_PAD=w_pad, HAS_BIAS=bias is not None,
             SILU=activation == "silu", FP64=fp64, ROWS=UPDATE_ROWS, BLOCK_D=block_d, num_warps=UPDATE_WARPS,
         )  # fmt: skip
     return y

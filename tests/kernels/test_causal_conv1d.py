@@ -374,6 +374,21 @@ def test_update_matches_reference(dtype, state_dtype, width, bias, activation, s
         torch.testing.assert_close(y.float(), y_ref.float(), rtol=tol, atol=tol)
 
 
+
+def test_update_wide_windows():
+    # Up to width 64 the shift tile shrinks BLOCK_D (it was (256, W, W): past Triton's 2^20 elements
+    # from width 128); wider is refused with the way out, not an error from inside Triton.
+    inputs = update_inputs(2, 5, 64, F64)
+    ref_inputs = {k: v.clone() for k, v in inputs.items()}
+    y = kernels.causal_conv1d_update(**inputs, backend="triton")
+    y_ref = kernels.causal_conv1d_update(**ref_inputs, backend="reference")
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    assert torch.equal(inputs["conv_state"], ref_inputs["conv_state"])
+    wide = update_inputs(2, 5, 65, F64)
+    with pytest.raises(ValueError, match=r"supports width up to 64, got 65; use backend='reference'"):
+        kernels.causal_conv1d_update(**wide, backend="triton")
+    assert kernels.causal_conv1d_update(**wide, backend="reference").shape == (2, 5)
+
 @pytest.mark.parametrize("prefix", [0, 2, 9])
 @pytest.mark.parametrize("width", [3, 4])
 def test_prefill_then_updates_equal_full_forward(prefix, width):
