@@ -121,6 +121,10 @@ def check_settings(
             raise ValueError(f"decode_paths lists a path twice: {list(paths)}; give each path once")
     if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
         raise ValueError("no checkpoint given: pass ckpt=<a .ckpt file written by train.py>")
+    if not isinstance(cfg.ckpt, str):
+        raise ValueError(
+            f"ckpt must be one checkpoint path, got {cfg.ckpt!r}; evaluate several with -m ckpt=A,B"
+        )
     for key in positive:
         if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:
             raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")

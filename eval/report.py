@@ -776,6 +776,11 @@ def build_report(cfg: DictConfig) -> Report:
         raise ValueError(f"seqlen must be null or an integer >= 1, got {cfg.seqlen!r}")
     if not isinstance(cfg.best_over_lr, bool):
         raise ValueError(f"best_over_lr must be true or false, got {cfg.best_over_lr!r}")
+    if not cfg.runs or not (isinstance(cfg.runs, str) or OmegaConf.is_list(cfg.runs)):
+        raise ValueError(
+            f"runs must be a folder, a glob or a list of them, got {cfg.runs!r}; e.g. runs='outputs/*' "
+            "or runs=[runA,runB]"
+        )
     runs = cfg.runs if isinstance(cfg.runs, str) else list(cfg.runs)
     sources = find_files(expand_runs(runs))
     records = load_records(sources, bool(cfg.skip_invalid))

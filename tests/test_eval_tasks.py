@@ -424,6 +424,8 @@ def test_missing_corrupt_checkpoints_and_bad_settings(name, tmp_path):
           "perplexity": perplexity_eval}[name]  # fmt: skip
     with pytest.raises(ValueError, match="no checkpoint given"):
         fn(compose_eval(name, []))
+    with pytest.raises(ValueError, match=r"ckpt must be one checkpoint path, got \[1, 2\]; evaluate several with -m"):
+        fn(compose_eval(name, ["ckpt=[1,2]"]))
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         fn(compose_eval(name, [f"ckpt={tmp_path / 'nope.ckpt'}"]))
     corrupt = tmp_path / "corrupt.ckpt"

@@ -654,6 +654,12 @@ def test_unwritable_out_is_refused_before_the_report_is_built(runs, tmp_path, mo
     assert list(read_only.iterdir()) == []
 
 
+
+def test_runs_that_are_not_folders_or_globs_are_refused(tmp_path):
+    for value, shown in (("null", "None"), ("5", "5"), ("[]", r"\[\]")):
+        with pytest.raises(ValueError, match=rf"runs must be a folder, a glob or a list of them, got {shown}; "):
+            make_report(value, tmp_path / "out")
+
 def test_corrupt_record_file_errors_or_is_skipped(runs, tmp_path):
     bad = tmp_path / "bad-run" / "results" / "train.json"
     bad.parent.mkdir(parents=True)
