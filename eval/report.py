@@ -776,7 +776,7 @@ def build_report(cfg: DictConfig) -> Report:
         raise ValueError(f"seqlen must be null or an integer >= 1, got {cfg.seqlen!r}")
     if not isinstance(cfg.best_over_lr, bool):
         raise ValueError(f"best_over_lr must be true or false, got {cfg.best_over_lr!r}")
-    if not cfg.runs or not (isinstance(cfg.runs, str) or OmegaConf.is_list(cfg.runs)):
+    if not (isinstance(cfg.runs, str) or (OmegaConf.is_list(cfg.runs) and len(cfg.runs))):
         raise ValueError(
             f"runs must be a folder, a glob or a list of them, got {cfg.runs!r}; e.g. runs='outputs/*' "
             "or runs=[runA,runB]"
