@@ -600,8 +600,9 @@ def causal_conv1d_update(
         bias of another dtype than weight; ValueError: wrong ndim or shapes, width 0, an expanded
         conv_state or an input sharing its memory, an unknown activation, tensors on different
         devices), and, for this backend only, ValueError for width above UPDATE_MAX_WIDTH (64) or
-        CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it), and RuntimeError when called with grad
-        mode on and an input that requires grad (use torch.no_grad(), or backend='reference').
+        CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it), and RuntimeError
+        when called with grad mode on and an input that requires grad (use torch.no_grad(), or
+        backend='reference').
     """
     batch, dim, width = _check_causal_conv1d_update_args(x, conv_state, weight, bias, activation)
     check_device("causal_conv1d_update", x, conv_state, weight, bias)  # one device: checked above

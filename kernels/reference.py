@@ -486,8 +486,9 @@ def flash_decode(
         TypeError: non-tensor inputs, non-floating q / caches or mismatched dtypes, non-integer
             block_table / seqlens, non-int window or num_splits.
         ValueError: wrong ndim or mismatched shapes, tensors on different devices, no query or KV
-            head, Hq not a multiple of Hkv, seqlens out of [0, max_blocks * block_size], a used page index outside
-            [0, num_blocks) (those two only with ``check_values``), window <= 0, num_splits < 1.
+            head, Hq not a multiple of Hkv, seqlens out of [0, max_blocks * block_size], a used page
+            index outside [0, num_blocks) (those two only with ``check_values``), window <= 0,
+            num_splits < 1.
     """
     batch, num_heads, num_kv_heads, head_dim, num_blocks, block_size, max_blocks, scale = _check_decode_args(
         q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits, check_values

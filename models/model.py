@@ -401,9 +401,11 @@ class LanguageModel(nn.Module):
         _check_int("max_new_tokens", max_new_tokens)
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        # `not temperature > 0` also refuses NaN; inf would sample uniformly, ignoring the model.
+        # The chained comparison is False for NaN; inf would sample uniformly, ignoring the model.
         if not greedy and not (isinstance(temperature, (int, float)) and 0 < temperature < math.inf):
-            raise ValueError(f"temperature must be a finite number > 0 (or pass greedy=True), got {temperature!r}")
+            raise ValueError(
+                f"temperature must be a finite number > 0 (or pass greedy=True), got {temperature!r}"
+            )
         if top_k is not None:
             _check_int("top_k", top_k)
             if top_k < 1:
