@@ -374,7 +374,6 @@ def test_update_matches_reference(dtype, state_dtype, width, bias, activation, s
         torch.testing.assert_close(y.float(), y_ref.float(), rtol=tol, atol=tol)
 
 
-
 def test_update_wide_windows():
     # Up to width 64 the shift tile shrinks BLOCK_D (it was (256, W, W): past Triton's 2^20 elements
     # from width 128); wider is refused with the way out, not an error from inside Triton.
@@ -388,6 +387,7 @@ def test_update_wide_windows():
     with pytest.raises(ValueError, match=r"supports width up to 64, got 65; use backend='reference'"):
         kernels.causal_conv1d_update(**wide, backend="triton")
     assert kernels.causal_conv1d_update(**wide, backend="reference").shape == (2, 5)
+
 
 @pytest.mark.parametrize("prefix", [0, 2, 9])
 @pytest.mark.parametrize("width", [3, 4])
@@ -642,6 +642,24 @@ def test_gpu_decode_update_large_batch(dtype):
     assert torch.equal(inputs["conv_state"], ref["conv_state"])
     tol = 1e-5 if dtype == F32 else 2 * 2.0**-8
     torch.testing.assert_close(y.float(), y_ref.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, F32], ids=dtype_id)
+def test_gpu_decode_update_wide_windows(dtype):
+    # Widths 9-64 launch with BLOCK_D shrunk (UPDATE_TILE) on a compiled kernel: every width class.
+    for width in (5, 9, 16, 17, 33, 64):
+        inputs = update_inputs(64, 1000, width, dtype)
+        ref = {k: v.clone() for k, v in inputs.items()}
+        y = kernels.causal_conv1d_update(**inputs, activation="silu")
+        y_ref = kernels.causal_conv1d_update(**ref, activation="silu", backend="reference")
+        assert torch.equal(inputs["conv_state"], ref["conv_state"]), width
+        # fp32 products summed in another order over up to 64 taps; bf16 output within 2 ulp.
+        tol = 1e-5 if dtype == F32 else 2 * 2.0**-8
+        torch.testing.assert_close(
+            y.float(), y_ref.float(), rtol=tol, atol=tol, msg=lambda m, w=width: f"width {w}: {m}"
+        )
 
 
 @pytest.mark.gpu
