@@ -298,14 +298,26 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: missing checkpoint.
-        ValueError: corrupt checkpoint, one whose weights hold NaN or inf, or one trained on a task
-            not in ``tasks`` (:func:`wrong_task_error`).
+        ValueError: corrupt checkpoint, one whose weights hold NaN or inf, one trained on a task
+            not in ``tasks`` (:func:`wrong_task_error`), or one whose data settings its data
+            module refuses (an edited config).
     """
     ckpt = Path(ckpt).expanduser()
     lit = load_model(ckpt, map_location=device, arg="ckpt")
     data_cfg = dict(lit.hparams.data or {})
     if tasks is not None and data_cfg.get("name") not in tasks:
         raise wrong_task_error(ckpt, data_cfg.get("name"), script, tasks)
+    if data_cfg.get("name") in data_lib.DATAMODULES:
+        # The evaluations derive their slices from these settings (MQAR's longer slices divide by
+        # seqlen and check it against the vocabulary): settings that train.py would have refused
+        # (an edited checkpoint) are named here, not met as a ZeroDivisionError or a contradiction.
+        try:
+            build_datamodule(data_cfg)
+        except (ValueError, TypeError) as err:
+            raise ValueError(
+                f"checkpoint {ckpt} holds data settings that train.py refuses ({err}): was its config "
+                f"edited? pass ckpt=<a .ckpt file written by train.py>"
+            ) from err
     # train.py writes <run_dir>/checkpoints/<name>.ckpt: records and W&B runs belong to that run.
     return EvalContext(ckpt, lit, data_cfg, device, ckpt.resolve().parent.parent, git_sha())
 

@@ -585,7 +585,8 @@ def causal_conv1d_update(
     Args:
         x: (batch, dim) the new input.
         conv_state: (batch, dim, width) the last width inputs, oldest first (the mixers' cache
-            layout; float32, float64 for float64 models), any strides; overwritten.
+            layout; float32, float64 for float64 models), any strides; overwritten. A 16-bit
+            window is accepted: it holds inputs, not sums (x is stored rounded to its dtype).
         weight: (dim, width).   bias: (dim,) in weight's dtype, or None.
         activation: None or "silu".
 

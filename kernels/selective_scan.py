@@ -859,7 +859,9 @@ def selective_state_update(
         state = exp(dt A) * state + dt B x,   y = C . state + D x,   y *= silu(z)
 
     Args:
-        state: (batch, dim, d_state) float32 (or float64) SSM state, any strides; overwritten.
+        state: (batch, dim, d_state) float32 (or float64) SSM state, any strides; overwritten. A
+            16-bit state is accepted, as mamba_ssm's step does (it keeps the state in the model's
+            dtype unless told otherwise), and rounded at every step; the mixers allocate float32.
         x: (batch, dim) input of this step.
         dt: (batch, dim) step size before bias / softplus.
         A: (dim, d_state).

@@ -269,10 +269,27 @@ def load_model(path, map_location: str | torch.device = "cpu", arg: str | None =
     Raises:
         FileNotFoundError: missing checkpoint.
         ValueError: truncated, corrupt or foreign checkpoint, weights that hold NaN or inf (a
-            diverged run), or a model config that no longer validates.
+            diverged run) or integer / bool values where the model's are floating-point (an edited
+            or converted file), or a model config that no longer validates.
     """
     checkpoint = read_checkpoint(path, arg)
     lit = LitLM(**checkpoint["hyper_parameters"])
+    # load_state_dict casts each tensor to its parameter's dtype: integer or bool weights (an
+    # edited or foreign file) would load as truncated numbers and score 0 without a word.
+    expected = lit.state_dict()
+    not_float = [
+        f"{name} ({t.dtype})"
+        for name, t in checkpoint["state_dict"].items()
+        if isinstance(t, torch.Tensor) and name in expected
+        and expected[name].is_floating_point() and not t.is_floating_point()
+    ]  # fmt: skip
+    if not_float:
+        example = "a .ckpt file written by train.py"
+        raise ValueError(
+            f"checkpoint {path} holds non-floating-point weights in {len(not_float)} tensors (the first: "
+            f"{not_float[0]}) where the model has floating-point ones: was it edited or converted? "
+            + (f"pass {arg}=<{example}>" if arg else f"give {example}")
+        )
     try:
         missing, unexpected = lit.load_state_dict(checkpoint["state_dict"], strict=False)
     except RuntimeError as err:  # a tensor whose shape the config does not give (an edited config)

@@ -216,6 +216,40 @@ def test_recall_eval_rejects_bad_settings(jamba_run):
             recall_eval(compose_eval("recall", [ckpt, seqlens, *extra]))
 
 
+def test_recall_eval_refuses_edited_checkpoints_in_one_line(jamba_run, tmp_path):
+    """Data settings train.py refuses (seqlen 0 divided the slice lengths; a vocabulary below seqlen
+    gave advice no multiplier could follow) and weights cast to integers (they loaded truncated and
+    scored 0) are named as an edited checkpoint."""
+    checkpoint = torch.load(jamba_run["best_ckpt"], map_location="cpu", weights_only=True)
+    data = checkpoint["hyper_parameters"]["data"]
+    edits = {
+        "seqlen0": ({"seqlen": 0}, "seqlen must be >= 4, got 0"),
+        "vocab16": ({"vocab_size": 16}, f"vocab_size (16) must be larger than seqlen ({data['seqlen']})"),
+    }
+    for name, (change, reason) in edits.items():
+        edited = {
+            **checkpoint,
+            "hyper_parameters": {**checkpoint["hyper_parameters"], "data": {**data, **change}},
+        }
+        path = tmp_path / f"{name}.ckpt"
+        torch.save(edited, path)
+        with pytest.raises(
+            ValueError,
+            match=re.escape(f"checkpoint {path} holds data settings that train.py refuses ({reason}"),
+        ):
+            recall_eval(compose_eval("recall", [f"ckpt={path}", "device=cpu"]))
+    weights = dict(checkpoint["state_dict"])
+    first = next(name for name, t in weights.items() if t.is_floating_point())
+    weights = {name: t.to(torch.int32) if t.is_floating_point() else t for name, t in weights.items()}
+    path = tmp_path / "int32.ckpt"
+    torch.save({**checkpoint, "state_dict": weights}, path)
+    message = f"holds non-floating-point weights in {len(weights)} tensors (the first: {first} (torch.int32))"
+    with pytest.raises(ValueError, match=re.escape(message) + ".*give a .ckpt file written by train.py"):
+        load_model(path)
+    with pytest.raises(ValueError, match=re.escape(message) + ".*pass ckpt=<a .ckpt file"):
+        recall_eval(compose_eval("recall", [f"ckpt={path}", "device=cpu"]))
+
+
 def test_atomic_checkpoint_write_keeps_the_old_file_on_failure(tmp_path):
     path = tmp_path / "last.ckpt"
     io = AtomicCheckpointIO()
