@@ -19,7 +19,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
+from einops import rearrange, repeat
 from torch.autograd.function import once_differentiable
 
 __all__ = [
@@ -120,7 +120,12 @@ def _check_read_apart(states: dict[str, torch.Tensor | None], inputs: dict[str, 
             continue
         storage = state.untyped_storage().data_ptr()
         for name, t in inputs.items():
-            if t is not None and t.numel() and t.untyped_storage().data_ptr() == storage and _spans_overlap(state, t):
+            if (
+                t is not None
+                and t.numel()
+                and t.untyped_storage().data_ptr() == storage
+                and _spans_overlap(state, t)
+            ):
                 raise ValueError(
                     f"{name} shares memory with {state_name}, which is updated in place while {name} is "
                     f"read; pass {name}.clone()"
@@ -159,7 +164,9 @@ def _check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
     present = {name: t for name, t in tensors.items() if t is not None}
     if len({t.device for t in present.values()}) > 1:
         listing = ", ".join(f"{name} on {t.device}" for name, t in present.items())
-        raise ValueError(f"{op}: all tensors must be on one device, got {listing}; move them with .to(device)")
+        raise ValueError(
+            f"{op}: all tensors must be on one device, got {listing}; move them with .to(device)"
+        )
 
 
 _INT64_MAX = 2**63 - 1
@@ -237,6 +244,78 @@ def _masked_softmax(scores: torch.Tensor, visible: torch.Tensor | None) -> tuple
 # ----------------------------------------------------------------------------------------------
 
 
+def _key_ranges(seqlen_q: int, seqlen_k: int, causal: bool, window, device) -> tuple[torch.Tensor, ...]:
+    """The keys each query row sees, ``[start_i, end_i)``, as two nondecreasing (Tq,) int64 tensors.
+
+    Causal: query i sees key j iff ``j <= i + Tk - Tq`` (bottom-right aligned) and, with a window
+    w, ``j > i + Tk - Tq - w``; rows that see no key get an empty range. Non-causal: every key.
+    This is the one statement of flash_attention's visibility rule: the mask is built from it.
+    """
+    i = torch.arange(seqlen_q, device=device)
+    if not causal:
+        return torch.zeros_like(i), torch.full_like(i, seqlen_k)
+    end = (i + (seqlen_k - seqlen_q + 1)).clamp(0, seqlen_k)
+    start = torch.zeros_like(end) if window is None else (end - window).clamp(min=0)
+    return start, end
+
+
+def _any_in_ranges(flags: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """(B, len(start), H) bool: whether ``flags`` (B, T, H) holds a True in ``[start_r, end_r)`` along
+    dim 1, for each range r. A cumulative count makes it O(B * (T + R) * H), with no (R, T) mask."""
+    counts = F.pad(flags.cumsum(1), (0, 0, 1, 0))  # (B, T + 1, H): counts[:, t] = Trues before t
+    return counts[:, end] > counts[:, start]
+
+
+def _has_non_finite(x: torch.Tensor) -> torch.Tensor:
+    """Whether each vector along the last dim holds a NaN or an infinity, exactly (read-only
+    reductions: the max propagates NaN and +inf, the min -inf; a sum could overflow)."""
+    return ~(torch.isfinite(x.amax(-1)) & torch.isfinite(x.amin(-1)))
+
+
+def _nan_where(flags: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``flags[..., None]`` as an additive bias: NaN where set, else -0.0 (``x + -0.0`` is x, bit for
+    bit, -0.0 included). One pass that leaves gradients unchanged, unlike ``masked_fill``."""
+    return torch.where(flags, math.nan, -0.0).to(dtype).unsqueeze(-1)
+
+
+class _ConfineNonFinite(torch.autograd.Function):
+    """flash_attention's guard against non-finite keys and values (see the comment there).
+
+    Forward: q unchanged, k and v (B, Tk, Hkv, D) with their non-finite entries replaced by 0.
+    Backward: the gradients passed on (None stays None), except NaN for the queries of the rows
+    ``bad_rows`` (B, Tq, Hkv) marks and for the keys and values such a row sees (row i sees keys
+    ``[start_i, end_i)``).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, bad_rows, start, end):
+        ctx.save_for_backward(bad_rows, start, end)
+        ctx.group, ctx.seqlen_k = q.shape[2] // k.shape[2], k.shape[1]
+        ctx.set_materialize_grads(False)  # v's gradient stays None when only the lse is used
+        return q.view_as(q), k.nan_to_num(0.0, 0.0, 0.0), v.nan_to_num(0.0, 0.0, 0.0)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        bad_rows, start, end = ctx.saved_tensors
+        # The rows that see key j form the range [first_j, stop_j): start and end are nondecreasing.
+        keys = torch.arange(ctx.seqlen_k, device=bad_rows.device)
+        first, stop = torch.searchsorted(end, keys, right=True), torch.searchsorted(start, keys, right=True)
+        seen_by_bad_row = _any_in_ranges(bad_rows, first, stop)  # (B, Tk, Hkv)
+        bad_queries = repeat(bad_rows, "b t h -> b t (h g)", g=ctx.group)  # (B, Tq, Hq)
+
+        def poison(grad, flags):
+            return None if grad is None else grad + _nan_where(flags, grad.dtype)
+
+        return (
+            poison(dq, bad_queries),
+            poison(dk, seen_by_bad_row),
+            poison(dv, seen_by_bad_row),
+            None,
+            None,
+            None,
+        )
+
+
 def _check_attention_args(q, k, v, causal: bool, window, scale, return_lse=False):
     """Validate flash_attention's arguments (shared by the reference and the Triton backend).
 
@@ -306,6 +385,17 @@ def flash_attention(
     Grouped-query attention: query head h reads KV head ``h // (Hq // Hkv)``.
     Rows that see no key return 0, lse -inf and finite (zero) gradients.
 
+    Non-finite inputs: keys and values a row cannot see never reach it; its output, lse and
+    gradients are those it has when they are finite. A row that sees a key or value with a NaN or
+    infinite entry returns NaN in its whole output and lse (even where IEEE arithmetic could give a
+    number, e.g. a -inf score of weight 0), and the gradients of its query and of every key and
+    value it sees are NaN. Queries are not screened: a non-finite query follows IEEE arithmetic in
+    its own row, and its backward may reach keys the row cannot see. The Triton backend keeps IEEE
+    arithmetic over the keys a row sees (a -inf score gets weight 0); its forward confines hidden
+    keys, but a NaN or infinite value at a hidden key (in the backward, a key too) reaches the rows
+    of every query tile that loads its key tile (64 keys or fewer: 0 * NaN in P @ V, as in
+    flash-attn), a known difference that a fix would pay for in the kernel's speed.
+
     Returns:
         o (B, Tq, Hq, D) in q's dtype; with return_lse also lse (B, Hq, Tq), natural log, float32
         for 16-bit inputs and the input dtype otherwise.
@@ -323,20 +413,37 @@ def flash_attention(
 
     dtype = _compute_dtype(q.dtype)
     group = num_heads // num_kv_heads
+    start, end = _key_ranges(seqlen_q, seqlen_k, causal, window, q.device)  # (Tq,) each
+    q_in, k_in, v_in = q.to(dtype), k.to(dtype), v.to(dtype)
+
+    # Non-finite keys and values. Both paths below compute every query row against every key and
+    # mask afterwards: the fused call adds the mask as -inf (a hidden score of NaN or +inf stays
+    # NaN), and a hidden value meets its probability 0 in probs @ v (0 * NaN = NaN), so one NaN
+    # would reach rows that cannot see it. The guard replaces non-finite entries by 0 for the
+    # computation and sets the rows that see one to NaN afterwards, from per-key flags and a count
+    # over each row's key range: O(B * T * H) side work and no host sync (CUDA graph capture); its
+    # backward confines the gradients the same way. For finite inputs it is an identity (same bits,
+    # same gradients), so on CPU, where reading a value back costs no device sync, all-finite
+    # inputs skip it: its extra passes over K, V and the output cost 10-70% of a CPU forward at
+    # B=8, T=256, Hq=8, D=64, the one read of K and V that decides 1-5%. (A sum is non-finite
+    # whenever an entry is; one that merely overflows takes the guarded path, which is exact too.)
+    bad_rows = None  # (B, Tq, Hkv): the row sees a non-finite key or value entry
+    if q.device.type != "cpu" or not bool(torch.isfinite(k.sum() + v.sum())):
+        with torch.no_grad():
+            bad_keys = _has_non_finite(k) | _has_non_finite(v)  # (B, Tk, Hkv)
+        bad_rows = _any_in_ranges(bad_keys, start, end)
+        q_in, k_in, v_in = _ConfineNonFinite.apply(q_in, k_in, v_in, bad_rows, start, end)
+
     # Query heads sharing a KV head (h = kv_head * G + g) become extra query rows of that KV head,
     # so K and V are never repeated.
-    qg = rearrange(q.to(dtype), "b t (h g) d -> b h (g t) d", g=group)  # (B, Hkv, G*Tq, D)
-    kh = rearrange(k.to(dtype), "b s h d -> b h s d")  # (B, Hkv, Tk, D)
-    vh = rearrange(v.to(dtype), "b s h d -> b h s d")  # (B, Hkv, Tk, D)
+    qg = rearrange(q_in, "b t (h g) d -> b h (g t) d", g=group)  # (B, Hkv, G*Tq, D)
+    kh = rearrange(k_in, "b s h d -> b h s d")  # (B, Hkv, Tk, D)
+    vh = rearrange(v_in, "b s h d -> b h s d")  # (B, Hkv, Tk, D)
 
     visible = None
     if causal:
-        i = torch.arange(seqlen_q, device=q.device)[:, None]
         j = torch.arange(seqlen_k, device=q.device)[None, :]
-        last_visible = i + (seqlen_k - seqlen_q)  # bottom-right aligned diagonal
-        visible = j <= last_visible  # (Tq, Tk)
-        if window is not None:
-            visible = visible & (j > last_visible - window)
+        visible = (j >= start[:, None]) & (j < end[:, None])  # (Tq, Tk)
         visible = visible.repeat(group, 1)  # (G*Tq, Tk), rows ordered like (g t)
 
     if not return_lse and (not causal or seqlen_q <= seqlen_k):
@@ -348,6 +455,11 @@ def flash_attention(
         scores = (qg @ kh.transpose(-1, -2)) * scale  # (B, Hkv, G*Tq, Tk)
         probs, lse = _masked_softmax(scores, visible)  # (B, Hkv, G*Tq, Tk), (B, Hkv, G*Tq)
         out = probs @ vh  # (B, Hkv, G*Tq, D)
+
+    if bad_rows is not None:
+        nan_rows = _nan_where(repeat(bad_rows, "b t h -> b h (g t)", g=group), out.dtype)  # rows like out's
+        out = out + nan_rows  # (B, Hkv, G*Tq, D) + (B, Hkv, G*Tq, 1)
+        lse = None if lse is None else lse + nan_rows.squeeze(-1)
 
     out = rearrange(out, "b h (g t) d -> b t (h g) d", g=group).to(q.dtype)
     if not return_lse:

@@ -18,9 +18,10 @@ slow, so the CPU cases are tiny and cover every *kind* of case once: lengths 1, 
 200 with Tq < Tk and Tq > Tk; windows below, at and above the interpreter's block sizes (32 x 16)
 and beyond the sequence; head dims 16, 64, 80, 96, 128 (and 8, below a tl.dot tile); GQA groups
 1, 2, 3; non-contiguous inputs; NaN-poisoned allocations; determinism; rows without keys; the lse
-and its gradient; skipped tiles (NaN placed where no program may read); errors. The whole product,
-bf16, and realistic shapes are marked ``gpu`` (``pytest -m gpu`` on a CUDA machine). Without CUDA
-every test here runs on CPU; with CUDA the unmarked tests run on the GPU too.
+and its gradient; skipped tiles (NaN placed where no program may read); non-finite keys and values
+(the reference's confinement, the kernel's for keys); errors. The whole product, bf16, and
+realistic shapes are marked ``gpu`` (``pytest -m gpu`` on a CUDA machine). Without CUDA every test
+here runs on CPU; with CUDA the unmarked tests run on the GPU too.
 """
 
 from __future__ import annotations
@@ -617,21 +618,125 @@ def test_error_messages_say_how_to_fix():
 
 
 def test_float64_infinite_score_and_returned_lse():
-    # An infinite score gets weight 0 (-inf) or takes the row (+inf: the reference's NaN rows aside,
-    # the -inf case must match); the fp64 scale is applied in one multiply, never as inf * 0.
+    # The kernel keeps IEEE arithmetic over the keys a row sees: an infinite score gets weight 0
+    # (-inf) or takes the row (+inf); the fp64 scale is applied in one multiply, never as inf * 0.
+    # Weight 0 is the key left out, which the reference computes from the other keys (given the
+    # key itself, it returns NaN on the rows that see it: see its docstring).
     q = torch.ones(1, 4, 1, 16, dtype=F64, device=DEVICE)
     k, v = torch.randn_like(q), torch.randn_like(q)
     k[0, 0, 0, 0] = -math.inf
-    want = kernels.flash_attention(q, k, v, backend="reference")
+    want = kernels.flash_attention(q, k[:, 1:], v[:, 1:], backend="reference")  # row 0 sees no key: 0
     got = kernels.flash_attention(q, k, v, backend="triton")
     assert not got.isnan().any()
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert kernels.flash_attention(q, k, v, backend="reference").isnan().all()
     # The returned lse is the caller's: modifying it in place leaves the backward intact.
     qq = q.clone().requires_grad_()
     o, lse = kernels.flash_attention(qq, k.nan_to_num(neginf=0.0), v, return_lse=True, backend="triton")
     lse.clamp_(min=-1e4)
     o.sum().backward()
     assert torch.isfinite(qq.grad).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Non-finite keys and values reach only the rows that see them
+# ----------------------------------------------------------------------------------------------
+
+# (Tq, Tk, causal, window, position of the non-finite key): rows of the same batch element and KV
+# head on both sides of it.
+NON_FINITE_CASES = [
+    (8, 8, True, None, 5),  # rows 5.. see key 5
+    (12, 12, True, 3, 4),  # rows 4..6 see key 4, later rows have left it behind
+    (6, 10, True, None, 7),  # Tq < Tk: row i sees keys <= i + 4
+    (7, 10, True, 2, 6),  # Tq < Tk with a window: rows 2 and 3
+    (9, 5, True, None, 3),  # Tq > Tk (the explicit path): rows 7, 8; rows 0..3 see no key
+    (5, 7, False, None, 2),  # non-causal: every row
+]
+
+
+def _outputs_and_grads(q, k, v, do, dlse, *, return_lse, **kwargs):
+    """(o, lse or None, dq, dk, dv) of the reference; grads of sum(o * do) (+ sum(lse * dlse))."""
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    out = kernels.flash_attention(q, k, v, return_lse=return_lse, backend="reference", **kwargs)
+    o, lse = out if return_lse else (out, None)
+    loss = (o * do).sum()
+    if lse is not None:
+        loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * dlse).sum()  # rows without keys: -inf
+    return o, lse, *torch.autograd.grad(loss, (q, k, v))
+
+
+@pytest.mark.parametrize("return_lse", [False, True], ids=["o", "lse"])
+@pytest.mark.parametrize(
+    "seqlen_q,seqlen_k,causal,window,pos",
+    NON_FINITE_CASES,
+    ids=[f"q{c[0]}-k{c[1]}-{'c' if c[2] else 'nc'}-w{c[3]}-at{c[4]}" for c in NON_FINITE_CASES],
+)
+def test_reference_confines_non_finite_keys_and_values(seqlen_q, seqlen_k, causal, window, pos, return_lse):
+    # One entry of key (or value) `pos` of batch 1, KV head 1 (query heads 2, 3) is non-finite.
+    # Rows that see it: NaN output and lse, NaN gradients of their query and of every key and value
+    # they see. Everything else: as with a finite entry there (fp64, to 1e-12). Used to leak: the
+    # fused call adds the mask as -inf (NaN + -inf = NaN), probs @ v has 0 * NaN = NaN.
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, 4, 2, 8, F64)
+    do = torch.randn(q.shape, dtype=F64, device=DEVICE)
+    dlse = torch.randn(2, 4, seqlen_q, dtype=F64, device=DEVICE)
+    kwargs = dict(causal=causal, window=window, return_lse=return_lse)
+    want = _outputs_and_grads(q, k, v, do, dlse, **kwargs)
+
+    visible = visible_mask(seqlen_q, seqlen_k, causal, window, DEVICE)
+    sees = visible[:, pos]  # (Tq,) the rows that see the key
+    assert sees.any() and (not causal or not sees.all())  # a case with both kinds of rows
+    nan_rows = torch.zeros(2, seqlen_q, 4, dtype=torch.bool, device=DEVICE)
+    nan_rows[1, :, 2:] = sees[:, None]
+    nan_keys = torch.zeros(2, seqlen_k, 2, dtype=torch.bool, device=DEVICE)
+    nan_keys[1, :, 1] = visible[sees].any(0)  # the keys those rows see
+    masks = {"o": nan_rows, "lse": nan_rows.transpose(1, 2), "dq": nan_rows, "dk": nan_keys, "dv": nan_keys}
+    for tensor, bad in [("key", math.nan), ("key", math.inf), ("value", math.nan), ("value", -math.inf)]:
+        k_bad, v_bad = k.clone(), v.clone()
+        (k_bad if tensor == "key" else v_bad)[1, pos, 1, 3] = bad
+        got = _outputs_and_grads(q, k_bad, v_bad, do, dlse, **kwargs)
+        for (name, nan), x, x_want in zip(masks.items(), got, want, strict=True):
+            if x is None:
+                continue
+            nan = nan[..., None].expand_as(x) if name != "lse" else nan
+            where = f"{bad} in a {tensor}: {name}"
+            assert torch.equal(x.isnan(), nan), f"{where} NaN at {(x.isnan() != nan).nonzero().tolist()}"
+            torch.testing.assert_close(
+                x[~nan], x_want[~nan], rtol=1e-12, atol=1e-12, msg=lambda m, w=where: f"{w}: {m}"
+            )
+
+
+def test_reference_lse_gradient_with_non_finite_key():
+    # Only the lse in the loss: V's gradient stays None (the lse ignores V) with the guard too, and
+    # the rows that see the NaN key pass NaN to their queries and the keys they see.
+    q, k, v = make_qkv(1, 8, 8, 2, 1, 8, F64)
+    k[0, 5, 0, 2] = math.nan
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    _, lse = kernels.flash_attention(q, k, v, return_lse=True, backend="reference")
+    assert torch.equal(lse.isnan()[0, 0], torch.arange(8, device=DEVICE) >= 5)
+    dq, dk, dv = torch.autograd.grad(lse[~lse.isnan()].sum(), (q, k, v), allow_unused=True)
+    assert dv is None
+    assert torch.equal(dq.isnan().any(-1)[0, :, 0], torch.arange(8, device=DEVICE) >= 5)
+    assert dk.isnan().all()  # row 7 sees every key
+
+
+# The interpreter's numpy warns on the NaN / inf tiles.
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_triton_confines_non_finite_hidden_keys():
+    # The kernel masks scores with where(), so a NaN or infinite score of a hidden key reaches no
+    # row, even in a key tile the row's block loads (interpreter tiles: 32 query rows x 16 keys).
+    # Values are not confined that way (0 * NaN in P @ V, see the reference's docstring).
+    for seqlen_q, seqlen_k, window, pos in [(40, 40, None, 39), (20, 45, 7, 40)]:
+        q, k, v = make_qkv(1, seqlen_q, seqlen_k, 2, 1, 16, torch.float32)
+        want = kernels.flash_attention(q, k, v, window=window, backend="triton")
+        hidden = ~visible_mask(seqlen_q, seqlen_k, True, window, DEVICE)[:, pos]  # (Tq,)
+        assert hidden.any() and not hidden.all()
+        for bad in (math.nan, math.inf):
+            k_bad = k.clone()
+            k_bad[0, pos, 0, 3] = bad
+            got = kernels.flash_attention(q, k_bad, v, window=window, backend="triton")
+            assert torch.equal(got[:, hidden], want[:, hidden])
+            if math.isnan(bad):
+                assert got[:, ~hidden].isnan().all()
 
 
 # ----------------------------------------------------------------------------------------------
