@@ -3,8 +3,12 @@
 ``flash_attention(q, k, v, *, causal=True, window=None, scale=None, return_lse=False)`` has exactly
 the semantics, shapes, dtypes and errors of :func:`kernels.reference.flash_attention` (bottom-right
 aligned causal mask, sliding window counting the current token, GQA, rows without keys -> 0 /
-lse -inf / zero gradients); :func:`kernels.flash_attention` dispatches here for CUDA tensors and for
-``backend="triton"`` (CPU tensors run under ``TRITON_INTERPRET=1``).
+lse -inf / zero gradients) for finite inputs; with a NaN or infinity in a key or value it keeps
+IEEE arithmetic over a row's keys, where the reference returns NaN for the rows that see it and
+leaves other rows exact (the reference's docstring lists the differences: a hidden non-finite
+value reaches the rows of a query tile that loads its key tile). :func:`kernels.flash_attention`
+dispatches here for CUDA tensors and for ``backend="triton"`` (CPU tensors run under
+``TRITON_INTERPRET=1``).
 
 Algorithm (Dao 2022, "FlashAttention", Algorithm 1; Dao 2023, "FlashAttention-2", Algorithms 1-2):
 

@@ -428,9 +428,10 @@ def flash_attention(
     # B=8, T=256, Hq=8, D=64, the one read of K and V that decides 1-5%. (A sum is non-finite
     # whenever an entry is; one that merely overflows takes the guarded path, which is exact too.)
     bad_rows = None  # (B, Tq, Hkv): the row sees a non-finite key or value entry
-    if q.device.type != "cpu" or not bool(torch.isfinite(k.sum() + v.sum())):
-        with torch.no_grad():
-            bad_keys = _has_non_finite(k) | _has_non_finite(v)  # (B, Tk, Hkv)
+    with torch.no_grad():  # flags, not part of the function
+        guard = q.device.type != "cpu" or not bool(torch.isfinite(k.sum() + v.sum()))
+        bad_keys = _has_non_finite(k) | _has_non_finite(v) if guard else None  # (B, Tk, Hkv)
+    if guard:
         bad_rows = _any_in_ranges(bad_keys, start, end)
         q_in, k_in, v_in = _ConfineNonFinite.apply(q_in, k_in, v_in, bad_rows, start, end)
 
