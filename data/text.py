@@ -235,13 +235,24 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
         # normalised to "\n", as Python's text mode does). Without a user cache_dir the Arrow cache
         # goes to a temporary directory, deleted once the text has been copied out.
         with tempfile.TemporaryDirectory(prefix="mixerlab-text-") as tmp:
-            ds = datasets.load_dataset(
-                "text",
-                data_files=[str(file) for file in paths],
-                sample_by="document",
-                split="train",
-                cache_dir=cache_dir if cache_dir is not None else tmp,
-            )
+            try:
+                ds = datasets.load_dataset(
+                    "text",
+                    data_files=[str(file) for file in paths],
+                    sample_by="document",
+                    split="train",
+                    cache_dir=cache_dir if cache_dir is not None else tmp,
+                )
+            except datasets.exceptions.DatasetGenerationError as err:
+                cause = err.__cause__ or err.__context__
+                if not isinstance(cause, UnicodeDecodeError):
+                    raise
+                where = f"{str(paths[0])!r} is" if len(paths) == 1 else f"one of {[str(p) for p in paths]} is"
+                raise ValueError(
+                    f"text corpus {where} not UTF-8 text ({cause}); convert it first, e.g. "
+                    "iconv -f latin1 -t utf-8 corpus.txt > corpus.utf8.txt (every tokenizer reads text, "
+                    "the byte tokenizer its UTF-8 bytes)"
+                ) from err
             return separator.join(ds["text"])
     ds = datasets.load_dataset(name, config_name, split=split, cache_dir=cache_dir)
     if text_column not in ds.column_names:

@@ -541,6 +541,12 @@ def test_text_errors(corpus, tmp_path):
         TextDataModule(path=path).train_dataloader()
     with pytest.raises(ValueError, match=r"not in this tokenizer's vocabulary.*tokenizer='byte'"):
         TextDataModule(path=path, tokenizer={"kind": "char", "vocab": "abc"}).setup()
+    # A Latin-1 corpus failed inside datasets (UnicodeDecodeError under DatasetGenerationError).
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("caf\xe9 au lait\n".encode("latin1") * 50)
+    for tokenizer in ("char", "byte"):
+        with pytest.raises(ValueError, match=r"'.*latin1.txt' is not UTF-8 text \(.*byte 0xe9.*iconv"):
+            TextDataModule(path=latin1, tokenizer=tokenizer, seqlen=8).setup()
 
 
 def test_build_text_datamodule(corpus):
