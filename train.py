@@ -397,10 +397,12 @@ def check_trainer_settings(cfg: DictConfig) -> None:
 
     Raises:
         TypeError: a setting of the wrong type (``trainer.max_steps=abc`` or ``=2.5``, ``seed=abc``).
-        ValueError: ``trainer.max_steps`` or ``trainer.max_epochs`` not -1 (no limit) or >= 1, or
+        ValueError: ``seed`` outside [0, 2**32), ``trainer.gradient_clip_val`` < 0,
+            ``trainer.max_steps`` or ``trainer.max_epochs`` not -1 (no limit) or >= 1, or
             both -1 (the schedule needs a length),
             ``trainer.val_check_interval`` not a step count >= 1 or an epoch fraction in (0, 1],
-            ``trainer.check_val_every_n_epoch`` not null or >= 1.
+            ``trainer.check_val_every_n_epoch`` not null or >= 1, or a fractional interval with it
+            null.
     """
 
     def integer(name: str, value: Any) -> int:
@@ -408,8 +410,15 @@ def check_trainer_settings(cfg: DictConfig) -> None:
             raise TypeError(f"{name} must be an integer, got {value!r}")
         return value
 
-    integer("seed", cfg.seed)
+    if not 0 <= integer("seed", cfg.seed) < 2**32:
+        raise ValueError(f"seed must be in [0, 2**32) (numpy's seed range), got {cfg.seed}")
     trainer = cfg.trainer
+    clip = trainer.get("gradient_clip_val")
+    if clip is not None:
+        if isinstance(clip, bool) or not isinstance(clip, (int, float)):
+            raise TypeError(f"trainer.gradient_clip_val must be a number or null, got {clip!r}")
+        if clip < 0:  # Lightning takes any value <= 0 as "no clipping", silently
+            raise ValueError(f"trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got {clip}")
     for name in ("max_steps", "max_epochs"):
         value = trainer.get(name)
         if value is not None and integer(f"trainer.{name}", value) != -1 and value < 1:
@@ -437,6 +446,14 @@ def check_trainer_settings(cfg: DictConfig) -> None:
     every = trainer.get("check_val_every_n_epoch")
     if every is not None and integer("trainer.check_val_every_n_epoch", every) < 1:
         raise ValueError(f"trainer.check_val_every_n_epoch must be null or >= 1, got {every}")
+    if isinstance(interval, float) and every is None:
+        # Lightning counts a null check_val_every_n_epoch's interval in steps across epochs and
+        # refuses a fraction from inside Trainer() with a traceback.
+        raise ValueError(
+            f"trainer.val_check_interval={interval} (a fraction of an epoch) needs validation counted "
+            "per epoch, but trainer.check_val_every_n_epoch is null (steps across epochs); add "
+            "trainer.check_val_every_n_epoch=1, or give the interval in steps (an int)"
+        )
 
 
 def _write_train_records(
