@@ -130,7 +130,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         tokenizer_config=tokenizer.to_config() if tokenizer is not None else None,
     )
     check_learned_positions(lit.model, max([int(data_cfg["seqlen"]), *slice_seqlens.values()]))
-    resume = check_resume(cfg.get("resume"), model_config, max_steps=cfg.trainer.get("max_steps"))
+    resume = check_resume(
+        cfg.get("resume"), model_config, cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs")
+    )
 
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     # best.ckpt: the callback, on each validation that improves the monitor. last.ckpt: written
@@ -295,13 +297,19 @@ def check_early_stopping(settings: Any, slice_names: list[str]) -> None:
         raise ValueError(f"early_stopping.mode must be min or max, got {mode!r}")
 
 
-def check_resume(resume: str | None, model_config: dict[str, Any], max_steps: int | None = None) -> str | None:
+def check_resume(
+    resume: str | None,
+    model_config: dict[str, Any],
+    max_steps: int | None = None,
+    max_epochs: int | None = None,
+) -> str | None:
     """The checkpoint path to continue from (``resume=``), checked before training starts.
 
     Args:
         resume: a ``.ckpt`` written by train.py, or None (a new run).
         model_config: this run's model config (:func:`build_model_config`).
         max_steps: this run's ``trainer.max_steps`` (-1 or None: no step limit).
+        max_epochs: this run's ``trainer.max_epochs`` (-1 or None: no epoch limit).
 
     Returns:
         The path as an absolute string, or None.
@@ -311,8 +319,9 @@ def check_resume(resume: str | None, model_config: dict[str, Any], max_steps: in
             weights hold NaN or inf (:func:`models.checkpoint.read_checkpoint`: training on from a
             diverged run stays NaN), or one without the trainer state to resume
             (a weights-only file); ValueError: the checkpoint's model differs from this run's,
-            naming the first differing key, or the checkpoint already reached ``max_steps`` (Lightning
-            would train nothing and the new run would repeat the old one's results).
+            naming the first differing key, or the checkpoint already reached ``max_steps`` or
+            ``max_epochs`` (Lightning would train nothing and the new run would repeat the old
+            one's results).
     """
     if resume is None:
         return None
@@ -327,6 +336,14 @@ def check_resume(resume: str | None, model_config: dict[str, Any], max_steps: in
         raise ValueError(
             f"resume={resume} is already at step {step}, and trainer.max_steps={max_steps}: nothing is "
             f"left to train; raise trainer.max_steps to continue (e.g. trainer.max_steps={2 * step})"
+        )
+    # Lightning stops at max_epochs by the epochs its fit loop has processed (FitLoop.done).
+    epochs = checkpoint["loops"].get("fit_loop", {}).get("epoch_progress", {}).get("current", {}).get("processed")
+    if max_epochs is not None and max_epochs != -1 and isinstance(epochs, int) and epochs >= max_epochs:
+        raise ValueError(
+            f"resume={resume} has already trained {epochs} epoch(s), and trainer.max_epochs={max_epochs}: "
+            f"nothing is left to train; raise trainer.max_epochs to continue (e.g. "
+            f"trainer.max_epochs={2 * epochs})"
         )
     saved = ModelConfig.from_dict(checkpoint["hyper_parameters"]["model"]).to_dict()
     current = ModelConfig.from_dict(model_config).to_dict()

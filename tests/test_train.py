@@ -250,6 +250,20 @@ def test_recall_eval_refuses_edited_checkpoints_in_one_line(jamba_run, tmp_path)
         recall_eval(compose_eval("recall", [f"ckpt={path}", "device=cpu"]))
 
 
+def test_resume_refuses_a_checkpoint_at_max_epochs(jamba_run, tmp_path):
+    """An epoch-based run (zoology_mqar) resumed at its trainer.max_epochs trained nothing and
+    repeated the old run's records, blaming max_steps; it is refused up front like max_steps."""
+    checkpoint = torch.load(jamba_run["last_ckpt"], map_location="cpu", weights_only=True)
+    checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"] = 3
+    path = tmp_path / "three-epochs.ckpt"
+    torch.save(checkpoint, path)
+    model = checkpoint["hyper_parameters"]["model"]
+    with pytest.raises(ValueError, match=re.escape("has already trained 3 epoch(s), and trainer.max_epochs=3")):
+        train_module.check_resume(str(path), model, max_steps=-1, max_epochs=3)
+    assert train_module.check_resume(str(path), model, max_steps=-1, max_epochs=4) == str(path.resolve())
+    assert train_module.check_resume(str(path), model, max_steps=10**6, max_epochs=-1) == str(path.resolve())
+
+
 def test_atomic_checkpoint_write_keeps_the_old_file_on_failure(tmp_path):
     path = tmp_path / "last.ckpt"
     io = AtomicCheckpointIO()
