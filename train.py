@@ -108,6 +108,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         )
     check_trainer_settings(cfg)
     run_dir = Path(cfg.run_dir).resolve()
+    earlier = sorted(p.name for p in (run_dir / "checkpoints").glob("*.ckpt"))
+    if earlier:
+        # Two runs started in the same second share the default run directory name, and an explicit
+        # hydra.run.dir may name an old run: its checkpoints, records and metrics would be replaced.
+        raise ValueError(
+            f"the run directory {run_dir} already holds another run's checkpoints ({', '.join(earlier)}), "
+            "which this run would overwrite; give a new hydra.run.dir, or resume=<that run>/checkpoints/"
+            "last.ckpt to continue it (in a new directory)"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     run_name = f"{run_dir.name}"
     L.seed_everything(cfg.seed, workers=True)

@@ -264,6 +264,17 @@ def test_resume_refuses_a_checkpoint_at_max_epochs(jamba_run, tmp_path):
     assert train_module.check_resume(str(path), model, max_steps=10**6, max_epochs=-1) == str(path.resolve())
 
 
+def test_a_run_directory_holding_checkpoints_is_not_reused(jamba_run):
+    """hydra.run.dir naming an earlier run (or two runs started together) replaced its checkpoints,
+    metrics and records without a word; the new run now stops before writing anything."""
+    run_dir = Path(jamba_run["run_dir"])
+    before = {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()}
+    message = f"the run directory {run_dir} already holds another run's checkpoints (best.ckpt, last.ckpt)"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train_module.train(compose_train(TINY + MQAR_TINY + [f"run_dir={run_dir}"]))
+    assert {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()} == before
+
+
 def test_atomic_checkpoint_write_keeps_the_old_file_on_failure(tmp_path):
     path = tmp_path / "last.ckpt"
     io = AtomicCheckpointIO()
