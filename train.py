@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import shutil
@@ -193,6 +194,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             last = str(run_dir / "checkpoints" / "last.ckpt")
             # every rank calls it; rank 0 writes (atomically: AtomicCheckpointIO)
             trainer.save_checkpoint(last)
+            last_finite = all(bool(torch.isfinite(p).all()) for p in lit.parameters())
             # Read the path now: validating from best.ckpt restores the callback's state saved in it.
             # A resumed run restores the earlier run's best_model_path; until one of this run's own
             # validations replaces it, this run has no best checkpoint of its own.
@@ -228,6 +230,16 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 log.info(f"best checkpoint: {best}")
                 log.info(f"last checkpoint: {last}")
                 log.info("final validation: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
+                diverged = [k for k, v in sorted(metrics.items()) if not math.isfinite(v)]
+                if diverged or not last_finite:
+                    # A NaN loss ends nothing in Lightning: the run would finish as if it had trained.
+                    found = [f"{diverged[0]} is {metrics[diverged[0]]}"] if diverged else []
+                    found += [] if last_finite else ["last.ckpt holds NaN or inf weights"]
+                    log.warning(
+                        f"training diverged ({'; '.join(found)}): evaluations and resume= refuse NaN "
+                        "weights; train again with a lower optim.lr or with gradient clipping "
+                        "(trainer.gradient_clip_val=1.0, the default)"
+                    )
         return {
             "run_dir": str(run_dir),
             "best_ckpt": best,

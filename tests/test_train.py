@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -273,6 +274,20 @@ def test_a_run_directory_holding_checkpoints_is_not_reused(jamba_run):
     with pytest.raises(ValueError, match=re.escape(message)):
         train_module.train(compose_train(TINY + MQAR_TINY + [f"run_dir={run_dir}"]))
     assert {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()} == before
+
+
+def test_a_diverged_run_says_so(tmp_path, caplog):
+    """A NaN loss ends nothing in Lightning: the run finished like any other, its checkpoints full of
+    NaN (which every evaluation then refuses). It now ends with a warning naming the cause."""
+    overrides = ["optim.lr=1e6", "optim.warmup_steps=0", "trainer.gradient_clip_val=null",
+                 "trainer.max_steps=6", "trainer.val_check_interval=3"]  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        result = run_train(tmp_path, overrides)
+    assert math.isnan(result["metrics"]["val/loss"])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        m.startswith("training diverged (val/loss is nan; last.ckpt holds NaN or inf weights)") for m in warnings
+    ), warnings
 
 
 def test_atomic_checkpoint_write_keeps_the_old_file_on_failure(tmp_path):
