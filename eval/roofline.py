@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from eval.cli import user_errors
 
@@ -299,7 +299,12 @@ def roofline(cfg: DictConfig) -> dict[str, Any]:
         FileNotFoundError: a records file that does not exist.
     """
     check_config(cfg)
-    records = load_records(list(cfg.records)) if cfg.records else None
+    given = cfg.records
+    if isinstance(given, str):  # records=a.json: one file (list(a string) was its characters)
+        given = [given]
+    elif given is not None and not isinstance(given, (list, ListConfig)):
+        raise ValueError(f"records must be a file or a list of files (records=[a.json,b.json]), got {given!r}")
+    records = load_records([str(path) for path in given]) if given else None
     figures = issue_figures(cfg)
     print(format_figures(cfg, figures))
     rows = []

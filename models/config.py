@@ -198,12 +198,18 @@ def config_from_groups(model: Mapping[str, Any], mixer: Mapping[str, Any], vocab
 
     Raises:
         ValueError: a key the model group does not have (a typo such as ``+model.foo=1``, which would
-            otherwise change nothing), or what :meth:`ModelConfig.from_dict` refuses.
+            otherwise change nothing), a pattern given as a string instead of a list, or what
+            :meth:`ModelConfig.from_dict` refuses.
     """
     unknown = sorted(set(model) - set(MODEL_GROUP_KEYS))
     if unknown:
         raise ValueError(f"unknown model keys {unknown}; valid keys: {sorted(MODEL_GROUP_KEYS)}")
     config = {key: model[key] for key in MODEL_GROUP_KEYS if key in model and key not in ("name", "num_heads")}
+    if isinstance(mixer["pattern"], str):  # list() would split it into characters
+        raise ValueError(
+            f"mixer.pattern must be a list of mixer names, got the string {mixer['pattern']!r}; write "
+            f"mixer.pattern=[{mixer['pattern']}]"
+        )
     config.update(
         vocab_size=int(vocab_size),
         pattern=list(mixer["pattern"]),

@@ -64,6 +64,12 @@ def test_printed_report_and_measured_rows(cfg, tmp_path, capsys):
     assert decode["fraction"] == pytest.approx(4270 / decode["floor_tokens_per_s"])
     assert prefill["floor_tokens_per_s"] == pytest.approx(2000.0)
     assert prefill["fraction"] == pytest.approx(0.5)
+    # records=decode.json (one file, no brackets) was read as a list of its characters.
+    run_cfg.records = str(path)
+    assert rl.roofline(run_cfg)["measured"] == out["measured"]
+    run_cfg.records = 5
+    with pytest.raises(ValueError, match=r"records must be a file or a list of files \(records=\[a.json,b.json\]\), got 5"):
+        rl.roofline(run_cfg)
 
 
 def test_records_missing_fields_raise(cfg, tmp_path):

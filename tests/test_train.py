@@ -438,6 +438,7 @@ def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path):
         ("seed=-1", ValueError, "seed must be in [0, 2**32) (numpy's seed range), got -1"),
         ("trainer.gradient_clip_val=-1", ValueError, "gradient_clip_val must be >= 0 (0 or null: no clipping)"),
         ("trainer.val_check_interval=0.5", ValueError, "add trainer.check_val_every_n_epoch=1, or give"),
+        ("mixer.pattern=attention", ValueError, "got the string 'attention'; write mixer.pattern=[attention]"),
         ("optim.lr=abc", TypeError, "optim.lr must be a number, got 'abc'"),
         ("optim.warmup_steps=1.5", TypeError, "optim.warmup_steps must be an integer"),
     ],
