@@ -119,11 +119,18 @@ class LitLM(L.LightningModule):
         logits = self.model(batch["input_ids"])
         loss_sum, correct, count = scored_metrics(logits, batch["labels"])
         loss = loss_sum / count.clamp_min(1)
-        self.tokens_seen += batch["input_ids"].numel() * self.trainer.world_size
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/acc", correct / count.clamp_min(1), prog_bar=True)
-        self.log("train/tokens", self.tokens_seen.float())
+        self.log("train/tokens", (self.tokens_seen + self._batch_tokens(batch)).float())
         return loss
+
+    def _batch_tokens(self, batch: dict[str, Any]) -> int:
+        return batch["input_ids"].numel() * self.trainer.world_size
+
+    def on_train_batch_end(self, outputs: Any, batch: dict[str, Any], batch_idx: int) -> None:
+        # Counted once the step is done, not in training_step: a run interrupted between the two
+        # (Ctrl+C during the backward or the optimizer step) saved one batch more than it trained on.
+        self.tokens_seen += self._batch_tokens(batch)
 
     def on_validation_epoch_start(self) -> None:
         self._val_sums = {}

@@ -418,6 +418,9 @@ def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path):
     assert records and all(r["interrupted"] is True and r["task"] == "mqar" for r in records)
     assert 0 < records[0]["train_tokens"] < 100000 * 32 * 64
     assert load_model(run_dir / "checkpoints" / "last.ckpt").model.config.d_model == 32
+    # Tokens of the steps taken, not one batch more (the interrupted step was counted).
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["state_dict"]["tokens_seen"].item() == last["global_step"] * 32 * 64
 
 
 @pytest.mark.parametrize(
