@@ -312,7 +312,17 @@ def _skip_or_raise(sources: Sources, err: ValueError, skip_invalid: bool) -> Non
     sources.skipped.append(str(err))
 
 
-def read_val_loss_curve(path: Path) -> list[tuple[float, float]]:
+def _was_interrupted(run_dir: Path) -> bool:
+    """Whether ``run_dir``'s ``results/train.json`` (train.py's records) marks the run interrupted;
+    False when the file is missing or unreadable (the curve is then read as a finished run's)."""
+    try:
+        records = json.loads((run_dir / "results" / "train.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(records, list) and any(isinstance(r, dict) and r.get("interrupted") is True for r in records)
+
+
+def read_val_loss_curve(path: Path, interrupted: bool = False) -> list[tuple[float, float]]:
     """``(training tokens, validation loss in nats/token)`` of each validation in a Lightning
     CSVLogger ``metrics.csv``.
 
@@ -322,7 +332,9 @@ def read_val_loss_curve(path: Path) -> list[tuple[float, float]]:
     logged tokens per step. train.py's final re-validation of the best checkpoint is dropped: it is
     logged after ``fit`` has ended, at an ``epoch`` above every training row's and a ``step`` past
     every training step (without an ``epoch`` column, every validation past the last training step
-    is dropped).
+    is dropped). A run stopped by Ctrl+C or SIGTERM (``interrupted``: its train.json records say so)
+    never advances the epoch, so there the last validation row, which that re-validation always
+    is, is dropped instead.
 
     Returns:
         The points in file order; ``[]`` when the file has no ``val/loss`` or no ``train/tokens`` values.
@@ -348,6 +360,8 @@ def read_val_loss_curve(path: Path) -> list[tuple[float, float]]:
             raise ValueError(
                 f"{path}, line {line}: step, epoch, {TRAIN_TOKENS} or {VAL_LOSS} is not a number"
             ) from err
+    if interrupted:
+        val = val[:-1]
     if not train or not val:
         return []
     train.sort()
@@ -569,7 +583,7 @@ def val_loss_points(
     for path in sources.metrics_csvs:
         run_dir = path.parent.parent if path.parent.name == "csv" else path.parent
         try:
-            curve = read_val_loss_curve(path)
+            curve = read_val_loss_curve(path, _was_interrupted(run_dir))
         except ValueError as err:
             _skip_or_raise(sources, err, skip_invalid)
             continue

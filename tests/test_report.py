@@ -252,6 +252,29 @@ def test_val_loss_curve_keeps_the_last_epoch_end_validation(tmp_path):
     assert curve == [(24960.0 + 64.0, 5.55), (49920.0 + 2 * 64.0, 0.0016)]
 
 
+def test_val_loss_curve_of_an_interrupted_run_ends_at_its_last_validation(tmp_path):
+    # A run stopped by SIGTERM at step 59 (validations every 20 steps) never advances the epoch: its
+    # final re-validation of best.ckpt (step 40's weights) is logged at step 59 in the training
+    # epoch and was drawn as a last point of the curve. Its train.json records say interrupted.
+    run_dir = tmp_path / "intr-run"
+    path = run_dir / "csv" / "metrics.csv"
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        "epoch,step,train/tokens,val/loss\n"
+        "2,19,40960.0,\n2,19,,6.0\n2,39,81920.0,\n2,39,,5.6\n2,58,120832.0,\n2,59,,5.9\n"
+    )
+    expected = [(40960.0, 6.0), (81920.0, 5.6)]
+    assert read_val_loss_curve(path, interrupted=True) == expected
+    (run_dir / "results").mkdir()
+    record = {"run": "intr-run", "mixer": "attention", "metric": "val/loss", "value": 5.6, "interrupted": True}
+    (run_dir / "results" / "train.json").write_text(json.dumps([record]))
+    points, _ = val_loss_points([], Sources(searched=[tmp_path], metrics_csvs=[path]), skip_invalid=False)
+    assert [(p["train_tokens"], p["val_loss"]) for p in points] == expected
+    (run_dir / "results" / "train.json").write_text(json.dumps([{**record, "interrupted": False}]))
+    points, _ = val_loss_points([], Sources(searched=[tmp_path], metrics_csvs=[path]), skip_invalid=False)
+    assert len(points) == 3  # a finished run's row at step 59 is a validation of its own
+
+
 def test_val_loss_of_reruns_with_one_name(tmp_path):
     # The same run name in two session folders (a rerun) gives two curves, the second named with
     # its folder; one curve used to be dropped silently.
