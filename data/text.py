@@ -228,8 +228,10 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         for file in paths:
             if not Path(file).is_file():
+                # a relative path is read from the working directory: say which one that was
+                where = "" if Path(file).is_absolute() else f", looked for at {Path(file).resolve()}"
                 raise FileNotFoundError(
-                    f"text corpus file not found: {str(file)!r} (set data.path to a text file)"
+                    f"text corpus file not found: {str(file)!r}{where} (set data.path to a text file)"
                 )
         # sample_by="document" makes each file one row with its newlines intact (line ends are
         # normalised to "\n", as Python's text mode does). Without a user cache_dir the Arrow cache

@@ -37,7 +37,7 @@ from typing import Any
 
 import hydra
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from data.copying import char_accuracy, string_exact_match
 from data.mqar import IGNORE_INDEX
@@ -94,6 +94,11 @@ def copying_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     check_default_output(cfg, ctx, "copying")
     overrides: dict[str, Any] = {"num_test_examples": cfg.num_examples, "batch_size": cfg.batch_size}
     if cfg.test_configs is not None:
+        if not isinstance(cfg.test_configs, ListConfig):
+            raise ValueError(
+                f"test_configs must be a list of slice configs, e.g. 'test_configs=[{{min_len:41,max_len:80}}]' "
+                f"(copy) or 'test_configs=[{{seqlen:256}}]' (selective copying), got {cfg.test_configs!r}"
+            )
         overrides["test_configs"] = OmegaConf.to_container(cfg.test_configs, resolve=True)
     dm = build_datamodule(ctx.data, **overrides)
     dm.setup("test")

@@ -37,6 +37,7 @@ from eval.common import (
     EvalContext,
     build_datamodule,
     check_default_output,
+    check_position_limit,
     check_settings,
     finish,
     load_checkpoint,
@@ -57,15 +58,24 @@ def text_datamodule(ctx: EvalContext, overrides: dict[str, Any], batch_size: int
     Raises:
         FileNotFoundError: the corpus file does not exist.
         ValueError: a corpus character outside a char tokenizer's vocabulary, a split too short
-            for one block, or a vocabulary that differs from the model's.
+            for one block, a vocabulary that differs from the model's, a ``tokenizer`` override of
+            a checkpoint that stores its tokenizer, or a ``seqlen`` beyond a learned position table.
     """
     data_cfg = dict(ctx.data)
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if any(key in overrides for key in CORPUS_KEYS):
         data_cfg.update(dict.fromkeys(CORPUS_KEYS))
+    stored = ctx.lit.hparams.get("tokenizer_config")
+    if stored and "tokenizer" in overrides:  # it was replaced by the stored one without a word
+        raise ValueError(
+            f"data.tokenizer={overrides['tokenizer']!r}: the checkpoint's tokenizer ({stored.get('kind')}) is "
+            "the one its model's vocabulary was trained with; remove the override"
+        )
     data_cfg.update(overrides)
-    data_cfg["tokenizer"] = ctx.lit.hparams.get("tokenizer_config") or data_cfg.get("tokenizer", "char")
+    data_cfg["tokenizer"] = stored or data_cfg.get("tokenizer", "char")
     dm = build_datamodule(data_cfg, batch_size=batch_size)
+    # before the corpus is read: a learned position table refused the length only inside the model
+    check_position_limit(ctx.model, dm.seqlen, "data.seqlen")
     dm.setup("validate")
     if dm.vocab_size != ctx.model.config.vocab_size:
         raise ValueError(

@@ -180,6 +180,8 @@ def test_copying_eval_test_lengths_override_and_default_output(copy_run):
     assert json.loads(Path(copy_run["last_ckpt"] + ".copying.json").read_text()) == records
     with pytest.raises(ValueError, match="max_len"):
         copying_eval(compose_eval("copying", overrides[:-1] + ["test_configs=[{min_len:9,max_len:3}]"]))
+    with pytest.raises(ValueError, match=r"test_configs must be a list of slice configs, e.g. .*got 5"):
+        copying_eval(compose_eval("copying", overrides[:-1] + ["test_configs=5"]))
 
 
 def test_default_output_that_is_a_directory_is_refused_before_evaluating(
@@ -374,6 +376,9 @@ def test_perplexity_on_another_corpus_and_length(text_run, tmp_path):
     assert all(r["corpus"] == str(other) and r["max_batches"] == 1 for r in records)
     with pytest.raises(FileNotFoundError, match="text corpus file not found"):
         evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, f"data.path={tmp_path / 'nope.txt'}")
+    # The stored tokenizer replaced an override without a word.
+    with pytest.raises(ValueError, match=r"data.tokenizer='char': the checkpoint's tokenizer \(byte\)"):
+        evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "+data.tokenizer=char")
 
 
 # --- bad input -----------------------------------------------------------------------------------

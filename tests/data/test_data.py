@@ -1,5 +1,6 @@
 """Tests of the data package: the MQAR generator and data module, tokenizers, the text data module."""
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -523,6 +524,8 @@ def test_text_errors(corpus, tmp_path):
     missing = tmp_path / "nope.txt"
     with pytest.raises(FileNotFoundError, match="nope.txt"):
         TextDataModule(path=missing).setup()
+    with pytest.raises(FileNotFoundError, match=re.escape(f"'nope.txt', looked for at {Path.cwd() / 'nope.txt'}")):
+        TextDataModule(path="nope.txt").setup()
     with pytest.raises(ValueError, match="exactly one"):
         TextDataModule()
     empty = tmp_path / "empty.txt"
