@@ -111,8 +111,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir).resolve()
     earlier = sorted(p.name for p in (run_dir / "checkpoints").glob("*.ckpt"))
     if earlier:
-        # Two runs started in the same second share the default run directory name, and an explicit
-        # hydra.run.dir may name an old run: its checkpoints, records and metrics would be replaced.
+        # An explicit hydra.run.dir may name an old run: its checkpoints, records and metrics would
+        # be replaced. (DDP's launcher re-runs this command line with the run's directory before any
+        # checkpoint exists.)
         raise ValueError(
             f"the run directory {run_dir} already holds another run's checkpoints ({', '.join(earlier)}), "
             "which this run would overwrite; give a new hydra.run.dir, or resume=<that run>/checkpoints/"
