@@ -276,13 +276,23 @@ def test_a_run_directory_holding_checkpoints_is_not_reused(jamba_run):
     assert {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()} == before
 
 
-def test_a_diverged_run_says_so(tmp_path, caplog):
+def test_a_diverged_run_says_so(tmp_path, caplog, monkeypatch):
     """A NaN loss ends nothing in Lightning: the run finished like any other, its checkpoints full of
     NaN (which every evaluation then refuses). It now ends with a warning naming the cause."""
     overrides = ["optim.lr=1e6", "optim.warmup_steps=0", "trainer.gradient_clip_val=null",
                  "trainer.max_steps=6", "trainer.val_check_interval=3"]  # fmt: skip
-    with caplog.at_level(logging.WARNING):
+    # train.py's logger heard directly, as in test_last_checkpoint_holds_the_final_weights_and_best_the_best
+    # (an in-process Hydra evaluation earlier in the session disables existing loggers).
+    logger = logging.getLogger("mixerlab.train")
+    monkeypatch.setattr(logger, "disabled", False)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(caplog.handler)
+    try:
         result = run_train(tmp_path, overrides)
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.setLevel(level)
     assert math.isnan(result["metrics"]["val/loss"])
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(
