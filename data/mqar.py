@@ -33,7 +33,9 @@ from collections.abc import Mapping, Sequence
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, SequentialSampler
+
+from data.distributed import eval_sampler
 
 IGNORE_INDEX = -100
 """Label of every position that carries no loss (PyTorch's ``cross_entropy`` default)."""
@@ -420,11 +422,20 @@ class MQARDataModule(L.LightningDataModule):
         ]
 
     def dataloader(self, dataset: Dataset, shuffle: bool = False) -> DataLoader:
-        """A DataLoader over ``dataset`` (e.g. from :meth:`generate_slice`) with this module's settings."""
+        """A DataLoader over ``dataset`` (e.g. from :meth:`generate_slice`) with this module's settings.
+
+        ``shuffle=False`` (evaluation): in order; under a multi-process Trainer, this process's
+        share of the examples, none repeated (:func:`data.distributed.eval_sampler`).
+
+        Raises:
+            ValueError: under a multi-process Trainer, fewer examples than processes.
+        """
+        sampler = None if shuffle else eval_sampler(SequentialSampler(dataset), self.trainer)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
+            sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )

@@ -24,8 +24,9 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, SequentialSampler
 
+from data.distributed import eval_sampler
 from data.mqar import IGNORE_INDEX, MAX_SLICES, SEED_STRIDE, _check_int
 
 
@@ -288,11 +289,20 @@ class SyntheticDataModule(L.LightningDataModule):
         ]
 
     def dataloader(self, dataset: Dataset, shuffle: bool = False) -> DataLoader:
-        """A DataLoader over ``dataset`` (e.g. from :meth:`generate_slice`) with this module's settings."""
+        """A DataLoader over ``dataset`` (e.g. from :meth:`generate_slice`) with this module's settings.
+
+        ``shuffle=False`` (evaluation): in order; under a multi-process Trainer, this process's
+        share of the examples, none repeated (:func:`data.distributed.eval_sampler`).
+
+        Raises:
+            ValueError: under a multi-process Trainer, fewer examples than processes.
+        """
+        sampler = None if shuffle else eval_sampler(SequentialSampler(dataset), self.trainer)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
+            sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )

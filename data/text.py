@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from data.distributed import eval_sampler
 from data.mqar import _check_int
 
 
@@ -419,10 +420,13 @@ class TextDataModule(L.LightningDataModule):
     def _loader(self, tokens: torch.Tensor, shuffle: bool) -> DataLoader:
         if tokens is None:
             raise RuntimeError("call setup() before asking for dataloaders (Lightning's Trainer does it)")
+        sampler = BlockSampler(tokens.shape[0], self.seqlen + 1, shuffle=shuffle, seed=self.seed)
+        if not shuffle:  # evaluation under DDP: each block once (Lightning's sampler would repeat some)
+            sampler = eval_sampler(sampler, self.trainer, "validation")
         return DataLoader(
             TokenWindows(tokens, self.seqlen),
             batch_size=self.batch_size,
-            sampler=BlockSampler(tokens.shape[0], self.seqlen + 1, shuffle=shuffle, seed=self.seed),
+            sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )

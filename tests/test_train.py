@@ -14,11 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from helpers import MIXER_CONFIGS, REPO_ROOT, SHAKESPEARE, compose_eval, compose_train, metrics_rows
 
 import train as train_module
+from data import build_datamodule
 from eval.recall import recall_eval
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
 from models.lit import load_model, logged_metrics
@@ -495,7 +497,9 @@ def test_a_stop_signal_during_the_final_evaluation_waits_for_it(capsys):
 def test_ddp_on_two_cpu_processes_leaves_one_run_dir(tmp_path):
     run_dir = tmp_path / "outputs" / "run"
     args = [str(REPO_ROOT / "train.py"), "trainer=ddp", f"hydra.run.dir={run_dir}", "mixer=hybrid_jamba"]
-    result = cli(args + TINY + MQAR_TINY, cwd=tmp_path, timeout=600)
+    # 61 validation examples per slice: not a multiple of the 2 processes (see below)
+    data = ["data.num_train_examples=640", "data.num_test_examples=61"]
+    result = cli(args + TINY + data, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [p.name for p in (tmp_path / "outputs").iterdir()] == ["run"]
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
@@ -503,6 +507,21 @@ def test_ddp_on_two_cpu_processes_leaves_one_run_dir(tmp_path):
     assert load_model(run_dir / "checkpoints" / "last.ckpt").model.config.name == "hybrid_jamba"
     tokens = logged(str(run_dir), "train/tokens")
     assert tokens[-1] == 20 * 32 * 64 * 2  # 20 steps x batch 32 x seqlen 64 x 2 processes
+
+    # The run's validation metrics are those of one process on the same checkpoint: every example
+    # scored once (Lightning's DistributedSampler would score one of the 61 twice on each slice).
+    records = json.loads((run_dir / "results" / "train.json").read_text())
+    distributed = {r["metric"]: r["value"] for r in records if r["metric"].startswith("val/")}
+    lit = load_model(run_dir / "checkpoints" / "best.ckpt")
+    dm = build_datamodule("mqar", num_train_examples=640, num_test_examples=61, batch_size=32)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False)  # fmt: skip
+    trainer.validate(lit, datamodule=dm, verbose=False)
+    single = lit.val_metrics
+    assert {f"val/loss_{name}" for name in dm.slice_names} <= distributed.keys()
+    for key, value in single.items():
+        if key in distributed:
+            assert distributed[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
 
 
 def test_joblib_launcher_runs_a_sweep_in_parallel_processes(tmp_path):

@@ -492,6 +492,52 @@ def test_text_validation_blocks_fixed_and_in_order(corpus):
         assert torch.equal(labels[j], tokens[9 * j + 1 : 9 * j + 9])
 
 
+class _Ranks:
+    """What the data modules read of a Lightning Trainer under DDP."""
+
+    def __init__(self, world_size: int, global_rank: int):
+        self.world_size, self.global_rank = world_size, global_rank
+
+
+def _rows(loader) -> list[tuple[int, ...]]:
+    return [tuple(row.tolist()) for batch in loader for row in batch["input_ids"]]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_evaluation_loaders_under_ddp_score_every_example_once(corpus, world_size):
+    # Lightning's DistributedSampler pads 61 examples on 2 processes to 62 by repeating the first:
+    # validation metrics then differ from a single-process evaluation of the same weights.
+    path, _ = corpus
+    text = TextDataModule(path=path, seqlen=14, batch_size=4)  # 13 blocks of 15 tokens
+    text.setup()
+    mqar = _mqar_module(num_test_examples=61)
+    mqar.setup()
+    copy = build_datamodule("copy", alphabet_size=8, max_len=6, seqlen=16, num_train_examples=4,
+                            num_test_examples=7, batch_size=2)  # fmt: skip
+    copy.setup()
+    for dm, loaders in ((text, lambda: [text.val_dataloader()]), (mqar, mqar.val_dataloader),
+                        (copy, copy.test_dataloader)):  # fmt: skip
+        single = [_rows(loader) for loader in loaders()]
+        shares = []
+        for rank in range(world_size):
+            dm.trainer = _Ranks(world_size, rank)
+            shares.append([_rows(loader) for loader in loaders()])
+        dm.trainer = None
+        for slice_idx, rows in enumerate(single):
+            assert len(rows) % world_size != 0  # the case Lightning's sampler pads
+            parts = [share[slice_idx] for share in shares]
+            assert max(map(len, parts)) - min(map(len, parts)) <= 1
+            assert sorted(row for part in parts for row in part) == sorted(rows)
+
+
+def test_evaluation_loader_with_fewer_examples_than_processes_says_so():
+    dm = _mqar_module(num_test_examples=1)
+    dm.setup()
+    dm.trainer = _Ranks(2, 0)
+    with pytest.raises(ValueError, match="has 1 examples, fewer than the 2 processes"):
+        dm.val_dataloader()
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_text_datamodule_in_lightning_trainer_redraws_offsets(corpus):
     path, _ = corpus
