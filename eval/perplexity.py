@@ -188,9 +188,8 @@ def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             f"decode_prefix={cfg.decode_prefix} is longer than the blocks of {seqlen} tokens: checking {seqlen}"
         )
     if prefix:
-        batch = next(iter(dm.val_dataloader()))
-        input_ids = batch["input_ids"][: cfg.decode_examples, :prefix].to(device)
-        labels = batch["labels"][: cfg.decode_examples, :prefix].to(device)
+        input_ids, labels = first_blocks(dm.val_dataloader(), cfg.decode_examples, prefix)
+        input_ids, labels = input_ids.to(device), labels.to(device)
         losses = prefix_losses(model, input_ids, labels)
         diff = abs(losses["parallel"] - losses["decode"])
         agrees = diff <= cfg.tolerance
@@ -218,6 +217,21 @@ def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     )
     finish(records, cfg, ctx, "perplexity")
     return records
+
+
+def first_blocks(loader, count: int, prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``prefix`` tokens of the first ``count`` blocks ``loader`` yields, over as many
+    batches as that takes (fewer blocks when the split has fewer): ``(input_ids, labels)``, each
+    ``(min(count, blocks), prefix)`` int64 on the CPU."""
+    inputs, labels, have = [], [], 0
+    for batch in loader:
+        take = min(count - have, batch["input_ids"].shape[0])
+        inputs.append(batch["input_ids"][:take, :prefix])
+        labels.append(batch["labels"][:take, :prefix])
+        have += take
+        if have == count:
+            break
+    return torch.cat(inputs), torch.cat(labels)
 
 
 @hydra.main(version_base="1.3", config_path="../conf/eval", config_name="perplexity")

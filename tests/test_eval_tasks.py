@@ -364,6 +364,11 @@ def test_perplexity_eval(text_run, tmp_path):
     parallel, decode = by_key["loss", "val_prefix16", "parallel"], by_key["loss", "val_prefix16", "decode"]
     assert decode["agrees"] and decode["abs_diff"] < 1e-4 and decode["seqlen"] == 16
     assert decode["value"] == pytest.approx(parallel["value"], abs=1e-4)
+    # decode_examples above batch_size: the check reads as many batches as it takes
+    records, _ = evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "decode_prefix=16",
+                               "batch_size=2", "decode_examples=3", "max_batches=1")  # fmt: skip
+    decode = next(r for r in records if r["path"] == "decode")
+    assert decode["tokens"] == 3 * 16 and decode["agrees"]
 
 
 def test_perplexity_on_another_corpus_and_length(text_run, tmp_path):
