@@ -77,7 +77,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import cdiv, check_device, check_no_grad, device_guard, next_power_of_2, strides
+from kernels._host import cdiv, check_device, check_no_grad, device_guard, next_power_of_2, sm_count, strides
 from kernels.reference import (
     _check_selective_scan_args,
     _check_selective_state_update_args,
@@ -116,6 +116,13 @@ _FWD_CUDA = [(8, 32, 1), (8, 16, 1), (4, 32, 1)]
 # 14.2 / 14.5 ms, (64, 4, 4) 18.4 / 19.0 ms, (16, 2, 1) 11.8 / 12.3 ms, (16, 4, 1) 9.7 / 9.9 ms.
 _BWD_CUDA = [(4, 1), (8, 1)]
 BWD_BLOCK_D = INTERPRET_BLOCK_D if _INTERPRET else 16
+# Sequence parts of the forward (see sequence_parts): one-warp programs per SM to aim for, and the
+# shortest part. Under the interpreter, the SM count INTERPRET_SMS and parts of one checkpoint
+# interval make the tests' tiny shapes (batch 2, 8 channels, L 64-300) run in several parts.
+MIN_FWD_BLOCK_D = INTERPRET_BLOCK_D if _INTERPRET else min(d for _, d, _ in _FWD_CUDA)
+PART_TARGET_WARPS = 8
+MIN_PART_STEPS = CHECKPOINT_STEPS if _INTERPRET else 512
+INTERPRET_SMS = 1
 # Decode step: state elements per program (enough bytes in flight per SM, few enough registers)
 # and its warps.
 DECODE_BLOCK_ELEMENTS = 2048
@@ -161,7 +168,8 @@ def _bucket(n: int) -> int:
 # Sizes that only feed loop bounds and masks: specialising on them would compile a kernel per value
 # class for nothing. L, d_state and the strides do specialise: their divisibility by 16 is what tells
 # Triton that rows are aligned for 16-byte accesses.
-_FWD_RUNTIME_INTS = ["dim", "P", "n_ckpt", "L_BUCKET", "P_BUCKET"]
+_FWD_RUNTIME_INTS = ["batch_size", "dim", "P", "n_ckpt", "part_len", "L_BUCKET", "P_BUCKET"]
+_PART_RUNTIME_INTS = ["batch_size", "dim", "P", "part_len", "L_BUCKET", "P_BUCKET"]
 _BWD_RUNTIME_INTS = ["dim", "P", "n_ckpt", "n_blocks", "scratch_slots", "L_BUCKET"]
 
 # ----------------------------------------------------------------------------------------------
@@ -232,7 +240,8 @@ def _fwd_chunk(
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Advance the state h (N, D) over the chunk of steps [t0, t0 + BLOCK_T); with OUTPUT also
-    compute and store the chunk's y. Returns the state after the chunk."""
+    compute and store the chunk's y. Returns the state after the chunk and the chunk's sum of dt
+    (D,) (masked steps add 0; unused by the callers that discard it, and then compiled away)."""
     offs_t = tl.arange(0, BLOCK_T)
     t = t0 + offs_t.to(tl.int64)  # int64: t * stride may pass 2^31 for inputs strided along time
     td_mask, tn_mask = _chunk_masks(t, L, d_mask, n_mask, MASKED, BLOCK_T)
@@ -260,7 +269,7 @@ def _fwd_chunk(
             z = tl.load(z_base + t[:, None] * stride_zl, mask=td_mask, other=0.0).to(ACC)
             y = y * z * tl.sigmoid(z)
         tl.store(y_base + t[:, None] * stride_yl, y.to(y_base.dtype.element_ty), mask=td_mask)
-    return h
+    return h, tl.reduce(dt, 0, _add)
 
 
 @triton.jit
@@ -382,9 +391,65 @@ def _bwd_chunk(
     configs=_fwd_configs(), key=["BLOCK_N", "L_BUCKET", "P_BUCKET"],
     prune_configs_by={"early_config_prune": _prune_fwd_configs},
 )
+@triton.jit(do_not_specialize=_PART_RUNTIME_INTS)
+def selective_scan_part_kernel(
+    U, DELTA, A, B, DELTA_BIAS, PART_H, PART_DECAY,
+    stride_ub, stride_ud, stride_ul,
+    stride_deltab, stride_deltad, stride_deltal,
+    stride_ad, stride_an,
+    stride_bb, stride_bg, stride_bn, stride_bl,
+    stride_biasd,
+    batch_size, dim, P, d_state, L, part_len, L_BUCKET, P_BUCKET,
+    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, FP64: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """What part p of the sequence (steps [p part_len, (p + 1) part_len), every part but the last)
+    does to the state of one (channel block, group, batch): ``h_end = decay * h_start + h_local``
+    with ``h_local`` the state after the part from a zero state and ``decay = prod_t a_t =
+    exp(A sum_t dt_t)`` (N, D), stored to PART_H / PART_DECAY ((n_parts - 1, batch, dim, N), the
+    compute dtype). Grid (cdiv(P, BLOCK_D), G, batch * (n_parts - 1)), program (.., .., p * batch + b).
+    """
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    group = tl.program_id(1)
+    part = tl.program_id(2) // batch_size
+    batch = (tl.program_id(2) % batch_size).to(tl.int64)
+    offs_p = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = offs_p < P
+    offs_d = group.to(tl.int64) * P + offs_p
+    offs_n = tl.arange(0, BLOCK_N)
+    n_mask = offs_n < d_state
+    nd_mask = n_mask[:, None] & d_mask[None, :]
+    A2 = tl.load(A + offs_d[None, :] * stride_ad + offs_n[:, None] * stride_an, mask=nd_mask, other=0.0)
+    A2 = A2.to(ACC) if FP64 else A2.to(ACC) * 1.4426950408889634
+    bias = tl.load(DELTA_BIAS + offs_d * stride_biasd, mask=d_mask, other=0.0).to(ACC) if HAS_BIAS else None
+    u_base = U + batch * stride_ub + offs_d[None, :] * stride_ud
+    delta_base = DELTA + batch * stride_deltab + offs_d[None, :] * stride_deltad
+    b_base = B + batch * stride_bb + group * stride_bg
+
+    h = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+    dt_total = tl.zeros([BLOCK_D], dtype=ACC)
+    first = part * (part_len // BLOCK_T)
+    for chunk in range(first, first + part_len // BLOCK_T):  # whole chunks: part_len is a multiple
+        h, dt_sum = _fwd_chunk(
+            h, chunk * BLOCK_T, L, u_base, delta_base, None, None, b_base, None, stride_ul, stride_deltal,
+            0, 0, stride_bn, stride_bl, 0, 0, A2, None, bias, d_mask, offs_n, n_mask,
+            ACC, False, False, HAS_BIAS, SOFTPLUS, FP64, False, False, BLOCK_T, BLOCK_D,
+        )
+        dt_total += dt_sum
+    # One exponential of the summed exponent: the product of the part's decays, rounded once.
+    decay = tl.exp(dt_total[None, :] * A2) if FP64 else tl.exp2(dt_total[None, :] * A2)
+    out = ((part * batch_size + batch) * dim + offs_d[None, :]) * d_state + offs_n[:, None]
+    tl.store(PART_H + out, h, mask=nd_mask)
+    tl.store(PART_DECAY + out, decay, mask=nd_mask)
+
+
+@triton.autotune(
+    configs=_fwd_configs(), key=["BLOCK_N", "L_BUCKET", "P_BUCKET"],
+    prune_configs_by={"early_config_prune": _prune_fwd_configs},
+)
 @triton.jit(do_not_specialize=_FWD_RUNTIME_INTS)
 def selective_scan_fwd_kernel(
-    U, DELTA, A, B, C, D, Z, DELTA_BIAS, H0, Y, LAST, CKPT,
+    U, DELTA, A, B, C, D, Z, DELTA_BIAS, H0, Y, LAST, CKPT, PART_H, PART_DECAY,
     stride_ub, stride_ud, stride_ul,
     stride_deltab, stride_deltad, stride_deltal,
     stride_ad, stride_an,
@@ -394,17 +459,21 @@ def selective_scan_fwd_kernel(
     stride_zb, stride_zd, stride_zl,
     stride_hb, stride_hd, stride_hn,
     stride_yb, stride_yd, stride_yl,
-    dim, P, d_state, L, n_ckpt, L_BUCKET, P_BUCKET,
+    batch_size, dim, P, d_state, L, n_ckpt, part_len, L_BUCKET, P_BUCKET,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_CKPT: tl.constexpr, FP64: tl.constexpr, CKPT_STEPS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """y, the last state and (optionally) the checkpoints of one (channel block, group, batch);
-    grid (cdiv(P, BLOCK_D), G, batch) with P = dim / G channels per group."""
+    """y, the last state and (optionally) the checkpoints of one (channel block, group, batch) over
+    part p of the sequence; grid (cdiv(P, BLOCK_D), G, batch * n_parts), program (.., .., p * batch
+    + b), with P = dim / G channels per group. Part p starts from h_0 carried through the earlier
+    parts' (decay, h_local) pairs of :func:`selective_scan_part_kernel`; the last part stores LAST."""
     tl.static_assert(CKPT_STEPS % BLOCK_T == 0)
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
     group = tl.program_id(1)
-    batch = tl.program_id(2).to(tl.int64)
+    part = tl.program_id(2) // batch_size
+    n_parts = tl.num_programs(2) // batch_size
+    batch = (tl.program_id(2) % batch_size).to(tl.int64)
     offs_p = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_mask = offs_p < P
     offs_d = group.to(tl.int64) * P + offs_p  # channel indices
@@ -421,6 +490,12 @@ def selective_scan_fwd_kernel(
                     mask=nd_mask, other=0.0).to(ACC)
     else:
         h = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+    # The state entering this part: h_0 through every earlier part's affine map, in order (one fma
+    # per state and part instead of the part's steps).
+    part_offs = (batch * dim + offs_d[None, :]) * d_state + offs_n[:, None]  # (N, D)
+    for prev in range(0, part):
+        at = prev * batch_size * dim * d_state + part_offs
+        h = tl.load(PART_DECAY + at, mask=nd_mask, other=0.0) * h + tl.load(PART_H + at, mask=nd_mask, other=0.0)
 
     u_base = U + batch * stride_ub + offs_d[None, :] * stride_ud  # (1, D)
     delta_base = DELTA + batch * stride_deltab + offs_d[None, :] * stride_deltad
@@ -430,28 +505,30 @@ def selective_scan_fwd_kernel(
     c_base = C + batch * stride_cb + group * stride_cg
     ckpt_base = CKPT + ((batch * dim + offs_d[None, :]) * n_ckpt) * d_state + offs_n[:, None]  # (N, D)
 
-    # Full chunks, saving the state every CKPT_STEPS steps; then the partial last chunk, if any.
-    n_full = L // BLOCK_T
-    for chunk in range(0, n_full):
+    # The part's full chunks, saving the state every CKPT_STEPS steps (parts start on a checkpoint:
+    # part_len is a multiple of CKPT_STEPS); then the sequence's partial last chunk, if any.
+    first = part * (part_len // BLOCK_T)
+    n_full = tl.minimum(first + part_len // BLOCK_T, L // BLOCK_T)
+    for chunk in range(first, n_full):
         if STORE_CKPT:
             if chunk % (CKPT_STEPS // BLOCK_T) == 0:
                 tl.store(ckpt_base + (chunk // (CKPT_STEPS // BLOCK_T)) * d_state, h, mask=nd_mask)
-        h = _fwd_chunk(
+        h, _ = _fwd_chunk(
             h, chunk * BLOCK_T, L, u_base, delta_base, z_base, y_base, b_base, c_base, stride_ul, stride_deltal,
             stride_zl, stride_yl, stride_bn, stride_bl, stride_cn, stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
             ACC, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, FP64, True, False, BLOCK_T, BLOCK_D,
         )
-    if n_full * BLOCK_T < L:
-        if STORE_CKPT:
-            if n_full % (CKPT_STEPS // BLOCK_T) == 0:
-                tl.store(ckpt_base + (n_full // (CKPT_STEPS // BLOCK_T)) * d_state, h, mask=nd_mask)
-        h = _fwd_chunk(
-            h, n_full * BLOCK_T, L, u_base, delta_base, z_base, y_base, b_base, c_base, stride_ul, stride_deltal,
-            stride_zl, stride_yl, stride_bn, stride_bl, stride_cn, stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
-            ACC, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, FP64, True, True, BLOCK_T, BLOCK_D,
-        )
-
-    tl.store(LAST + (batch * dim + offs_d[None, :]) * d_state + offs_n[:, None], h, mask=nd_mask)
+    if part == n_parts - 1:
+        if n_full * BLOCK_T < L:
+            if STORE_CKPT:
+                if n_full % (CKPT_STEPS // BLOCK_T) == 0:
+                    tl.store(ckpt_base + (n_full // (CKPT_STEPS // BLOCK_T)) * d_state, h, mask=nd_mask)
+            h, _ = _fwd_chunk(
+                h, n_full * BLOCK_T, L, u_base, delta_base, z_base, y_base, b_base, c_base, stride_ul,
+                stride_deltal, stride_zl, stride_yl, stride_bn, stride_bl, stride_cn, stride_cl, A2, skip, bias,
+                d_mask, offs_n, n_mask, ACC, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, FP64, True, True, BLOCK_T, BLOCK_D,
+            )
+        tl.store(LAST + (batch * dim + offs_d[None, :]) * d_state + offs_n[:, None], h, mask=nd_mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -547,7 +624,7 @@ def selective_scan_bwd_kernel(
         h = tl.load(ckpt_base + seg * d_state, mask=nd_mask, other=0.0)
         tl.store(scratch_base, h, mask=nd_mask)
         for k in range(1, n_chunks):
-            h = _fwd_chunk(
+            h, _ = _fwd_chunk(
                 h, seg_start + (k - 1) * BLOCK_T, L, u_base, delta_base, None, None, b_base, None, stride_ul,
                 stride_deltal, 0, 0, stride_bn, stride_bl, 0, 0, A2, skip, bias, d_mask, offs_n, n_mask,
                 ACC, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, FP64, False, False, BLOCK_T, BLOCK_D,
@@ -648,6 +725,25 @@ def selective_state_update_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
+def sequence_parts(programs: int, seqlen: int, num_sms: int) -> tuple[int, int]:
+    """``(n_parts, part_len)``: how many parts the forward cuts the sequence into, and their length
+    in steps (a multiple of CHECKPOINT_STEPS; the last part may be shorter).
+
+    A program walks its channels' whole sequence, so with few (batch, channel block) programs, e.g.
+    a batch-1 prefill (96 one-warp programs for Mamba at d_inner 1536), most of the GPU idles. Parts
+    run in parallel: a first kernel walks every part but the last from a zero state, keeping the
+    part's (decay, h_local); the forward then starts each part from h_0 carried through the earlier
+    parts' pairs. That walks the sequence about 1.6 times instead of once, so the parts times
+    ``programs`` (counted at the smallest channel block) stay within PART_TARGET_WARPS one-warp
+    programs per SM, and no part is shorter than MIN_PART_STEPS. Training batches (B8 at d_inner 2048:
+    1024 programs) keep one part.
+    """
+    want = PART_TARGET_WARPS * num_sms // max(programs, 1)
+    n_parts = max(1, min(want, seqlen // MIN_PART_STEPS))
+    part_len = cdiv(cdiv(max(seqlen, 1), n_parts), CHECKPOINT_STEPS) * CHECKPOINT_STEPS
+    return cdiv(max(seqlen, 1), part_len), part_len
+
+
 def _grouped(t: torch.Tensor, dtype: torch.dtype, grouped_ndim: int) -> torch.Tensor:
     """B or C in the compute dtype with a group dim: (batch, G, N, L) for the scan
     (``grouped_ndim=4``), (batch, G, N) for the decode step (``grouped_ndim=3``)."""
@@ -671,14 +767,34 @@ def _forward(u, delta, A, B, C, D, z, delta_bias, h0, softplus: bool, store_ckpt
     if batch * dim == 0:
         return y, last, ckpt
 
+    n_parts, part_len = sequence_parts(
+        batch * groups * cdiv(P, MIN_FWD_BLOCK_D), seqlen, sm_count(u.device, INTERPRET_SMS)
+    )
+    l_bucket, p_bucket = _bucket(seqlen), min(next_power_of_2(P), 128)
+    part_h = part_decay = last  # dummies with one part (never read)
+    if n_parts > 1:
+        part_h = torch.empty((n_parts - 1, batch, dim, d_state), dtype=dtype, device=u.device)
+        part_decay = torch.empty_like(part_h)
+
+        def part_grid(meta):
+            return (cdiv(P, meta["BLOCK_D"]), groups, batch * (n_parts - 1))
+
+        selective_scan_part_kernel[part_grid](
+            u, delta, A, B, delta_bias, part_h, part_decay,
+            *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *strides(delta_bias, 1),
+            batch, dim, P, d_state, seqlen, part_len, l_bucket, p_bucket,
+            HAS_BIAS=delta_bias is not None, SOFTPLUS=softplus, FP64=dtype == torch.float64,
+            BLOCK_N=next_power_of_2(d_state),
+        )  # fmt: skip
+
     def grid(meta):
-        return (cdiv(P, meta["BLOCK_D"]), groups, batch)
+        return (cdiv(P, meta["BLOCK_D"]), groups, batch * n_parts)
 
     selective_scan_fwd_kernel[grid](
-        u, delta, A, B, C, D, z, delta_bias, h0, y, last, ckpt,
+        u, delta, A, B, C, D, z, delta_bias, h0, y, last, ckpt, part_h, part_decay,
         *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(),
         *strides(D, 1), *strides(delta_bias, 1), *strides(z, 3), *strides(h0, 3), *y.stride(),
-        dim, P, d_state, seqlen, n_ckpt, _bucket(seqlen), min(next_power_of_2(P), 128),
+        batch, dim, P, d_state, seqlen, n_ckpt, part_len, l_bucket, p_bucket,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=softplus,
         HAS_H0=h0 is not None, STORE_CKPT=store_ckpt, FP64=dtype == torch.float64,
         CKPT_STEPS=CHECKPOINT_STEPS, BLOCK_N=next_power_of_2(d_state),

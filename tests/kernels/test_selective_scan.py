@@ -281,6 +281,56 @@ def test_two_calls_with_carried_state_equal_one():
         torch.testing.assert_close(g, grads[name], rtol=1e-12, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
 
 
+@pytest.mark.parametrize("init", [False, True], ids=["h0none", "h0"])
+def test_forward_in_sequence_parts_equals_one_part(monkeypatch, init):
+    # The sequence cut into parts of one checkpoint interval (the last one shorter and ending in a
+    # partial chunk): outputs, last state and every gradient (the backward reads the checkpoints
+    # each part wrote) equal those of one walk over the whole sequence, in float64.
+    steps = ss.CHECKPOINT_STEPS
+    seqlen = 3 * steps + steps // 2 + 1
+    inputs = make_inputs(2, 4, seqlen, 4, F64, groups=2, extras=ALL, init=init)
+    weights = (
+        torch.randn(2, 4, seqlen, device=DEVICE, dtype=F64),
+        torch.randn(2, 4, 4, device=DEVICE, dtype=F64),
+    )
+    calls = []
+
+    def parts(n_parts):
+        def pick(programs, length, num_sms):
+            calls.append(n_parts)
+            return n_parts, steps if n_parts > 1 else length
+
+        return pick
+
+    monkeypatch.setattr(ss, "sequence_parts", parts(4))
+    y, last, grads = run("triton", inputs, True, weights)
+    monkeypatch.setattr(ss, "sequence_parts", parts(1))
+    y1, last1, grads1 = run("triton", inputs, True, weights)
+    assert calls == [4, 1]
+    torch.testing.assert_close(y, y1, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(last, last1, rtol=1e-12, atol=1e-12)
+    for name in grads:
+        torch.testing.assert_close(
+            grads[name], grads1[name], rtol=1e-12, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}"
+        )
+
+
+def test_sequence_parts_rule():
+    steps = ss.CHECKPOINT_STEPS
+    for programs, seqlen, num_sms in itertools.product(
+        [1, 2, 96, 10_000], [1, 7, 513, 4096, 32768], [1, 4, 132]
+    ):
+        n_parts, part_len = ss.sequence_parts(programs, seqlen, num_sms)
+        assert part_len % steps == 0 and (n_parts - 1) * part_len < seqlen <= n_parts * part_len
+        assert n_parts == 1 or (
+            part_len >= ss.MIN_PART_STEPS and programs * n_parts <= ss.PART_TARGET_WARPS * num_sms
+        )
+    assert ss.sequence_parts(96, 32768, 132)[0] > 1  # a batch-1 prefill of Mamba at d_inner 1536
+    assert ss.sequence_parts(1024, 32768, 132)[0] == 1  # a training batch: B8 at d_inner 2048
+    if not torch.cuda.is_available():  # the interpreter's shapes above run in parts
+        assert ss.sequence_parts(2, 64, ss.INTERPRET_SMS)[0] > 1
+
+
 def test_padding_past_the_end_is_never_used():
     # Inputs that are the first L steps of longer buffers holding NaN beyond: the partial last
     # chunk must mask them out (a NaN read into a padded step would reach the state, y or a
@@ -722,8 +772,10 @@ def test_gpu_every_autotune_config(dtype):
     # A config the autotuner may pick on another shape or run must be correct too.
     n_configs = max(len(ss.selective_scan_fwd_kernel.configs), len(ss.selective_scan_bwd_kernel.configs))
     for index in range(n_configs):
-        with forced_config((ss.selective_scan_fwd_kernel, ss.selective_scan_bwd_kernel), index):
-            for seqlen, groups in [(1000, None), (777, 2)]:
+        with forced_config(
+            (ss.selective_scan_part_kernel, ss.selective_scan_fwd_kernel, ss.selective_scan_bwd_kernel), index
+        ):
+            for seqlen, groups in [(1000, None), (777, 2), (2049, None)]:  # 2049: 4 sequence parts
                 inputs = make_inputs(2, 256, seqlen, 16, dtype, groups=groups, extras=ALL, init=True,
                                      param_dtype=torch.float32)  # fmt: skip
                 try:
