@@ -26,9 +26,14 @@ masks time: a mask that may vary along time would keep Triton from vectorising t
 C are passed in the compute dtype, so the values every thread reads are converted once, on the
 host. The state is never stored per step.
 
-Forward, ``selective_scan_fwd_kernel``: grid (channel blocks, groups, batch); y per chunk, the
-last state at the end and, when gradients are needed, the state every ``CHECKPOINT_STEPS`` steps
-(``(batch, dim, n_checkpoints, N)`` in the compute dtype).
+Forward, ``selective_scan_fwd_kernel``: grid (channel blocks, groups, batch x parts); y per chunk,
+the last state at the end and, when gradients are needed, the state every ``CHECKPOINT_STEPS`` steps
+(``(batch, dim, n_checkpoints, N)`` in the compute dtype). With few (batch, channel block) programs,
+e.g. a batch-1 prefill, the sequence is cut into parts that run in parallel (``sequence_parts``):
+``selective_scan_part_kernel`` first walks every part but the last from a zero state, which gives
+the part's affine map of the state, ``h_end = decay * h_start + h_local`` with ``decay = exp(A sum
+dt)`` (the recurrence is linear in h), and each part of the forward starts from h_0 mapped through
+the earlier parts in order: the parallel-prefix idea of Blelloch (1990) with one level of blocks.
 
 Backward, ``selective_scan_bwd_kernel``: same grid; the program walks the checkpoint segments
 from last to first, in two passes per segment (mamba_ssm's chunked recomputation, Gu & Dao 2023
