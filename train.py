@@ -36,7 +36,14 @@ from omegaconf import DictConfig, OmegaConf
 import data as datasets_lib
 from data.mqar import parse_slice_name
 from eval.cli import user_errors
-from eval.records import check_wandb_mode, git_sha, make_record, training_settings, write_records
+from eval.records import (
+    check_flag,
+    check_wandb_settings,
+    git_sha,
+    make_record,
+    training_settings,
+    write_records,
+)
 from models import ModelConfig
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
 from models.config import config_from_groups
@@ -65,7 +72,6 @@ def _loggers(cfg: DictConfig, run_dir: Path, run_name: str) -> list:
     if cfg.logger.csv.enabled:
         loggers.append(L.pytorch.loggers.CSVLogger(save_dir=str(run_dir), name="csv", version=""))
     if cfg.logger.wandb.enabled:
-        check_wandb_mode(cfg.logger.wandb.mode, "logger.wandb.mode")
         try:
             from lightning.pytorch.loggers import WandbLogger
 
@@ -108,6 +114,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             "use trainer=cpu (or trainer=ddp for several CPU processes)"
         )
     check_trainer_settings(cfg)
+    check_wandb_settings(cfg.logger.wandb, "logger.wandb")
+    check_flag(cfg.logger.csv.enabled, "logger.csv.enabled")
     run_dir = Path(cfg.run_dir).resolve()
     earlier = sorted(p.name for p in (run_dir / "checkpoints").glob("*.ckpt"))
     if earlier:

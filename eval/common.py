@@ -34,6 +34,7 @@ from data.mqar import IGNORE_INDEX
 from eval.records import (
     check_output,
     check_sweep_output,
+    check_wandb_settings,
     git_sha,
     log_records_to_wandb,
     make_record,
@@ -101,7 +102,8 @@ def check_settings(
         positive: keys that must hold integers >= 1.
 
     Raises:
-        ValueError: no checkpoint given; ``decode_paths`` not a list, empty, with an unknown or a
+        ValueError: ``wandb.enabled`` not a bool, or ``wandb.mode`` not online / offline while
+            enabled; no checkpoint given; ``decode_paths`` not a list, empty, with an unknown or a
             repeated path; a non-positive count; an ``output`` that cannot be written as a file
             (:func:`eval.records.check_output`) or that an earlier job of the same ``-m`` sweep wrote
             (:func:`eval.records.check_sweep_output`).
@@ -119,6 +121,8 @@ def check_settings(
             raise ValueError(f"unknown decode_paths {unknown}; {choices}")
         if len(set(paths)) < len(paths):
             raise ValueError(f"decode_paths lists a path twice: {list(paths)}; give each path once")
+    if "wandb" in cfg:
+        check_wandb_settings(cfg.wandb)
     if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
         raise ValueError("no checkpoint given: pass ckpt=<a .ckpt file written by train.py>")
     if not isinstance(cfg.ckpt, str):
@@ -588,7 +592,7 @@ def finish(
     print(f"results: {output}")
     log_records_to_wandb(
         records,
-        enabled=bool(cfg.wandb.enabled),
+        enabled=cfg.wandb.enabled,
         project=cfg.wandb.project,
         name=f"{name}-{ctx.run}",
         mode=cfg.wandb.mode,

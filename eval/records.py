@@ -272,6 +272,31 @@ def check_wandb_mode(mode: Any, option: str) -> None:
         )
 
 
+def check_flag(value: Any, option: str) -> bool:
+    """``value`` itself when it is a bool. Hydra reads ``enabled=no`` as the string ``"no"``, which
+    Python takes as true (W&B switched on by ``wandb.enabled=no``), so anything else is refused.
+
+    Raises:
+        ValueError: ``"<option> must be true or false, got ..."``.
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"{option} must be true or false, got {value!r}")
+    return value
+
+
+def check_wandb_settings(wandb_cfg: Any, prefix: str = "wandb") -> None:
+    """Check a ``wandb`` config group before any work: ``enabled`` a bool and, when it is true,
+    ``mode`` online / offline (checked only when records were about to be logged, a typo cost a
+    whole evaluation).
+
+    Raises:
+        ValueError: from :func:`check_flag` or :func:`check_wandb_mode`, naming ``<prefix>.enabled``
+            or ``<prefix>.mode``.
+    """
+    if check_flag(wandb_cfg.enabled, f"{prefix}.enabled"):
+        check_wandb_mode(wandb_cfg.mode, f"{prefix}.mode")
+
+
 def log_records_to_wandb(
     records: list[dict[str, Any]],
     *,

@@ -192,6 +192,11 @@ def test_bad_configs_raise_clear_errors(tmp_path):
         run_train(tmp_path, ["+model.foo=1"])
     with pytest.raises(ValueError, match="logger.wandb.mode must be 'online' or 'offline', got 'onlin'"):
         run_train(tmp_path, ["logger=wandb", "logger.wandb.mode=onlin"])
+    # Hydra passes enabled=no as the string "no", which Python takes as true (W&B was switched on).
+    with pytest.raises(ValueError, match="logger.wandb.enabled must be true or false, got 'no'"):
+        run_train(tmp_path, ["logger.wandb.enabled=no"])
+    with pytest.raises(ValueError, match="logger.csv.enabled must be true or false, got 'off'"):
+        run_train(tmp_path, ["logger.csv.enabled=off"])
     with pytest.raises(ValueError, match="optim.lr must be > 0"):
         run_train(tmp_path, ["optim.lr=-1"])
     if not torch.cuda.is_available():
@@ -209,6 +214,11 @@ def test_recall_eval_rejects_bad_settings(jamba_run):
         recall_eval(compose_eval("recall", [ckpt, "length_multipliers=[1,8]"]))
     with pytest.raises(ValueError, match="unknown decode_paths"):
         recall_eval(compose_eval("recall", [ckpt, "decode_paths=[parallel,beam]"]))
+    # W&B settings are checked before the work, not when the records are about to be logged.
+    with pytest.raises(ValueError, match="wandb.enabled must be true or false, got 'no'"):
+        recall_eval(compose_eval("recall", [ckpt, "wandb.enabled=no"]))
+    with pytest.raises(ValueError, match="wandb.mode must be 'online' or 'offline', got 'onlin'"):
+        recall_eval(compose_eval("recall", [ckpt, "wandb.enabled=true", "wandb.mode=onlin"]))
     # The same error for any seqlens on an MQAR checkpoint: advice on its form (a list, not both
     # settings) would only lead to this one next.
     for seqlens in ("seqlens=[64,128]", "seqlens=64", "seqlens=[64]"):
