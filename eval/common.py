@@ -11,7 +11,7 @@
   into fresh caches, then one token per step through :class:`models.model.DecodeStep`, the step
   ``LanguageModel.generate`` runs -- a CUDA graph on GPUs); :func:`evaluate` runs either over a
   loader and pools the scorers' sums (:class:`Scores`);
-- :func:`is_out_of_memory` for sweeps that skip lengths which do not fit;
+- :func:`is_out_of_memory` (from :mod:`models.model`) for sweeps that skip lengths which do not fit;
 - records (:meth:`EvalContext.record`), the printed table and the result file next to the
   checkpoint plus the W&B table (:func:`finish`).
 """
@@ -43,7 +43,11 @@ from eval.records import (
     write_records,
 )
 from models.lit import LitLM, load_model
-from models.model import DecodeStep, LanguageModel
+from models.model import (
+    DecodeStep,
+    LanguageModel,
+    is_out_of_memory,  # noqa: F401  (the evaluations' import of it)
+)
 
 DATA_META_KEYS = ("name", "monitor", "monitor_mode")
 """Keys of a run's data config that describe training, not the data module's arguments."""
@@ -335,14 +339,6 @@ def build_datamodule(data_cfg: Mapping[str, Any], **overrides: Any):
     kwargs = {k: v for k, v in data_cfg.items() if k not in DATA_META_KEYS}
     kwargs.update(overrides)
     return data_lib.build_datamodule(data_cfg["name"], **kwargs)
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    """Whether ``err`` is an allocation failure: ``torch.OutOfMemoryError`` (CUDA), ``MemoryError``,
-    or the ``RuntimeError`` PyTorch's CPU allocator raises ("can't allocate memory")."""
-    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(err, RuntimeError) and "can't allocate memory" in str(err)
 
 
 @torch.no_grad()

@@ -79,12 +79,16 @@ def make_record(
 
     ``state_bytes`` is the analytic decode-state bytes per sequence at ``seqlen``
     (``model.state_size(seqlen)``), ``None`` without a seqlen; ``tokens_per_s`` is in tokens/s.
+    ``layout`` lists the backbone's mixer per layer; ``shared_block`` is Zamba's shared block
+    (``{"mixer": ..., "every": ...}``), which the layout does not show, or None.
     """
     config = model.config
+    shared = config.shared_block
     return {
         "run": run,
         "mixer": config.name,
         "layout": config.layout,
+        "shared_block": {"mixer": shared.mixer, "every": shared.every} if shared is not None else None,
         "params": model.num_params(),
         "task": task,
         "metric": metric,

@@ -146,6 +146,14 @@ class ModelCache:
         return sum(c.nbytes() for c in self.layers) + sum(c.nbytes() for c in self.shared)
 
 
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is an allocation failure: ``torch.OutOfMemoryError`` (CUDA), ``MemoryError``,
+    or the ``RuntimeError`` PyTorch's CPU allocator raises ("can't allocate memory")."""
+    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(err, RuntimeError) and "can't allocate memory" in str(err)
+
+
 def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -243,15 +251,37 @@ class LanguageModel(nn.Module):
             input_ids: ``(B, T)`` int64 token ids in ``[0, vocab_size)``.
             cache: from :meth:`allocate_cache`; when given, the ``T`` tokens continue the cached
                 sequences (prefill, chunked prefill or a decode step with ``T == 1``) and the
-                cache is advanced in place.
+                cache is advanced in place. Cached calls are inference: they run without autograd
+                (the mixers' decode steps update their states in place, which autograd cannot
+                follow; a prefill under autograd left states that the next step refused).
 
         Returns:
-            ``(B, T, vocab_size)`` logits in the parameters' (or autocast) dtype.
+            ``(B, T, vocab_size)`` logits in the parameters' (or autocast) dtype; without autograd
+            history when ``cache`` is given.
 
         Raises:
             TypeError: ``input_ids`` not a tensor.
             ValueError: ``input_ids`` not 2-D integer (bool is not), or token ids out of range.
         """
+        if cache is not None and torch.is_grad_enabled():
+            with torch.no_grad():
+                return self(input_ids, cache=cache)
+        input_ids = self._token_ids(input_ids)
+        emb = self.embed_dropout(self.embedding(input_ids))  # (B, T, d_model)
+        h = emb
+        invocation = 0
+        for i, block in enumerate(self.layers):
+            h = block(h, cache=None if cache is None else cache.layers[i])
+            if invocation < len(self.shared_after) and self.shared_after[invocation] == i:
+                shared_cache = None if cache is None else cache.shared[invocation]
+                h = h + self.shared_block(h, emb, invocation, cache=shared_cache)
+                invocation += 1
+        h = self.norm_f(h)
+        return F.linear(h, self.embedding.weight)  # tied head: (B, T, vocab_size)
+
+    def _token_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``input_ids`` checked (2-D integer, ids in ``[0, vocab_size)``) and in an index dtype the
+        embedding takes: int16 / uint8 ids (a byte tokenizer's) become int64, int32 / int64 pass."""
         _check_input_ids(input_ids)
         # A decode step being captured in a CUDA graph cannot read tokens back to the host; generate()
         # feeds it tokens sampled from the model's own logits, which are in range.
@@ -265,17 +295,7 @@ class LanguageModel(nn.Module):
                 f"token ids must lie in [0, {self.config.vocab_size}), got range "
                 f"[{int(input_ids.min())}, {int(input_ids.max())}]; is the data's vocab_size larger than the model's?"
             )
-        emb = self.embed_dropout(self.embedding(input_ids))  # (B, T, d_model)
-        h = emb
-        invocation = 0
-        for i, block in enumerate(self.layers):
-            h = block(h, cache=None if cache is None else cache.layers[i])
-            if invocation < len(self.shared_after) and self.shared_after[invocation] == i:
-                shared_cache = None if cache is None else cache.shared[invocation]
-                h = h + self.shared_block(h, emb, invocation, cache=shared_cache)
-                invocation += 1
-        h = self.norm_f(h)
-        return F.linear(h, self.embedding.weight)  # tied head: (B, T, vocab_size)
+        return input_ids if input_ids.dtype in (torch.int32, torch.int64) else input_ids.long()
 
     def allocate_cache(
         self,
@@ -393,21 +413,24 @@ class LanguageModel(nn.Module):
                 ``temperature`` not finite and > 0, ``top_k < 1`` or a stop token outside
                 ``[0, vocab_size)`` (it could never stop).
         """
-        _check_input_ids(input_ids)
+        input_ids = self._token_ids(input_ids).long()
         if input_ids.shape[1] < 1:
             raise ValueError(
                 f"input_ids must hold a prompt of at least one token, got shape {tuple(input_ids.shape)}"
             )
         _check_int("max_new_tokens", max_new_tokens)
+        max_new_tokens = int(max_new_tokens)  # numpy integers too
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         # The chained comparison is False for NaN; inf would sample uniformly, ignoring the model.
-        if not greedy and not (isinstance(temperature, (int, float)) and 0 < temperature < math.inf):
+        real = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
+        if not greedy and not (real and 0 < temperature < math.inf):
             raise ValueError(
                 f"temperature must be a finite number > 0 (or pass greedy=True), got {temperature!r}"
             )
         if top_k is not None:
             _check_int("top_k", top_k)
+            top_k = int(top_k)
             if top_k < 1:
                 raise ValueError(f"top_k must be >= 1, got {top_k}")
         if stop_tokens is not None and (
@@ -417,7 +440,7 @@ class LanguageModel(nn.Module):
                 f"stop_tokens must be a list of token ids (ints), got {stop_tokens!r}; e.g. stop_tokens=[0]"
             )
         vocab = self.config.vocab_size
-        outside = [t for t in stop_tokens or [] if not 0 <= t < vocab]
+        outside = [int(t) for t in stop_tokens or [] if not 0 <= t < vocab]
         if outside:
             raise ValueError(
                 f"stop_tokens {outside} lie outside the vocabulary [0, {vocab}): the model can never emit "
@@ -425,21 +448,36 @@ class LanguageModel(nn.Module):
             )
         batch, prompt_len = input_ids.shape
         if max_new_tokens == 0:
-            return input_ids
-        cache = self.allocate_cache(batch, prompt_len + max_new_tokens)
-        stop = torch.tensor(stop_tokens or [], dtype=torch.long, device=input_ids.device)
+            return input_ids.clone()
+        max_seqlen = prompt_len + max_new_tokens
+        try:
+            cache = self.allocate_cache(batch, max_seqlen)
+        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
+            if not is_out_of_memory(err):
+                raise
+            raise ValueError(
+                f"the decode caches for {batch} sequences of up to {prompt_len} + {max_new_tokens} tokens "
+                f"({batch * self.state_size(max_seqlen)} bytes) do not fit in memory: lower max_new_tokens "
+                "(caches are allocated for the longest sequence up front; an attention cache grows with it)"
+            ) from None
+        stop = torch.tensor([int(t) for t in stop_tokens or []], dtype=torch.long, device=input_ids.device)
         done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
         out = [input_ids]
-        logits = self(input_ids, cache=cache)[:, -1]  # prefill: (B, vocab)
-        decode_step = DecodeStep(self, cache, graphed=cuda_graph and input_ids.is_cuda)
-        for step in range(max_new_tokens):
-            token = self._sample(logits.float(), temperature, top_k, greedy, generator)  # (B,)
-            token = torch.where(done, out[-1][:, -1], token)  # a stopped sequence repeats its stop token
-            out.append(token[:, None])
-            done |= torch.isin(token, stop)
-            if step == max_new_tokens - 1 or bool(done.all()):
-                break
-            logits = decode_step(token)  # (B, vocab)
+        was_training = self.training
+        self.eval()  # dropout off while generating; the module's mode is restored below
+        try:
+            logits = self(input_ids, cache=cache)[:, -1]  # prefill: (B, vocab)
+            decode_step = DecodeStep(self, cache, graphed=cuda_graph and input_ids.is_cuda)
+            for step in range(max_new_tokens):
+                token = self._sample(logits.float(), float(temperature), top_k, greedy, generator)  # (B,)
+                token = torch.where(done, out[-1][:, -1], token)  # a stopped sequence repeats its stop token
+                out.append(token[:, None])
+                done |= torch.isin(token, stop)
+                if step == max_new_tokens - 1 or bool(done.all()):
+                    break
+                logits = decode_step(token)  # (B, vocab)
+        finally:
+            self.train(was_training)
         return torch.cat(out, dim=1)
 
     @staticmethod
@@ -452,7 +490,12 @@ class LanguageModel(nn.Module):
     ) -> torch.Tensor:
         if greedy:
             return logits.argmax(dim=-1)
-        logits = logits / temperature
+        # Shifted by the row maximum before the division (softmax is unchanged by a shift): a tiny
+        # temperature then sends the other logits to -inf, the argmax's limit, instead of
+        # overflowing every logit to +-inf and the probabilities to NaN. The maximum stays 0 even
+        # where a subnormal temperature reads as 0 (flush-to-zero arithmetic), which 0 / 0 would not.
+        shifted = logits - logits.amax(dim=-1, keepdim=True)
+        logits = torch.where(shifted == 0, 0.0, shifted / temperature)
         if top_k is not None:
             kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -28,6 +28,8 @@ from eval.copying import copying_eval
 from eval.long_context import long_context_eval
 from eval.perplexity import perplexity_eval
 from eval.recall import recall_eval
+from eval.records import make_record
+from models import LanguageModel
 from models.lit import load_model
 
 TINY = [
@@ -147,6 +149,18 @@ def test_is_out_of_memory():
     assert is_out_of_memory(err.value)
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory")) and is_out_of_memory(MemoryError())
     assert not is_out_of_memory(RuntimeError("shape mismatch")) and not is_out_of_memory(ValueError("x"))
+
+
+def test_records_name_zambas_shared_block():
+    # The layout lists the backbone only: Zamba's shared attention block showed as "mamba x8".
+    records = {}
+    for mixer in ("hybrid_zamba", "mamba"):
+        cfg = compose_train([f"mixer={mixer}", "model.d_model=32", "model.n_layers=6"])
+        model = LanguageModel(train_module.build_model_config(cfg, 37))
+        records[mixer] = make_record(run="r", model=model, task="mqar", metric="acc", value=1.0)
+    every = compose_train(["mixer=hybrid_zamba"]).mixer.shared_block.every
+    assert records["hybrid_zamba"]["shared_block"] == {"mixer": "attention", "every": every}
+    assert records["hybrid_zamba"]["layout"] == ["mamba"] * 6 and records["mamba"]["shared_block"] is None
 
 
 # --- eval/copying.py -----------------------------------------------------------------------------

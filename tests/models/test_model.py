@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from helpers import MIXER_CONFIGS, compose_train
@@ -11,10 +12,12 @@ from models import LanguageModel, ModelConfig, expand_layout
 
 
 def model_from_config(
-    mixer: str, *, d_model: int = 32, n_layers: int = 8, vocab_size: int = 37
+    mixer: str, *, d_model: int = 32, n_layers: int = 8, vocab_size: int = 37, overrides: tuple = ()
 ) -> LanguageModel:
-    """A tiny float64 model built from the shipped ``conf/mixer/<mixer>.yaml``."""
-    cfg = compose_train([f"mixer={mixer}", f"model.d_model={d_model}", f"model.n_layers={n_layers}"])
+    """A tiny float64 model built from the shipped ``conf/mixer/<mixer>.yaml`` (plus ``overrides``)."""
+    cfg = compose_train(
+        [f"mixer={mixer}", f"model.d_model={d_model}", f"model.n_layers={n_layers}", *overrides]
+    )
     return LanguageModel(train_module.build_model_config(cfg, vocab_size)).double().eval()
 
 
@@ -165,6 +168,61 @@ def test_generate_refuses_bad_arguments_with_clear_errors():
     # numpy integers are token ids too
     out = model.generate(prompt, 2, greedy=True, stop_tokens=list(prompt[:, 0].numpy()))
     assert out.shape[0] == 2 and 4 <= out.shape[1] <= 6
+
+
+def test_generate_takes_numpy_scalars_small_int_prompts_and_tiny_temperatures():
+    # Found by a review: each of these failed inside torch or named an argument never passed.
+    model = model_from_config("mamba", n_layers=2)
+    prompt = torch.randint(0, 37, (2, 4))
+    want = model.generate(prompt, 3, greedy=True)
+    assert torch.equal(model.generate(prompt, np.int64(3), greedy=True), want)
+    for dtype in (torch.int16, torch.uint8, torch.int32):  # a byte tokenizer's ids, say
+        out = model.generate(prompt.to(dtype), 3, greedy=True)
+        assert out.dtype == torch.int64 and torch.equal(out, want)
+    assert model.generate(prompt, 3, temperature=np.float32(0.7), top_k=np.int64(5)).shape == (2, 7)
+    # temperature -> 0 is the argmax (the logits are shifted before the division, so no NaN)
+    for tiny in (1e-30, 1e-40):  # 1e-40 is subnormal in float32 (read as 0 with denormals flushed)
+        sampled = model.generate(prompt, 3, temperature=tiny, generator=torch.Generator().manual_seed(0))
+        assert torch.equal(sampled, want), tiny
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0.*got True"):
+        model.generate(prompt, 3, temperature=True)
+    # no new tokens: the prompt, checked and as int64, in a new tensor
+    none = model.generate(prompt.int(), 0)
+    assert none.dtype == torch.int64 and torch.equal(none, prompt) and none.data_ptr() != prompt.data_ptr()
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 37\), got range \[70, 70\]"):
+        model.generate(torch.tensor([[70]]), 0)
+
+
+def test_generate_says_when_the_caches_do_not_fit():
+    model = model_from_config("attention", n_layers=2)
+    with pytest.raises(
+        ValueError, match=r"caches for 1 sequences of up to 2 \+ 1000000000000 tokens .* lower max_new_tokens"
+    ):
+        model.generate(torch.tensor([[1, 2]]), 10**12, greedy=True, stop_tokens=list(range(37)))
+
+
+def test_generate_runs_without_dropout_and_keeps_the_modules_mode():
+    dropout = ("model.resid_dropout=0.5", "model.embed_dropout=0.5")
+    model = model_from_config("hybrid_jamba", overrides=dropout)
+    prompt = torch.randint(0, 37, (2, 5))
+    want = model.generate(prompt, 6, greedy=True)  # in eval mode
+    model.train()
+    assert torch.equal(model.generate(prompt, 6, greedy=True), want) and model.training
+    assert not torch.equal(model(prompt), model(prompt))  # dropout is on again in the forward
+
+
+@pytest.mark.parametrize("mixer", MIXER_CONFIGS)
+def test_cached_calls_run_without_autograd(mixer):
+    # A prefill with gradients enabled left Mamba / linear-attention states with autograd history,
+    # which the next decode step's in-place update refused, naming an internal tensor.
+    model = model_from_config(mixer)
+    ids = torch.randint(0, 37, (2, 9))
+    full = model(ids)
+    assert full.requires_grad
+    cache = model.allocate_cache(2, 9)
+    logits = [model(ids[:, :6], cache=cache)] + [model(ids[:, t : t + 1], cache=cache) for t in range(6, 9)]
+    assert not any(x.requires_grad for x in logits)
+    torch.testing.assert_close(torch.cat(logits, dim=1), full.detach(), rtol=1e-9, atol=1e-9)
 
 
 def test_config_errors_are_clear():
