@@ -390,10 +390,10 @@ class LanguageModel(nn.Module):
         kernel (Nvidia, "CUDA Graphs", CUDA C++ Programming Guide Sec. 3.2.8.7). The same kernels
         run, so the tokens equal the eager loop's. If a mixer's step cannot be captured (it reads a
         value back to the host), a warning says so and the loop stays eager. On CPU every step runs
-        eagerly.
+        eagerly. Generation runs in eval mode (no dropout); the module's mode is restored after.
 
         Args:
-            input_ids: ``(B, T)`` int64 prompt, ``T >= 1``.
+            input_ids: ``(B, T)`` integer prompt, ``T >= 1`` (any integer dtype; returned as int64).
             max_new_tokens: tokens to generate per sequence (``>= 0``).
             temperature: softmax temperature for sampling (``> 0``); ignored when greedy.
             top_k: sample only among the ``top_k`` most likely tokens.
@@ -409,9 +409,10 @@ class LanguageModel(nn.Module):
         Raises:
             TypeError: ``input_ids`` not a tensor, ``max_new_tokens`` / ``top_k`` not ints,
                 ``stop_tokens`` not a list of ints.
-            ValueError: ``input_ids`` not 2-D integer, empty prompt, negative ``max_new_tokens``,
-                ``temperature`` not finite and > 0, ``top_k < 1`` or a stop token outside
-                ``[0, vocab_size)`` (it could never stop).
+            ValueError: ``input_ids`` not 2-D integer or outside ``[0, vocab_size)``, empty prompt,
+                negative ``max_new_tokens``, ``temperature`` not a finite number > 0, ``top_k < 1``,
+                a stop token outside ``[0, vocab_size)`` (it could never stop), or caches for
+                ``T + max_new_tokens`` tokens that do not fit in memory.
         """
         input_ids = self._token_ids(input_ids).long()
         if input_ids.shape[1] < 1:
