@@ -4,9 +4,10 @@ For one model size (``model=tiny|small|base``) and mixer layout (``mixer=...``; 
 randomly initialised model (throughput and memory do not depend on the weights) is measured at
 each context length of ``context_lengths``, for ``batch_size`` sequences:
 
-- ``state_bytes``: decode-state bytes per sequence measured from the cache tensors
-  (``cache.nbytes() / batch``) and checked against the analytic ``model.state_size`` (DESIGN.md,
-  contract 2, invariant (b)); a mismatch is an error;
+- ``state_bytes``: decode-state bytes per sequence of the cache allocated for the run, which holds
+  ``cache_seqlen = context + decode_steps`` tokens, measured from the cache tensors
+  (``cache.nbytes() / batch``) and checked against the analytic ``model.state_size(cache_seqlen)``
+  (DESIGN.md, contract 2, invariant (b)); a mismatch is an error;
 - ``prefill_tokens_per_s``: one prefill of ``context`` tokens per sequence (wall clock, after a
   warm-up at the same shape);
 - ``decode_tokens_per_s``: ``decode_steps`` single-token steps after that prefill, ``mode="eager"``
@@ -20,18 +21,25 @@ each context length of ``context_lengths``, for ``batch_size`` sequences:
 - ``kernels_per_step``: GPU operations one eager decode step launches (``torch.profiler``, CUDA
   only): what the CUDA graph replays in one launch and what fused kernels would cut.
 
-A context length that runs out of memory is recorded as ``metric="decode_oom"`` (with the
-error's first line as ``reason``) and the sweep goes on.
+A context length that runs out of memory (on the GPU or on the CPU) is recorded as
+``metric="decode_oom"`` (with the error's first line as ``reason``) and the sweep goes on.
 
 Every measurement is a result record (DESIGN.md, contract 5) with ``batch``, ``seqlen`` (the
-context length), ``weight_bytes`` and ``state_bytes`` so ``eval/roofline.py records=[...]`` can set
-it beside its floor. Records go to ``output`` (default ``decode-<mixer>-<model>.json`` in the
-working directory), a plot of state bytes and decode tokens/s versus context length next to it
-(``.png``), and to W&B when ``wandb.enabled=true``. It runs on CPU too (tiny sizes, for tests).
+context length), ``decode_steps``, ``cache_seqlen`` (``seqlen + decode_steps``: the tokens the
+cache is allocated for), ``weight_bytes`` and ``state_bytes`` (bytes per sequence of that cache;
+in a ``decode_oom`` record the analytic bytes of the cache that did not fit) so
+``eval/roofline.py records=[...]`` can set it beside its floor. Every setting is checked before
+anything is measured: a context length listed twice, or one whose ``context + decode_steps``
+tokens pass a learned position table (``pos_emb=learned``), is refused. Records go to ``output``
+(default ``decode-<mixer>-<model>.json`` in the working directory; a ``.png`` output is refused),
+a plot of state bytes and decode tokens/s versus context length beside them (``<stem>.png``),
+both written atomically, and to W&B when ``wandb.enabled=true``. It runs on CPU too (tiny sizes,
+for tests).
 """
 
 from __future__ import annotations
 
+import io
 import time
 from pathlib import Path
 from typing import Any
@@ -41,10 +49,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from eval.cli import user_errors
-from eval.common import check_lengths, resolve_device
+from eval.common import check_lengths, is_out_of_memory, resolve_device
 from eval.records import (
     check_output,
     check_sweep_output,
+    check_wandb_settings,
     git_sha,
     log_records_to_wandb,
     make_record,
@@ -52,6 +61,7 @@ from eval.records import (
     write_records,
 )
 from models import LanguageModel
+from models.checkpoint import atomic_write_bytes
 from models.config import config_from_groups
 from models.model import DecodeStep
 
@@ -189,27 +199,96 @@ def count_kernels(step) -> int:
     return sum(1 for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def check_decode_settings(cfg: DictConfig) -> list[int]:
+    """Check the settings of ``cfg`` that need no model, before any work; returns the context lengths.
+
+    Raises:
+        ValueError: ``wandb.enabled`` not a bool, or ``wandb.mode`` not online / offline while enabled;
+            ``batch_size``, ``decode_steps`` or ``vocab_size`` not an integer >= 1 (``true`` is not
+            one); ``context_lengths`` not a list of them or listing a length twice; ``output`` not one
+            file path, a ``.png`` path (the plot's, beside the records), or a path that cannot be
+            written as a file (:func:`eval.records.check_output`).
+    """
+    check_wandb_settings(cfg.wandb)
+    for key in ("batch_size", "decode_steps", "vocab_size"):
+        if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
+    lengths = check_lengths(cfg.context_lengths, "context_lengths")
+    if len(set(lengths)) < len(lengths):
+        raise ValueError(f"context_lengths lists a length twice: {lengths}; give each length once")
+    if cfg.output is not None and not isinstance(cfg.output, str):
+        raise ValueError(
+            f"output must be one file path, got {cfg.output!r}; give one, e.g. output=decode.json "
+            "(quote a name that Hydra reads as a number or a list: \"output='123'\")"
+        )
+    if cfg.output:
+        output = Path(cfg.output)
+        if output.suffix.lower() == ".png":
+            raise ValueError(
+                f"output={output} is a .png path, but the plot is written beside the records as "
+                f"{output.stem}.png and would replace them; give a .json path such as "
+                f"output={output.with_suffix('.json')}"
+            )
+        check_output(output, "decode.json")
+    return lengths
+
+
+def check_positions(model: LanguageModel, lengths: list[int], decode_steps: int) -> None:
+    """Refuse, before anything is measured, a context length whose ``context + decode_steps`` tokens
+    pass the model's learned position table (:meth:`models.LanguageModel.position_limit`): the run
+    would stop at that length and lose the lengths measured before it.
+
+    Raises:
+        ValueError: naming the mixer, its table size, the lengths that do not fit and the fix.
+    """
+    limit = model.position_limit()
+    if limit is None:
+        return
+    name, size = limit
+    too_long = [context for context in lengths if context + decode_steps > size]
+    if too_long:
+        raise ValueError(
+            f"{name}: the learned position table has max_position={size} rows, but context_lengths "
+            f"{too_long} with decode_steps={decode_steps} need up to {max(too_long) + decode_steps} "
+            f"positions; keep every context length + decode_steps at most {size} (or raise "
+            f"mixer.settings.{name}.max_position)"
+        )
+
+
+def oom_reason(err: BaseException) -> str:
+    """The first line of an out-of-memory error's message (at most 200 characters), or the error's
+    type when it has no message (``MemoryError()``)."""
+    lines = str(err).strip().splitlines()
+    return lines[0][:200] if lines else type(err).__name__
+
+
 def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     """Run the measurement ``cfg`` (``conf/eval/decode.yaml``) describes; returns the records.
 
     Raises:
-        ValueError: invalid settings (non-positive sizes, context_lengths not a list of them, unknown
-            dtype or device, an ``output``, or the default one, that cannot be written as a file or
-            that an earlier job of the same ``-m`` sweep wrote) or a cache whose bytes differ from
+        ValueError: invalid settings (:func:`check_decode_settings`; unknown dtype or device; a
+            default output that cannot be written as a file; an output that an earlier job of the
+            same ``-m`` sweep wrote), a model that does not fit in memory, a context length past a
+            learned position table (:func:`check_positions`), or a cache whose bytes differ from
             the mixer's state_size.
     """
-    for key in ("batch_size", "decode_steps", "vocab_size"):
-        if not isinstance(cfg[key], int) or cfg[key] < 1:
-            raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
-    lengths = check_lengths(cfg.context_lengths, "context_lengths")
-    if cfg.output:
-        check_output(cfg.output, "decode.json")
+    lengths = check_decode_settings(cfg)
     device = resolve_device(cfg.device)
     dtype_name = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     if dtype_name not in DTYPES:
         raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {cfg.dtype!r}")
     torch.manual_seed(0)
-    model = build_model(cfg).to(device=device, dtype=DTYPES[dtype_name]).eval()
+    try:
+        model = build_model(cfg).to(device=device, dtype=DTYPES[dtype_name]).eval()
+    except Exception as err:
+        if not is_out_of_memory(err):
+            raise
+        raise ValueError(
+            f"the model (model={cfg.model.name}, mixer={cfg.mixer.name}, vocab_size={cfg.vocab_size}, "
+            f"{dtype_name}) does not fit in memory on {device}: {oom_reason(err)}; lower vocab_size or "
+            "choose a smaller model="
+        ) from err
+    check_positions(model, lengths, cfg.decode_steps)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     run = f"decode-{model.config.name}-{cfg.model.name}"
     output = Path(cfg.output or f"{run}.json")
@@ -224,17 +303,25 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     print(f"{'context':>8}{'state B/seq':>14}{'prefill tok/s':>15}{'decode tok/s':>14}{'step GB/s':>11}"
           f"{'graph tok/s':>13}{'kernels/step':>14}")  # fmt: skip
     for context in lengths:
+        cache_seqlen = context + cfg.decode_steps
+        base = dict(
+            run=run, model=model, task="decode", seqlen=context, cache_seqlen=cache_seqlen, device=device,
+            sha=sha, batch=batch, weight_bytes=weight_bytes, dtype=dtype_name, model_size=cfg.model.name,
+            decode_steps=cfg.decode_steps,
+        )  # fmt: skip
         try:
             m = measure(model, batch, context, cfg.decode_steps, device)
-        except (torch.cuda.OutOfMemoryError, MemoryError) as err:
-            # Past the memory limit: say so in a record and go on with the next length.
-            reason = str(err).splitlines()[0][:200]
+        except Exception as err:
+            if not is_out_of_memory(err):
+                raise
+            # Past the memory limit: say so in a record (its state_bytes: the cache for cache_seqlen tokens
+            # that did not fit, as in every row of the file) and go on with the next length.
+            reason = oom_reason(err)
             print(f"{context:>8}  skipped: out of memory ({reason})")
             records.append(
                 make_record(
-                    metric="decode_oom", value=1.0, run=run, model=model, task="decode", seqlen=context,
-                    device=device, sha=sha, batch=batch, dtype=dtype_name, model_size=cfg.model.name,
-                    reason=reason,
+                    metric="decode_oom", value=1.0, state_bytes=model.state_size(cache_seqlen), reason=reason,
+                    **base,
                 )
             )  # fmt: skip
             if device.type == "cuda":
@@ -242,19 +329,17 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             continue
         # A step reads every weight and every sequence's cache (roofline floor bytes).
         step_bytes = weight_bytes + batch * m["state_bytes"]
-        common = dict(
-            run=run, model=model, task="decode", seqlen=context, device=device, sha=sha, batch=batch,
-            weight_bytes=weight_bytes, dtype=dtype_name, model_size=cfg.model.name,
-            decode_steps=cfg.decode_steps, prefill_peak_bytes=m["prefill_peak_bytes"],
+        # state_bytes in every record is the cache measured for cache_seqlen tokens (the keyword
+        # replaces make_record's state_size(seqlen), which is for the context alone).
+        common = base | dict(
+            state_bytes=m["state_bytes"], prefill_peak_bytes=m["prefill_peak_bytes"],
             decode_peak_bytes=m["decode_peak_bytes"], copy_bandwidth=copy_bw,
         )  # fmt: skip
         prefill_tps = batch * context / m["prefill_s"]
         decode_tps = batch / m["decode_step_s"]
         bandwidth = step_bytes / m["decode_step_s"]
-        # state_bytes in every record is the cache allocated for context + decode_steps tokens.
-        state = {"state_bytes": m["state_bytes"]}
         records += [
-            make_record(metric="state_bytes", value=m["state_bytes"], **common) | state,
+            make_record(metric="state_bytes", value=m["state_bytes"], **common),
             # flops: 2 per weight per token (the matmuls; attention's score FLOPs are left out, so the
             # roofline's compute floor stays a lower bound).
             make_record(
@@ -263,22 +348,19 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
                 tokens_per_s=prefill_tps,
                 flops=2 * model.num_params() * batch * context,
                 **common,
-            )
-            | state,
+            ),
             make_record(
                 metric="decode_tokens_per_s",
                 value=decode_tps,
                 tokens_per_s=decode_tps,
                 mode="eager",
                 **common,
-            )
-            | state,
-            make_record(metric="decode_bandwidth", value=bandwidth, mode="eager", **common) | state,
+            ),
+            make_record(metric="decode_bandwidth", value=bandwidth, mode="eager", **common),
         ]
         if m["kernels_per_step"] is not None:
             records.append(
                 make_record(metric="kernels_per_step", value=m["kernels_per_step"], mode="eager", **common)
-                | state
             )
         if m["graph_step_s"] is not None:
             graph_tps = batch / m["graph_step_s"]
@@ -286,10 +368,11 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
                 make_record(
                     metric="decode_tokens_per_s", value=graph_tps, tokens_per_s=graph_tps, mode="cuda_graph",
                     speedup_over_eager=m["decode_step_s"] / m["graph_step_s"], **common,
-                ) | state,
+                ),
                 make_record(
-                    metric="decode_bandwidth", value=step_bytes / m["graph_step_s"], mode="cuda_graph", **common
-                ) | state,
+                    metric="decode_bandwidth", value=step_bytes / m["graph_step_s"], mode="cuda_graph",
+                    **common,
+                ),
             ]  # fmt: skip
         graph = "-" if m["graph_step_s"] is None else f"{batch / m['graph_step_s']:.1f}"
         kernels = "-" if m["kernels_per_step"] is None else str(m["kernels_per_step"])
@@ -314,7 +397,12 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
 
 
 def plot(records: list[dict[str, Any]], path: Path) -> None:
-    """State bytes per sequence and eager decode tokens/s versus context length, one line per mixer."""
+    """State bytes per sequence and eager decode tokens/s versus context length, one line per mixer,
+    written to ``path`` as a PNG atomically (rendered in memory, then a temporary file renamed over it).
+
+    Raises:
+        OSError: ``path`` cannot be written (an earlier plot there is left as it was).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -340,8 +428,12 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylabel(label)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png")
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(path, lambda f: f.write(buffer.getvalue()))
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="eval/decode")

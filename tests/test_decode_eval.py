@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -45,8 +46,10 @@ def test_decode_eval_writes_records_and_plot(tmp_path, mixer, capsys):
             assert (metric, context) in metrics
     for r in records:
         assert r["mixer"] == mixer and r["batch"] == 2 and r["value"] > 0
-        # Measured from the cache tensors, equal to the analytic size of a cache for context + steps.
-        assert r["state_bytes"] == model.state_size(r["seqlen"] + 2)
+        # Measured from the cache tensors, equal to the analytic size of a cache for context + steps,
+        # the length each record names.
+        assert r["cache_seqlen"] == r["seqlen"] + 2 and r["decode_steps"] == 2
+        assert r["state_bytes"] == model.state_size(r["cache_seqlen"])
     if mixer == "sliding_window":  # the ring stops growing at the window (32)
         sizes = {r["seqlen"]: r["state_bytes"] for r in records}
         assert sizes[40] == model.state_size(32) == model.state_size(10_000) > sizes[8]
@@ -76,25 +79,46 @@ def test_decode_eval_refuses_an_unwritable_default_output_before_measuring(tmp_p
         decode_eval(compose_decode("mixer=attention", "context_lengths=[8]", "device=cpu"))
 
 
-def test_decode_eval_skips_contexts_past_the_memory_limit(tmp_path, monkeypatch):
+CPU_OOM = (
+    "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
+    "to allocate 512016384 bytes. Error code 12 (Cannot allocate memory)"
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB\nmore detail"),
+         "CUDA out of memory. Tried to allocate 64.00 GiB"),
+        (RuntimeError(CPU_OOM), CPU_OOM),  # PyTorch's CPU allocator (ulimit -v, a full machine)
+        (MemoryError(), "MemoryError"),  # no message: the type names it
+    ],
+    ids=["cuda", "cpu", "memory_error"],
+)  # fmt: skip
+def test_decode_eval_skips_contexts_past_the_memory_limit(tmp_path, monkeypatch, error, reason):
     """A context that runs out of memory becomes a decode_oom record; the sweep goes on."""
     real_measure = decode_module.measure
 
     def measure(model, batch, context, decode_steps, device):
-        if context == 40:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB\nmore detail")
+        if context == 64:
+            raise error
         return real_measure(model, batch, context, decode_steps, device)
 
     monkeypatch.setattr(decode_module, "measure", measure)
     output = tmp_path / "decode.json"
     cfg = compose_decode(
-        "model.n_layers=2", "context_lengths=[40,8]", "decode_steps=2", "device=cpu", f"output={output}"
+        "model.n_layers=2", "context_lengths=[64,8]", "decode_steps=2", "device=cpu", f"output={output}"
     )
     records = decode_eval(cfg)
     assert json.loads(output.read_text()) == records
-    skipped = [r for r in records if r["seqlen"] == 40]
+    skipped = [r for r in records if r["seqlen"] == 64]
     assert [r["metric"] for r in skipped] == ["decode_oom"]
-    assert skipped[0]["reason"] == "CUDA out of memory. Tried to allocate 64.00 GiB"
+    assert skipped[0]["reason"] == reason
+    # Like every other row, its state_bytes is the cache for context + decode_steps tokens (66: two
+    # 64-token pages, where the 64-token context alone would fill one).
+    model = build_model(cfg)
+    assert skipped[0]["cache_seqlen"] == 66 and skipped[0]["decode_steps"] == 2
+    assert skipped[0]["state_bytes"] == model.state_size(66) > model.state_size(64)
     assert {r["metric"] for r in records if r["seqlen"] == 8} == {
         "state_bytes",
         "prefill_tokens_per_s",
@@ -103,6 +127,106 @@ def test_decode_eval_skips_contexts_past_the_memory_limit(tmp_path, monkeypatch)
     }  # fmt: skip (on CPU: no CUDA-graph, no kernel count)
     rows = rl.measured_vs_floor(records, 4.27, 989)
     assert {row["seqlen"] for row in rows} == {8}
+
+
+def test_decode_eval_lets_other_errors_through(tmp_path, monkeypatch):
+    """Only allocation failures become decode_oom records: a bug stops the run, writing nothing."""
+
+    def measure(model, batch, context, decode_steps, device):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(decode_module, "measure", measure)
+    output = tmp_path / "decode.json"
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        decode_eval(compose_decode("context_lengths=[8]", "device=cpu", f"output={output}"))
+    assert not output.exists()
+
+
+def test_decode_eval_refuses_a_model_that_does_not_fit_in_memory(tmp_path):
+    # A 256 TB embedding: past any machine's address space, so the allocation fails at once.
+    output = tmp_path / "decode.json"
+    want = (
+        r"^the model \(model=tiny, mixer=attention, vocab_size=1000000000000, float32\) does not fit in "
+        r"memory on cpu: .*can't allocate memory.*; lower vocab_size or choose a smaller model=$"
+    )
+    with pytest.raises(ValueError, match=want):
+        decode_eval(compose_decode("vocab_size=1000000000000", "context_lengths=[8]", "device=cpu",
+                                   f"output={output}"))  # fmt: skip
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["output={tmp}/x.png"], "output={tmp}/x.png is a .png path, but the plot is written beside the "
+         "records as x.png and would replace them; give a .json path such as output={tmp}/x.json"),
+        (["output={tmp}/x.PNG"], "output={tmp}/x.PNG is a .png path"),
+        (["wandb.enabled=no"], "wandb.enabled must be true or false, got 'no'"),
+        (["wandb.enabled=true", "wandb.mode=bogus"], "wandb.mode must be 'online' or 'offline', got 'bogus'"),
+        (["batch_size=true"], "batch_size must be an integer >= 1, got True"),
+        (["decode_steps=true"], "decode_steps must be an integer >= 1, got True"),
+        (["vocab_size=true"], "vocab_size must be an integer >= 1, got True"),
+        (["output=[a.json]"],
+         "output must be one file path, got ['a.json']; give one, e.g. output=decode.json"),
+        (["output=123"], "output must be one file path, got 123; give one"),
+        (["context_lengths=[64,8,8]"],
+         "context_lengths lists a length twice: [64, 8, 8]; give each length once"),
+        (["mixer.settings.attention.pos_emb=learned", "+mixer.settings.attention.max_position=16",
+          "context_lengths=[8,32]"],
+         "attention: the learned position table has max_position=16 rows, but context_lengths [32] with "
+         "decode_steps=2 need up to 34 positions; keep every context length + decode_steps at most 16 (or "
+         "raise mixer.settings.attention.max_position)"),
+        # The last decode step's position counts: 15 + 2 tokens need position 16.
+        (["mixer.settings.attention.pos_emb=learned", "+mixer.settings.attention.max_position=16",
+          "context_lengths=[15]"], "context_lengths [15] with decode_steps=2 need up to 17 positions"),
+    ],
+    ids=["png", "png_upper", "wandb_enabled", "wandb_mode", "batch_bool", "steps_bool", "vocab_bool",
+         "output_list", "output_int", "duplicate_length", "position_table", "position_table_edge"],
+)  # fmt: skip
+def test_decode_eval_refuses_bad_settings_before_measuring(tmp_path, monkeypatch, overrides, message):
+    monkeypatch.setattr(decode_module, "copy_bandwidth", lambda device: pytest.fail("measuring started"))
+    monkeypatch.chdir(tmp_path)
+    overrides = [o.replace("{tmp}", str(tmp_path)) for o in overrides]
+    cfg = compose_decode("decode_steps=2", "device=cpu", *overrides)
+    with pytest.raises(ValueError, match=re.escape(message.replace("{tmp}", str(tmp_path)))):
+        decode_eval(cfg)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_decode_eval_measures_up_to_the_last_learned_position(tmp_path):
+    output = tmp_path / "decode.json"
+    cfg = compose_decode(
+        "model.n_layers=2", "mixer.settings.attention.pos_emb=learned",
+        "+mixer.settings.attention.max_position=16", "context_lengths=[14]", "decode_steps=2", "device=cpu",
+        f"output={output}",
+    )  # fmt: skip
+    records = decode_eval(cfg)
+    assert {r["cache_seqlen"] for r in records} == {16}
+    assert "decode_tokens_per_s" in {r["metric"] for r in records}
+
+
+def test_plot_replaces_an_earlier_plot_atomically(tmp_path, monkeypatch):
+    records = [
+        {"metric": "state_bytes", "mixer": "attention", "seqlen": 8, "value": 1024.0},
+        {"metric": "decode_tokens_per_s", "mode": "eager", "mixer": "attention", "seqlen": 8, "value": 50.0},
+    ]
+    path = tmp_path / "decode.png"
+    decode_module.plot(records, path)
+    assert path.read_bytes().startswith(b"\x89PNG") and list(tmp_path.iterdir()) == [path]
+    path.write_bytes(b"an earlier plot")
+
+    def savefig(self, fname, **kwargs):  # fails half-way, as on a full disk
+        if isinstance(fname, io.BytesIO):
+            fname.write(b"half a PNG")
+        else:
+            with open(fname, "wb") as f:
+                f.write(b"half a PNG")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("matplotlib.figure.Figure.savefig", savefig)
+    with pytest.raises(OSError, match="No space left on device"):
+        decode_module.plot(records, path)
+    assert path.read_bytes() == b"an earlier plot" and list(tmp_path.iterdir()) == [path]
 
 
 @pytest.mark.gpu
