@@ -15,7 +15,7 @@ Zoology's "best over learning rates" (Arora et al. 2024, Figure 2) -- runs of ``
 only in ``lr`` (same mixer, layout, ``d_model``, ``n_layers``, params and main slice) grouped, a
 table of mixer x ``d_model`` holding each group's best accuracy (eval/recall.py's at the training
 length, else ``val/acc``), its ``lr`` and the number of learning rates tried, or ``no record``; and
-the results of every task and split.
+the results of every task and split (eval/decode.py's ``decode_bandwidth`` in GB/s).
 
 Outputs go to ``out``: one PNG per plot, ``report.md`` (the tables, the plots as links) and
 ``report.html`` (self-contained: plots embedded as base64 PNG, tables inline, no network), all
@@ -29,8 +29,10 @@ What is read:
   holds a list of records -- ``results/train.json`` (train.py), ``checkpoints/<ckpt>.recall.json``
   (eval/recall.py), ``decode-<mixer>-<model>.json`` (eval/decode.py). Other JSON (a dict, a list of
   non-records) is listed as ignored. A file that is not valid JSON, or a list mixing records with
-  other things, or records without ``run``, ``mixer`` or a numeric ``value``, is an error naming the
-  file; ``skip_invalid=true`` skips it with a warning and a note in the report instead.
+  other things, or records without ``run``, ``mixer`` or a numeric ``value`` (finite and
+  non-negative for eval/decode.py's tokens/s, bytes and counts), or with a size, count or rate field
+  that is negative, nan or inf, is an error naming the file; ``skip_invalid=true`` skips it with a
+  warning and a note in the report instead.
 - recall accuracy: eval/recall.py's records (``metric: accuracy``, ``task``, ``seqlen``,
   ``state_bytes``, ``path``, ``checkpoint``, ``split: test``); for a run that has none, train.py's
   validation records (``val/acc`` and ``val/acc_<slice>``, shown with a ``(val)`` label; the slice
@@ -76,7 +78,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data import DATAMODULES
 from eval.cli import user_errors
-from eval.records import check_creatable_dir, check_wandb_mode
+from eval.records import check_creatable_dir, check_flag, check_wandb_settings
 from eval.report_plots import PLOTS, plot_points
 from eval.report_tables import (
     Table,
@@ -90,6 +92,26 @@ from eval.report_tables import (
 from models.checkpoint import atomic_write_bytes
 
 REQUIRED_KEYS = ("run", "mixer", "metric", "value")
+# eval/decode.py's metrics whose value is a rate, a byte count or a count: finite and never negative.
+NON_NEGATIVE_METRICS = (
+    "decode_tokens_per_s",
+    "prefill_tokens_per_s",
+    "decode_bandwidth",
+    "state_bytes",
+    "kernels_per_step",
+)
+# Record fields that are sizes, counts or rates: a finite non-negative number, or null.
+NON_NEGATIVE_FIELDS = (
+    "seqlen",
+    "state_bytes",
+    "params",
+    "d_model",
+    "n_layers",
+    "batch",
+    "weight_bytes",
+    "tokens_per_s",
+    "train_tokens",
+)
 TRAIN_TOKENS, VAL_LOSS = "train/tokens", "val/loss"
 LOOKED_FOR = (
     "*.json record lists (results/train.json, checkpoints/*.recall.json, decode-*.json), "
@@ -207,9 +229,9 @@ def read_record_file(path: Path) -> list[dict[str, Any]] | None:
     Raises:
         ValueError: unreadable or invalid JSON, a list mixing records (dicts with ``metric`` and
             ``value``) with other items, a record without ``run`` or ``mixer``, a non-numeric
-            ``value``, or a ``seqlen``, ``state_bytes``, ``params``, ``d_model``, ``n_layers`` or
-            ``batch`` that is not a finite non-negative number or null; the message names the file
-            and the item.
+            ``value``, a ``value`` of a :data:`NON_NEGATIVE_METRICS` metric (tokens/s, bytes) that
+            is not a finite non-negative number, or a field of :data:`NON_NEGATIVE_FIELDS` that is
+            not a finite non-negative number or null; the message names the file and the item.
     """
     try:
         data = json.loads(path.read_text())
@@ -230,7 +252,12 @@ def read_record_file(path: Path) -> list[dict[str, Any]] | None:
         value = item["value"]
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{path}: record {i} has a non-numeric value {value!r}")
-        for key in ("seqlen", "state_bytes", "params", "d_model", "n_layers", "batch"):  # lr: lr_groups
+        if item["metric"] in NON_NEGATIVE_METRICS and not (math.isfinite(value) and value >= 0):
+            raise ValueError(
+                f"{path}: record {i} ({item['metric']}) has value={value!r}; it must be a finite "
+                "non-negative number (tokens/s, bytes or a count)"
+            )
+        for key in NON_NEGATIVE_FIELDS:  # lr: lr_groups
             field_value = item.get(key)
             if field_value is not None and (
                 isinstance(field_value, bool)
@@ -774,22 +801,32 @@ def build_report(cfg: DictConfig) -> Report:
     Raises:
         FileNotFoundError: a ``runs`` entry that matches nothing, or no record file, metrics.csv or
             W&B summary under any of them (the message lists the paths searched and the files looked for).
-        ValueError: empty ``runs`` or an empty entry, an ``out`` that is (inside) a file or cannot
-            be written, a bad ``recall_path``, ``seqlen`` or ``best_over_lr``, a ``task`` that is
-            neither a known task nor in the records, or an invalid record file, metrics.csv or W&B
-            summary (named; unless ``skip_invalid=true``), a ``wandb.mode`` other than online /
-            offline with W&B enabled.
+        ValueError: ``wandb.enabled``, ``skip_invalid`` or ``best_over_lr`` not true / false (checked
+            first, with a ``wandb.mode`` other than online / offline with W&B enabled); empty
+            ``runs`` or an empty entry; an ``out`` that is not one folder path, is (inside) a file
+            or cannot be written; a bad ``recall_path`` or ``seqlen``; a ``task`` that is neither a
+            known task nor in the records; or an invalid record file, metrics.csv or W&B summary
+            (named; unless ``skip_invalid=true``).
     """
-    if cfg.wandb.enabled:
-        check_wandb_mode(cfg.wandb.mode, "wandb.mode")
+    check_wandb_settings(cfg.wandb)
+    skip_invalid = check_flag(cfg.skip_invalid, "skip_invalid")
+    best_over_lr = check_flag(cfg.best_over_lr, "best_over_lr")
+    if cfg.out is not None and not isinstance(cfg.out, str):
+        raise ValueError(
+            f"out must be one folder path, got {cfg.out!r}; e.g. out=report (quote a name that Hydra "
+            "reads as a number or list: out='2026')"
+        )
+    if not (cfg.out or "").strip():
+        raise ValueError("out is empty: pass out=<folder> for the report's files")
+    out = Path(cfg.out)
+    check_creatable_dir(out, f"out={cfg.out!r} cannot be written", "pass out=<a writable folder>",
+                        file_fix="pass out=<folder>")  # fmt: skip
     if cfg.recall_path not in ("decode", "parallel"):
         raise ValueError(f"recall_path must be decode or parallel, got {cfg.recall_path!r}")
     if cfg.seqlen is not None and (
         isinstance(cfg.seqlen, bool) or not isinstance(cfg.seqlen, int) or cfg.seqlen < 1
     ):
         raise ValueError(f"seqlen must be null or an integer >= 1, got {cfg.seqlen!r}")
-    if not isinstance(cfg.best_over_lr, bool):
-        raise ValueError(f"best_over_lr must be true or false, got {cfg.best_over_lr!r}")
     if not (isinstance(cfg.runs, str) or (OmegaConf.is_list(cfg.runs) and len(cfg.runs))):
         raise ValueError(
             f"runs must be a folder, a glob or a list of them, got {cfg.runs!r}; e.g. runs='outputs/*' "
@@ -797,11 +834,11 @@ def build_report(cfg: DictConfig) -> Report:
         )
     runs = cfg.runs if isinstance(cfg.runs, str) else list(cfg.runs)
     sources = find_files(expand_runs(runs))
-    records = load_records(sources, bool(cfg.skip_invalid))
+    records = load_records(sources, skip_invalid)
     accuracy = accuracy_points(records, cfg.task, cfg.recall_path)
     scores = run_scores(records, cfg.task, cfg.recall_path)
     groups = lr_groups(scores)
-    shown, dropped = drop_worse_lrs(accuracy, groups) if cfg.best_over_lr else (accuracy, 0)
+    shown, dropped = drop_worse_lrs(accuracy, groups) if best_over_lr else (accuracy, 0)
     by_length = accuracy
     skipped: dict[str, str] = {}  # plot name -> why its section has no plot
     if cfg.task == "text":
@@ -860,7 +897,7 @@ def build_report(cfg: DictConfig) -> Report:
         tasks = accuracy_tasks(records)
         if tasks:
             notes.append(f"no accuracy records for task={cfg.task}; the records hold task={', '.join(tasks)}")
-    val_loss, csv_notes = val_loss_points(records, sources, bool(cfg.skip_invalid))
+    val_loss, csv_notes = val_loss_points(records, sources, skip_invalid)
     if not (records or val_loss):
         raise FileNotFoundError(_nothing_found(sources, csv_notes))
     tasks_of: dict[str, set[str]] = defaultdict(set)
@@ -884,11 +921,6 @@ def build_report(cfg: DictConfig) -> Report:
         "decode_tokens_per_s": decode_points(records),
     }
     notes += csv_notes + [f"skipped invalid file: {s}" for s in sources.skipped]
-    if not str(cfg.out or "").strip():
-        raise ValueError("out is empty: pass out=<folder> for the report's files")
-    out = Path(cfg.out)
-    check_creatable_dir(out, f"out={cfg.out!r} cannot be written", "pass out=<a writable folder>",
-                        file_fix="pass out=<folder>")  # fmt: skip
     figures, pngs, png_bytes = {}, {}, {}
     for spec in PLOTS:
         fig = figures[spec.name] = plot_points(points[spec.name], spec)
@@ -932,7 +964,7 @@ def build_report(cfg: DictConfig) -> Report:
         print(f"note: {note}")
     log_report_to_wandb(
         report,
-        enabled=bool(cfg.wandb.enabled),
+        enabled=cfg.wandb.enabled,
         project=cfg.wandb.project,
         mode=cfg.wandb.mode,
         name=f"report-{out.resolve().name}",

@@ -56,15 +56,19 @@ def fold_slice(metric: str) -> tuple[str, str | None]:
     return (match.group(1), match.group(2)) if match else (metric, None)
 
 
-def compact_layout(layout: list[str] | None) -> str:
-    """A layout list as text, runs of one mixer collapsed: ``mamba x4, attention, mamba x3``."""
+def compact_layout(layout: list[str] | None, shared_block: dict[str, Any] | None = None) -> str:
+    """A layout list as text, runs of one mixer collapsed: ``mamba x4, attention, mamba x3``; with a
+    record's ``shared_block`` (Zamba's), ``mamba x6 + shared attention every 6``."""
     parts: list[list[Any]] = []
     for name in layout or []:
         if parts and parts[-1][0] == name:
             parts[-1][1] += 1
         else:
             parts.append([name, 1])
-    return ", ".join(name if n == 1 else f"{name} x{n}" for name, n in parts)
+    text = ", ".join(name if n == 1 else f"{name} x{n}" for name, n in parts)
+    if isinstance(shared_block, dict):
+        text += f" + shared {shared_block.get('mixer')} every {shared_block.get('every')}"
+    return text
 
 
 def format_value(value: Any) -> str:
@@ -87,10 +91,23 @@ def format_lr(lr: float) -> str:
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
+METRIC_UNITS = {"decode_bandwidth": ("GB/s", 1e-9)}
+"""Metrics shown in another unit than their records' ``value``: name -> (unit, factor). eval/decode.py
+writes ``decode_bandwidth`` in bytes/s and prints it in GB/s."""
+
+
 def _metric_column(r: dict[str, Any]) -> str:
     metric = fold_slice(r["metric"])[0] if r.get("split") == "val" else r["metric"]
+    if metric in METRIC_UNITS:
+        metric = f"{metric} ({METRIC_UNITS[metric][0]})"
     variant = r.get("path") or r.get("mode")
     return f"{metric} [{variant}]" if variant else metric
+
+
+def _shown_value(r: dict[str, Any]) -> float:
+    """A record's ``value`` in the unit of its column (:data:`METRIC_UNITS`)."""
+    unit = METRIC_UNITS.get(r["metric"])
+    return r["value"] * unit[1] if unit else r["value"]
 
 
 # Record fields that tell apart measurements of one run, mixer and length (see summary_tables).
@@ -107,13 +124,14 @@ def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
     and one table per task and split with a row per run, mixer, seqlen, slice, dtype and batch (the
     last two where the task's records carry them: eval/decode.py's) and record file: params,
     state bytes (per sequence) and one column per metric (``accuracy [decode]``, ``decode_tokens_per_s
-    [eager]``; train.py's per-slice ``val/acc_<slice>`` folded into ``val/acc`` at the slice's seqlen).
+    [eager]``, ``decode_bandwidth (GB/s) [eager]``: a unit of :data:`METRIC_UNITS` is named; train.py's
+    per-slice ``val/acc_<slice>`` folded into ``val/acc`` at the slice's seqlen).
     """
     runs: dict[tuple[str, str], dict[str, Any]] = {}
     for r in records:
         row = runs.setdefault(
             (r["run"], r["mixer"]),
-            {"layout": compact_layout(r.get("layout")), "params": r.get("params"), "tasks": {}, "files": {}},
+            {"layout": compact_layout(r.get("layout"), r.get("shared_block")), "params": r.get("params"), "tasks": {}, "files": {}},
         )
         row["tasks"][_task_title(r)] = None
         row["files"][r["record_file"]] = None
@@ -154,7 +172,7 @@ def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
                    r["record_file"])  # fmt: skip
             row = table_rows.setdefault(key, {"params": r.get("params"), "state_bytes": r.get("state_bytes")})
             if r["metric"] != "state_bytes":
-                row[_metric_column(r)] = r["value"]
+                row[_metric_column(r)] = _shown_value(r)
         tables.append(
             Table(
                 f"Results: {title}",

@@ -19,12 +19,17 @@ alone, a quarter of a 4.5 ms step: what a CUDA graph (and kernel fusion) removes
 
 With ``records=[...]`` (JSON lists written by ``eval/decode.py``), every prefill / decode
 throughput record is printed beside the floor for its shape: decode moves the weights plus every
-sequence's cache once per step, prefill at least moves those bytes and does its FLOPs.
+sequence's cache once per step, prefill at least moves those bytes and does its FLOPs. The cache
+bytes are the records' ``state_bytes``: the cache eval/decode.py allocated for the context plus its
+decode steps (``cache_seqlen``), not the part a step reads -- an attention step reads only the
+tokens cached so far, up to ``decode_steps`` fewer -- so the floor counts a little more cache than
+a step moves.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,25 +189,26 @@ def measured_vs_floor(records: list[dict[str, Any]], bandwidth_tb_s: float, peak
     """Rows of measured prefill / decode throughput beside the traffic model's floor.
 
     A record (eval/decode.py) is used when its ``metric`` is ``prefill_tokens_per_s`` or
-    ``decode_tokens_per_s`` (``value`` in tokens/s) and it carries ``batch``, ``seqlen``,
-    ``weight_bytes`` and ``state_bytes`` (cache bytes per sequence at ``seqlen``); a prefill record
-    may add ``flops``. Decode: a step produces ``batch`` tokens and reads the weights and
-    ``batch * state_bytes`` of cache. Prefill: ``batch * seqlen`` tokens that read the weights,
-    write the caches and do ``flops``.
+    ``decode_tokens_per_s`` (``value`` in tokens/s); it carries ``batch``, ``seqlen`` (the context),
+    ``weight_bytes`` and ``state_bytes`` -- the bytes of one sequence's cache as allocated for
+    ``cache_seqlen`` tokens (the context plus ``decode_steps``), not those a step reads -- and a
+    prefill record may add ``flops`` (:func:`check_record` checks them). Decode: a step produces
+    ``batch`` tokens and reads the weights and ``batch * state_bytes`` of cache. Prefill: ``batch *
+    seqlen`` tokens that read the weights, write the caches and do ``flops``.
 
     Returns:
-        dicts with mixer, kind, batch, seqlen, measured_tokens_per_s, floor_tokens_per_s and
-        fraction (measured / floor, <= 1 unless the model's byte count is too high).
+        dicts with mixer, kind, batch, seqlen, cache_seqlen (the tokens ``state_bytes`` was allocated
+        for; None where the record gives neither it nor ``decode_steps``), measured_tokens_per_s,
+        floor_tokens_per_s and fraction (measured / floor, <= 1 unless the model's byte count is too
+        high).
+
+    Raises:
+        ValueError: a record that :func:`check_record` refuses.
     """
     rows = []
-    for rec in records:
-        if rec.get("metric") not in (PREFILL_METRIC, DECODE_METRIC):
+    for i, rec in enumerate(records):
+        if not check_record(rec, f"record {i}"):
             continue
-        missing = [k for k in ("batch", "seqlen", "weight_bytes", "state_bytes") if rec.get(k) is None]
-        if missing:
-            raise ValueError(
-                f"record {rec.get('run')!r} ({rec['metric']}) lacks {missing}; was it written by eval/decode.py?"
-            )
         batch, seqlen = rec["batch"], rec["seqlen"]
         nbytes = rec["weight_bytes"] + batch * rec["state_bytes"]
         if rec["metric"] == DECODE_METRIC:
@@ -212,12 +218,16 @@ def measured_vs_floor(records: list[dict[str, Any]], bandwidth_tb_s: float, peak
             kind, tokens = "prefill", batch * seqlen
             floor = prefill_floor_s(nbytes, rec.get("flops") or 0.0, bandwidth_tb_s, peak_tflops)
         floor_tps = tokens / floor
+        cache_seqlen = rec.get("cache_seqlen")
+        if cache_seqlen is None and rec.get("decode_steps") is not None:
+            cache_seqlen = seqlen + rec["decode_steps"]
         rows.append(
             {
                 "mixer": rec.get("mixer"),
                 "kind": kind + (f" ({rec['mode']})" if rec.get("mode") else ""),
                 "batch": batch,
                 "seqlen": seqlen,
+                "cache_seqlen": cache_seqlen,
                 "measured_tokens_per_s": rec["value"],
                 "floor_tokens_per_s": floor_tps,
                 "fraction": rec["value"] / floor_tps,
@@ -226,76 +236,166 @@ def measured_vs_floor(records: list[dict[str, Any]], bandwidth_tb_s: float, peak
     return rows
 
 
+# The numeric fields of a throughput record: (name, integer, zero allowed, required).
+RECORD_FIELDS = (
+    ("value", False, True, True),
+    ("batch", True, False, True),
+    ("seqlen", True, False, True),
+    ("weight_bytes", False, False, True),
+    ("state_bytes", False, True, True),
+    ("flops", False, True, False),
+    ("decode_steps", True, True, False),
+    ("cache_seqlen", True, False, False),
+)
+
+
+def check_record(rec: Any, where: str) -> bool:
+    """Whether ``rec`` is a prefill / decode throughput record, which :func:`measured_vs_floor` sets
+    beside a floor (False for records of other metrics); one whose fields the floor cannot use is refused.
+
+    Args:
+        rec: one item of a records file.
+        where: how a message names it (``decode.json: record 3``).
+
+    Raises:
+        ValueError: ``rec`` is not a JSON object; or it is a throughput record that lacks ``value``,
+            ``batch``, ``seqlen``, ``weight_bytes`` or ``state_bytes``, or has a field of
+            :data:`RECORD_FIELDS` that is not a finite non-negative number (an integer for counts
+            and lengths; ``batch``, ``seqlen``, ``cache_seqlen`` and ``weight_bytes`` > 0: a step
+            that moves no bytes has no floor).
+    """
+    if not isinstance(rec, dict):
+        raise ValueError(
+            f"{where} is {rec!r}, not a result record (a JSON object); pass files written by eval/decode.py"
+        )
+    if rec.get("metric") not in (PREFILL_METRIC, DECODE_METRIC):
+        return False
+    what = f"{where} (run {rec.get('run')!r}, {rec['metric']})"
+    missing = [name for name, _, _, required in RECORD_FIELDS if required and rec.get(name) is None]
+    if missing:
+        raise ValueError(f"{what} lacks {missing}; was it written by eval/decode.py?")
+    for name, integer, zero, _ in RECORD_FIELDS:
+        value = rec.get(name)
+        if value is None:
+            continue
+        ok = isinstance(value, int if integer else int | float) and not isinstance(value, bool)
+        if not ok or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            kind = ("an integer" if integer else "a finite number") + (" >= 0" if zero else " > 0")
+            raise ValueError(
+                f"{what} has {name}={value!r}; it must be {kind} (rewrite it with eval/decode.py)"
+            )
+    return True
+
+
 def load_records(paths: list[str]) -> list[dict[str, Any]]:
-    """Concatenate the JSON record lists at ``paths``.
+    """Concatenate the JSON record lists at ``paths``, checking every item (:func:`check_record`) so
+    that a bad file is refused before anything is printed.
 
     Raises:
         FileNotFoundError: a path does not exist (the message names it).
-        ValueError: a file is not valid JSON, or not a JSON list.
+        ValueError: a path is a directory; a file cannot be read, is not UTF-8 JSON or not a JSON
+            list; or it holds an item :func:`check_record` refuses (file and record named).
     """
     records = []
     for path in paths:
+        if Path(path).is_dir():
+            example = min(Path(path).glob("*.json"), default=Path(path) / "decode-attention-small.json")
+            raise ValueError(
+                f"records file {path} is a directory; records= takes the JSON files eval/decode.py "
+                f"writes, e.g. records=[{example}]"
+            )
         if not Path(path).is_file():
             raise FileNotFoundError(f"records file not found: {path}; pass files written by eval/decode.py")
         try:
-            data = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as err:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as err:
+            raise ValueError(f"cannot read records file {path}: {err.strerror or err}") from err
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ValueError(
                 f"{path} is not valid JSON ({err}); pass files written by eval/decode.py"
             ) from err
         if not isinstance(data, list):
             raise ValueError(f"{path} must hold a JSON list of result records")
+        for i, rec in enumerate(data):
+            check_record(rec, f"{path}: record {i}")
         records.extend(data)
     return records
 
 
 def format_measured(rows: list[dict]) -> str:
-    """The measured-vs-floor rows as a table."""
+    """The measured-vs-floor rows as a table (``cache len``: the tokens ``state_bytes`` was allocated
+    for, ``?`` where the record does not say)."""
     lines = [
-        f"{'mixer':<16}{'kind':<20}{'batch':>6}{'seqlen':>8}{'measured tok/s':>16}{'floor tok/s':>14}{'of floor':>10}"
+        f"{'mixer':<16}{'kind':<20}{'batch':>6}{'seqlen':>8}{'cache len':>10}{'measured tok/s':>16}"
+        f"{'floor tok/s':>14}{'of floor':>10}"
     ]
     for r in rows:
+        cache = "?" if r["cache_seqlen"] is None else r["cache_seqlen"]
         lines.append(
-            f"{str(r['mixer']):<16}{r['kind']:<20}{r['batch']:>6}{r['seqlen']:>8}"
+            f"{str(r['mixer']):<16}{r['kind']:<20}{r['batch']:>6}{r['seqlen']:>8}{cache:>10}"
             f"{r['measured_tokens_per_s']:>16.1f}{r['floor_tokens_per_s']:>14.1f}{r['fraction']:>10.1%}"
         )
     return "\n".join(lines)
 
 
+# What the floor of the measured rows counts as cache: the records give only the allocated cache.
+CACHE_NOTE = (
+    "cache len: the tokens each sequence's cache was allocated for (context + decode steps); the floor\n"
+    "counts that whole cache (eval/decode.py's state_bytes), though an attention step reads only the\n"
+    "tokens cached so far."
+)
+
+
 def check_config(cfg: DictConfig | dict) -> None:
     """Refuse settings the traffic model cannot use: the shape's sizes must be positive integers,
-    the bandwidths, peak and step time positive numbers, the launch counts and costs >= 0.
+    ``bandwidths_tb_s`` and ``decode`` mappings, the bandwidths, peak and step time finite positive
+    numbers, the launch count an integer >= 0 and the launch cost a finite number >= 0.
 
     Raises:
-        ValueError: the first bad setting, named with its value.
+        ValueError: the first bad setting, named with its value and how to set it.
     """
 
     def number(name: str, value: Any, *, integer: bool, positive: bool) -> None:
         kind = int if integer else (int, float)
-        ok = isinstance(value, kind) and not isinstance(value, bool)
+        ok = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
         if not ok or (positive and value <= 0) or (not positive and value < 0):
-            what = ("a positive " if positive else "a non-negative ") + ("integer" if integer else "number")
+            sign = "positive" if positive else "non-negative"
+            what = f"a {sign} integer" if integer else f"a finite {sign} number"
             raise ValueError(f"{name} must be {what}, got {value!r}")
 
     for key in ("seqlen", "head_dim", "num_heads", "num_layers", "dtype_bytes"):
         number(key, cfg[key], integer=True, positive=True)
-    for key, value in cfg["bandwidths_tb_s"].items():
+    bandwidths = cfg["bandwidths_tb_s"]
+    if not isinstance(bandwidths, dict | DictConfig):
+        raise ValueError(
+            f"bandwidths_tb_s must be a mapping of name: TB/s, got {bandwidths!r}; set one with "
+            "bandwidths_tb_s.h100=3.35, add one with +bandwidths_tb_s.b200=8"
+        )
+    for key, value in bandwidths.items():
         number(f"bandwidths_tb_s.{key}", value, integer=False, positive=True)
     number("peak_tflops", cfg["peak_tflops"], integer=False, positive=True)
     number("bandwidth_tb_s", cfg["bandwidth_tb_s"], integer=False, positive=True)
-    number("decode.launches_per_layer", cfg["decode"]["launches_per_layer"], integer=True, positive=False)
-    number("decode.launch_us", cfg["decode"]["launch_us"], integer=False, positive=False)
-    number("decode.step_ms", cfg["decode"]["step_ms"], integer=False, positive=True)
+    decode = cfg["decode"]
+    if not isinstance(decode, dict | DictConfig):
+        raise ValueError(
+            f"decode must be a mapping of launches_per_layer, launch_us and step_ms, got {decode!r}; "
+            "set them one by one, e.g. decode.step_ms=4.5"
+        )
+    number("decode.launches_per_layer", decode["launches_per_layer"], integer=True, positive=False)
+    number("decode.launch_us", decode["launch_us"], integer=False, positive=False)
+    number("decode.step_ms", decode["step_ms"], integer=False, positive=True)
 
 
 def roofline(cfg: DictConfig) -> dict[str, Any]:
-    """Print the traffic model's figures and, with ``cfg.records``, measured rows beside the floor.
+    """Print the traffic model's figures and, with ``cfg.records``, measured rows beside the floor;
+    every setting and record is checked before anything is printed.
 
     Returns:
         ``{"figures": ..., "measured": [...]}``.
 
     Raises:
-        ValueError: a bad setting (:func:`check_config`) or records file (:func:`load_records`).
+        ValueError: a bad setting (:func:`check_config`), records file (:func:`load_records`) or
+            record (:func:`check_record`).
         FileNotFoundError: a records file that does not exist.
     """
     check_config(cfg)
@@ -305,13 +405,14 @@ def roofline(cfg: DictConfig) -> dict[str, Any]:
     elif given is not None and not isinstance(given, (list, ListConfig)):
         raise ValueError(f"records must be a file or a list of files (records=[a.json,b.json]), got {given!r}")
     records = load_records([str(path) for path in given]) if given else None
+    rows = measured_vs_floor(records, cfg.bandwidth_tb_s, cfg.peak_tflops) if records is not None else []
     figures = issue_figures(cfg)
     print(format_figures(cfg, figures))
-    rows = []
     if records is not None:
-        rows = measured_vs_floor(records, cfg.bandwidth_tb_s, cfg.peak_tflops)
         print(f"\nMeasured beside the floor ({cfg.bandwidth_tb_s} TB/s, {cfg.peak_tflops} TFLOP/s)")
-        print(format_measured(rows) if rows else "(no prefill / decode throughput records)")
+        print(
+            f"{format_measured(rows)}\n{CACHE_NOTE}" if rows else "(no prefill / decode throughput records)"
+        )
     return {"figures": figures, "measured": rows}
 
 

@@ -29,7 +29,7 @@ from eval.report import (
     val_loss_points,
 )
 from eval.report_plots import PLOTS, plot_points
-from eval.report_tables import fold_slice, summary_tables
+from eval.report_tables import compact_layout, fold_slice, summary_tables
 
 STATE = {  # decode-state bytes per sequence at a length, per mixer (made up, of the right shape)
     "attention": lambda t: 2048 * t,
@@ -538,6 +538,20 @@ def test_decode_measurements_of_two_dtypes_keep_their_own_rows():
     assert len(rows) == 4
 
 
+def test_decode_bandwidth_is_shown_in_gb_per_s():
+    # eval/decode.py writes bytes/s and prints GB/s; the table showed 529,674,592 under no unit.
+    records = decode_records("attention", [500.0, 200.0])
+    for r in records[1::3]:
+        bandwidth = {**r, "metric": "decode_bandwidth", "value": 529_674_592.0 * r["seqlen"] / 1024}
+        records.append(bandwidth)
+    for r in records:
+        r["record_file"] = "decode-attention-tiny.json"
+    decode = {t.title: t for t in summary_tables(records)}["Results: decode"]
+    rows = [dict(zip(decode.columns, row, strict=True)) for row in decode.rows]
+    assert [r["decode_bandwidth (GB/s) [eager]"] for r in rows] == pytest.approx([0.529674592, 2.118698368])
+    assert [r["decode_tokens_per_s [eager]"] for r in rows] == [500.0, 200.0]  # other metrics as recorded
+
+
 def test_html_is_self_contained_with_plots_and_tables(report):
     text = report.html.read_text()
     page = Page(text)
@@ -697,6 +711,67 @@ def test_corrupt_record_file_errors_or_is_skipped(runs, tmp_path):
     bad.write_text(json.dumps([{"run": "bad-run", "metric": "val/loss", "value": 1.0}]))
     with pytest.raises(ValueError, match=r"train\.json: record 0 lacks \['mixer'\]"):
         make_report(dirs, tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    "metric, value",
+    [
+        ("decode_tokens_per_s", math.nan),
+        ("decode_tokens_per_s", math.inf),
+        ("decode_tokens_per_s", -3.0),
+        ("prefill_tokens_per_s", -1.0),
+        ("decode_bandwidth", math.nan),
+        ("state_bytes", -4096.0),
+    ],
+)
+def test_impossible_decode_values_are_errors_or_skipped(runs, tmp_path, metric, value):
+    # Found by a review: a NaN, inf or negative tokens/s was drawn and tabled without a word.
+    records = decode_records("mamba", [800.0, 800.0])
+    records.append({**records[1], "metric": "decode_bandwidth", "value": 5e8})
+    index = next(i for i, r in enumerate(records) if r["metric"] == metric)
+    records[index] = {**records[index], "value": value}
+    bad = tmp_path / "bad-decode" / "decode-mamba-tiny.json"
+    write_json(bad, records)
+    dirs = f"[{runs / 'decode'},{bad.parent}]"
+    message = (
+        rf"bad-decode/decode-mamba-tiny\.json: record {index} \({metric}\) has value={value!r}; "
+        "it must be a finite non-negative number"
+    )
+    with pytest.raises(ValueError, match=message):
+        make_report(dirs, tmp_path / "out")
+    with pytest.warns(UserWarning, match=message):
+        rep = make_report(dirs, tmp_path / "out", "skip_invalid=true")
+    assert str(bad) not in {r["record_file"] for r in rep.records}
+    assert rep.figures["decode_tokens_per_s"] is not None
+
+
+def test_size_and_rate_fields_must_be_finite(tmp_path):
+    bad = tmp_path / "run" / "results" / "train.json"
+    for key, value in (("tokens_per_s", math.nan), ("train_tokens", -1), ("weight_bytes", math.inf)):
+        write_json(bad, [{"run": "run", "mixer": "mamba", "metric": "val/loss", "value": 1.0, key: value}])
+        with pytest.raises(
+            ValueError, match=rf"record 0 has {key}={value!r}; it must be a finite non-negative"
+        ):
+            make_report(f"[{bad.parent.parent}]", tmp_path / "out")
+
+
+@pytest.mark.parametrize("flag", ["wandb.enabled", "skip_invalid"])
+def test_flags_that_are_not_booleans_are_refused_before_the_report_is_built(
+    runs, tmp_path, flag, monkeypatch
+):
+    # Hydra passes wandb.enabled=no as the string "no", which is true: it started a W&B run, and
+    # skip_invalid=no skipped invalid files.
+    monkeypatch.setitem(sys.modules, "wandb", None)  # were the flag taken as true, no W&B run is made
+    with pytest.raises(ValueError, match=rf"^{re.escape(flag)} must be true or false, got 'no'$"):
+        make_report(f"[{runs / 'decode'}]", tmp_path / "out", f"{flag}=no")
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_must_be_one_folder_path(runs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"out must be one folder path, got \['a'\]; e.g. out=report"):
+        build_report(compose_eval("report", [f"runs=[{runs / 'decode'}]", "out=[a]"]))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_works_without_wandb(runs, tmp_path, monkeypatch, capsys):
@@ -1125,3 +1200,9 @@ def test_evaluations_of_one_checkpoint_in_several_files_make_one_curve(tmp_path)
         ),
         "mamba [mamba-run] best.ckpt": ([64, 128, 256], pytest.approx([0.2, 0.2, 0.2])),
     }
+
+
+def test_layout_text_names_zambas_shared_block():
+    assert compact_layout(["mamba", "mamba", "attention", "mamba"]) == "mamba x2, attention, mamba"
+    shared = {"mixer": "attention", "every": 6}
+    assert compact_layout(["mamba"] * 12, shared) == "mamba x12 + shared attention every 6"

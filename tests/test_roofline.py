@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+from helpers import compose_eval
 from hydra import compose, initialize_config_dir
 
 from eval import roofline as rl
@@ -89,8 +91,8 @@ def test_bad_settings_and_record_files_are_named(cfg, tmp_path):
         ("seqlen=0", "seqlen must be a positive integer, got 0"),
         ("seqlen=-5", "seqlen must be a positive integer, got -5"),
         ("head_dim=abc", "head_dim must be a positive integer, got 'abc'"),
-        ("bandwidth_tb_s=0", "bandwidth_tb_s must be a positive number"),
-        ("decode.launch_us=-1", "decode.launch_us must be a non-negative number"),
+        ("bandwidth_tb_s=0", "bandwidth_tb_s must be a finite positive number"),
+        ("decode.launch_us=-1", "decode.launch_us must be a finite non-negative number"),
     ]:
         bad = OmegaConf.merge(cfg, OmegaConf.from_dotlist([override]))
         with pytest.raises(ValueError, match=message):
@@ -101,3 +103,95 @@ def test_bad_settings_and_record_files_are_named(cfg, tmp_path):
         rl.load_records([str(empty)])
     with pytest.raises(FileNotFoundError, match="records file not found: .*missing.json"):
         rl.load_records([str(tmp_path / "missing.json")])
+
+
+# A decode record as eval/decode.py writes it: 32 decode steps after a 1024-token context.
+DECODE_RECORD = {"run": "r", "mixer": "attention", "metric": "decode_tokens_per_s", "value": 4270.0, "batch": 4,
+                 "seqlen": 1024, "weight_bytes": 1e9, "state_bytes": 0.25e9, "decode_steps": 32}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        # Found by a review: nan and inf passed the "<= 0" checks and printed nan figures, or divided by zero.
+        ("bandwidths_tb_s.h100=nan", "bandwidths_tb_s.h100 must be a finite positive number, got nan"),
+        ("peak_tflops=nan", "peak_tflops must be a finite positive number, got nan"),
+        ("decode.launch_us=nan", "decode.launch_us must be a finite non-negative number, got nan"),
+        ("decode.step_ms=inf", "decode.step_ms must be a finite positive number, got inf"),
+        ("bandwidth_tb_s=inf", "bandwidth_tb_s must be a finite positive number, got inf"),
+        ("bandwidth_tb_s=nan", "bandwidth_tb_s must be a finite positive number, got nan"),
+        ("bandwidths_tb_s=5", r"bandwidths_tb_s must be a mapping of name: TB/s, got 5; set one with "),
+        ("decode=5", "decode must be a mapping of launches_per_layer, launch_us and step_ms, got 5"),
+    ],
+)
+def test_non_finite_and_malformed_settings_are_refused(override, message, tmp_path, capsys):
+    path = tmp_path / "decode.json"
+    path.write_text(json.dumps([DECODE_RECORD]))
+    bad = compose_eval("roofline", [override, f"records=[{path}]"])
+    with pytest.raises(ValueError, match=message):
+        rl.roofline(bad)
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        # weight and cache bytes 0: the floor was 0 s, and tokens / floor a ZeroDivisionError.
+        ({"weight_bytes": 0, "state_bytes": 0}, "has weight_bytes=0; it must be a finite number > 0"),
+        # "unsupported operand type(s) for +: 'int' and 'str'", printed after the figures.
+        ({"state_bytes": "1000"}, "has state_bytes='1000'; it must be a finite number >= 0"),
+        ({"batch": 4.0}, r"has batch=4.0; it must be an integer > 0"),
+        ({"value": math.nan}, "has value=nan; it must be a finite number >= 0"),
+        ({"value": -1.0}, "has value=-1.0; it must be a finite number >= 0"),
+        ({"decode_steps": -2}, "has decode_steps=-2; it must be an integer >= 0"),
+    ],
+)
+def test_bad_records_are_refused_naming_the_file_before_anything_is_printed(
+    cfg, tmp_path, capsys, change, message
+):
+    path = tmp_path / "decode.json"
+    path.write_text(json.dumps([{"run": "r", "metric": "state_bytes", "value": 1.0}, DECODE_RECORD | change]))
+    run_cfg = cfg.copy()
+    run_cfg.records = [str(path)]
+    with pytest.raises(
+        ValueError, match=rf"decode\.json: record 1 \(run 'r', decode_tokens_per_s\) {message}"
+    ):
+        rl.roofline(run_cfg)
+    assert capsys.readouterr().out == ""
+
+
+def test_record_files_that_are_not_record_lists_are_named(cfg, tmp_path):
+    ints = tmp_path / "ints.json"
+    ints.write_text("[1, 2]")  # was: AttributeError: 'int' object has no attribute 'get'
+    with pytest.raises(ValueError, match=r"ints\.json: record 0 is 1, not a result record \(a JSON object\)"):
+        rl.load_records([str(ints)])
+    png = tmp_path / "plot.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n")  # was: a utf-8 decode error that did not name the file
+    with pytest.raises(ValueError, match=r"plot\.png is not valid JSON \('utf-8' codec can't decode"):
+        rl.load_records([str(png)])
+    folder = tmp_path / "dec"
+    folder.mkdir()  # was: "records file not found: dec"
+    with pytest.raises(
+        ValueError, match=rf"records file {folder} is a directory; records= takes the JSON files"
+    ):
+        rl.load_records([str(folder)])
+    (folder / "decode-mamba-tiny.json").write_text("[]")
+    with pytest.raises(ValueError, match=rf"e\.g\. records=\[{folder}/decode-mamba-tiny\.json\]"):
+        rl.load_records([str(folder)])
+
+
+def test_measured_rows_say_the_cache_is_the_allocated_one(cfg, tmp_path, capsys):
+    # eval/decode.py's state_bytes is the cache allocated for the context plus the decode steps.
+    given = DECODE_RECORD | {"seqlen": 2048, "cache_seqlen": 2080}
+    older = {k: v for k, v in DECODE_RECORD.items() if k != "decode_steps"}  # says neither
+    path = tmp_path / "decode.json"
+    path.write_text(json.dumps([DECODE_RECORD, given, older]))
+    run_cfg = cfg.copy()
+    run_cfg.records = [str(path)]
+    rows = rl.roofline(run_cfg)["measured"]
+    assert [r["cache_seqlen"] for r in rows] == [1056, 2080, None]
+    table = capsys.readouterr().out.split("Measured beside the floor")[1].splitlines()
+    assert "cache len" in table[1]
+    assert [line.split()[4] for line in table[2:5]] == ["1056", "2080", "?"]
+    assert table[5].startswith("cache len: the tokens each sequence's cache was allocated for")
+    assert "though an attention step reads only the" in table[6]
