@@ -443,7 +443,8 @@ def check_trainer_settings(cfg: DictConfig) -> None:
     a traceback) or take silently in a wrong type, checked before anything starts.
 
     Raises:
-        TypeError: a setting of the wrong type (``trainer.max_steps=abc`` or ``=2.5``, ``seed=abc``).
+        TypeError: a setting of the wrong type (``trainer.max_steps=abc`` or ``=2.5``, ``seed=abc``,
+            ``trainer.enable_progress_bar=no``: Lightning's flags must be booleans).
         ValueError: ``seed`` outside [0, 2**32), ``trainer.gradient_clip_val`` < 0,
             ``trainer.max_steps`` or ``trainer.max_epochs`` not -1 (no limit) or >= 1, or
             both -1 (the schedule needs a length),
@@ -490,6 +491,12 @@ def check_trainer_settings(cfg: DictConfig) -> None:
                 f"trainer.val_check_interval must be >= 1 (steps) or in (0, 1] (a fraction of an epoch), "
                 f"got {interval}"
             )
+    for name in ("enable_progress_bar", "enable_checkpointing", "enable_model_summary", "deterministic"):
+        value = trainer.get(name)
+        # Hydra passes enable_progress_bar=no as the string "no", which Lightning takes as true.
+        if value is not None and not isinstance(value, bool) and not (name == "deterministic" and value == "warn"):
+            choices = "true, false or warn" if name == "deterministic" else "true or false"
+            raise TypeError(f"trainer.{name} must be {choices}, got {value!r}")
     every = trainer.get("check_val_every_n_epoch")
     if every is not None and integer("trainer.check_val_every_n_epoch", every) < 1:
         raise ValueError(f"trainer.check_val_every_n_epoch must be null or >= 1, got {every}")

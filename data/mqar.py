@@ -323,7 +323,9 @@ class MQARDataModule(L.LightningDataModule):
         self.seqlen = int(seqlen)
         self.num_kv_pairs = int(num_kv_pairs)
         self.power_a = float(power_a)
-        self.random_non_queries = bool(random_non_queries)
+        if not isinstance(random_non_queries, bool):  # Hydra passes random_non_queries=no as "no"
+            raise TypeError(f"random_non_queries must be true or false, got {random_non_queries!r}")
+        self.random_non_queries = random_non_queries
 
         self.test_configs = _parse_test_configs(test_configs, self.seqlen, self.num_kv_pairs)
         longest = max(self.test_configs)

@@ -466,6 +466,9 @@ def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path):
         ("mixer.pattern=attention", ValueError, "got the string 'attention'; write mixer.pattern=[attention]"),
         ("optim.lr=abc", TypeError, "optim.lr must be a number, got 'abc'"),
         ("optim.warmup_steps=1.5", TypeError, "optim.warmup_steps must be an integer"),
+        ("trainer.enable_progress_bar=no", TypeError, "trainer.enable_progress_bar must be true or false, got 'no'"),
+        ("trainer.deterministic=no", TypeError, "trainer.deterministic must be true, false or warn, got 'no'"),
+        ("data.random_non_queries=no", TypeError, "random_non_queries must be true or false, got 'no'"),
     ],
 )
 def test_bad_trainer_and_optim_settings_fail_before_training(tmp_path, override, error, message):
