@@ -265,7 +265,7 @@ class LanguageModel(nn.Module):
         """
         if cache is not None and torch.is_grad_enabled():
             with torch.no_grad():
-                return self(input_ids, cache=cache)
+                return self.forward(input_ids, cache)  # not self(...): module hooks run once
         input_ids = self._token_ids(input_ids)
         emb = self.embed_dropout(self.embedding(input_ids))  # (B, T, d_model)
         h = emb
