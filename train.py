@@ -141,6 +141,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     slice_names = list(getattr(dm, "slice_names", ["val"]))
     slice_seqlens = slice_lengths(dm, slice_names, int(data_cfg["seqlen"]))
     check_early_stopping(cfg.get("early_stopping"), slice_names)
+    check_monitor(data_cfg.get("monitor"), data_cfg.get("monitor_mode"), slice_names)
     lit = LitLM(
         model=model_config,
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
@@ -325,6 +326,31 @@ def check_early_stopping(settings: Any, slice_names: list[str]) -> None:
         )
     if mode not in ("min", "max"):
         raise ValueError(f"early_stopping.mode must be min or max, got {mode!r}")
+
+
+def check_monitor(monitor: Any, mode: Any, slice_names: list[str]) -> None:
+    """``data.monitor`` / ``data.monitor_mode`` (best.ckpt's selection) checked before training:
+    Lightning refuses an unknown mode in ModelCheckpoint's constructor and an unlogged metric at
+    the first validation, both with a traceback.
+
+    Raises:
+        ValueError: a ``monitor`` that is not a metric this run logs (listing them), a ``mode`` other
+            than min / max, or a loss or perplexity monitored with ``max`` (best.ckpt would be the
+            worst checkpoint).
+    """
+    known = logged_metrics(slice_names)
+    if monitor not in known:
+        raise ValueError(
+            f"data.monitor={monitor!r}: monitor one of the metrics this run logs, {sorted(known)} "
+            "(e.g. data.monitor=val/loss data.monitor_mode=min)"
+        )
+    if mode not in ("min", "max"):
+        raise ValueError(f"data.monitor_mode must be min or max, got {mode!r}")
+    if mode == "max" and monitor.startswith(("val/loss", "val/ppl", "train/loss")):
+        raise ValueError(
+            f"data.monitor={monitor} with data.monitor_mode=max would keep the highest-loss checkpoint as "
+            "best.ckpt; add data.monitor_mode=min"
+        )
 
 
 def check_resume(

@@ -149,8 +149,8 @@ def multiquery_ar(
     check_mqar_config(vocab_size, input_seq_len, num_kv_pairs)
     num_examples = _check_int(num_examples, "num_examples", 1)
     seed = _check_int(seed, "seed", 0)
-    if not power_a > 0:
-        raise ValueError(f"power_a must be > 0 (1.0 is uniform query placement), got {power_a}")
+    if isinstance(power_a, bool) or not isinstance(power_a, numbers.Real) or not power_a > 0:
+        raise ValueError(f"power_a must be a number > 0 (1.0 is uniform query placement), got {power_a!r}")
     rng = np.random.default_rng(seed)
     k, T = num_kv_pairs, input_seq_len
     context_len = 2 * k

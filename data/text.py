@@ -228,6 +228,11 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
     if path is not None:
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         for file in paths:
+            if Path(file).is_dir():
+                raise ValueError(
+                    f"text corpus {str(file)!r} is a directory; set data.path to a text file, or a list of "
+                    f"files, e.g. data.path='[{Path(file) / 'a.txt'},{Path(file) / 'b.txt'}]'"
+                )
             if not Path(file).is_file():
                 # a relative path is read from the working directory: say which one that was
                 where = "" if Path(file).is_absolute() else f", looked for at {Path(file).resolve()}"
@@ -350,6 +355,8 @@ class TextDataModule(L.LightningDataModule):
                 "give exactly one corpus: path (a local text file, e.g. data.path=/path/to/corpus.txt) "
                 "or dataset_name (a Hugging Face hub dataset)"
             )
+        if isinstance(train_fraction, bool) or not isinstance(train_fraction, (int, float)):
+            raise ValueError(f"train_fraction must be a number in (0, 1), got {train_fraction!r}")
         if not 0.0 < train_fraction < 1.0:
             raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
         self.path = path

@@ -153,8 +153,9 @@ def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         value, low = cfg[key], 1 if key == "max_batches" else 0
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
             raise ValueError(f"{key} must be null or an integer >= {low}, got {value!r}")
-    if not cfg.tolerance >= 0:
-        raise ValueError(f"tolerance must be >= 0 (nats), got {cfg.tolerance}")
+    tolerance = cfg.tolerance
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0:
+        raise ValueError(f"tolerance must be a number >= 0 (nats), got {tolerance!r}")
     device = resolve_device(cfg.device)
     ctx = load_checkpoint(cfg.ckpt, device, TASKS, "eval/perplexity.py")
     check_default_output(cfg, ctx, "perplexity")

@@ -378,6 +378,8 @@ def test_perplexity_eval(text_run, tmp_path):
     parallel, decode = by_key["loss", "val_prefix16", "parallel"], by_key["loss", "val_prefix16", "decode"]
     assert decode["agrees"] and decode["abs_diff"] < 1e-4 and decode["seqlen"] == 16
     assert decode["value"] == pytest.approx(parallel["value"], abs=1e-4)
+    with pytest.raises(ValueError, match="tolerance must be a number >= 0 \\(nats\\), got 'abc'"):
+        evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "tolerance=abc")
     # decode_examples above batch_size: the check reads as many batches as it takes
     records, _ = evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "decode_prefix=16",
                                "batch_size=2", "decode_examples=3", "max_batches=1")  # fmt: skip

@@ -469,6 +469,9 @@ def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path):
         ("trainer.enable_progress_bar=no", TypeError, "trainer.enable_progress_bar must be true or false, got 'no'"),
         ("trainer.deterministic=no", TypeError, "trainer.deterministic must be true, false or warn, got 'no'"),
         ("data.random_non_queries=no", TypeError, "random_non_queries must be true or false, got 'no'"),
+        ("data.monitor_mode=maxx", ValueError, "data.monitor_mode must be min or max, got 'maxx'"),
+        ("data.monitor=val/accc", ValueError, "data.monitor='val/accc': monitor one of the metrics this run"),
+        ("data.monitor=val/loss", ValueError, "would keep the highest-loss checkpoint as best.ckpt"),
     ],
 )
 def test_bad_trainer_and_optim_settings_fail_before_training(tmp_path, override, error, message):

@@ -141,6 +141,7 @@ def test_mqar_deterministic_per_seed_and_leaves_global_rng_alone():
         (dict(vocab_size=32), ValueError, "vocab_size"),
         (dict(num_kv_pairs=9), ValueError, "num_kv_pairs"),
         (dict(power_a=0.0), ValueError, "power_a"),
+        (dict(power_a="abc"), ValueError, "power_a must be a number > 0 .*got 'abc'"),
         (dict(num_examples=0), ValueError, "num_examples"),
         (dict(seed=-1), ValueError, "seed"),
         (dict(input_seq_len=32.0), TypeError, "integer"),
@@ -582,6 +583,10 @@ def test_text_errors(corpus, tmp_path):
         TextDataModule(path=path, dataset_name="tiny_shakespeare")
     with pytest.raises(ValueError, match="train_fraction"):
         TextDataModule(path=path, train_fraction=1.0)
+    with pytest.raises(ValueError, match="is a directory; set data.path to a text file"):
+        TextDataModule(path=tmp_path, seqlen=8).setup()
+    with pytest.raises(ValueError, match="train_fraction must be a number in \\(0, 1\\), got 'abc'"):
+        TextDataModule(path=path, train_fraction="abc")
     with pytest.raises(ValueError, match="smaller seqlen"):
         TextDataModule(path=path, seqlen=256).setup()
     with pytest.raises(ValueError, match="unknown tokenizer"):
