@@ -194,6 +194,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 # other ranks are gone, so a DDP run stops here.
                 if not trainer.interrupted or trainer.world_size > 1:
                     raise
+                if trainer.global_step == 0:
+                    # Nothing trained yet: saving and evaluating the initial weights would leave
+                    # records of an untrained model for the report to pick up.
+                    log.info("training interrupted before its first step: nothing saved")
+                    raise
                 interrupted = True
                 log.info(
                     f"training interrupted at step {trainer.global_step}: saving and evaluating the best checkpoint"

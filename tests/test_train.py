@@ -23,7 +23,7 @@ import train as train_module
 from data import build_datamodule
 from eval.recall import recall_eval
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
-from models.lit import load_model, logged_metrics
+from models.lit import LitLM, load_model, logged_metrics
 
 # A tiny but real run: 20 optimizer steps of a 32-wide model on MQAR, one validation at the end.
 TINY = [
@@ -443,6 +443,24 @@ def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path):
     # Tokens of the steps taken, not one batch more (the interrupted step was counted).
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["state_dict"]["tokens_seen"].item() == last["global_step"] * 32 * 64
+
+
+def test_an_interrupt_before_the_first_step_saves_nothing(tmp_path, monkeypatch, caplog):
+    # A Ctrl+C while training starts (before any optimizer step) saved the initial weights, validated
+    # them and wrote records of an untrained model, which the report then showed.
+    def interrupt(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LitLM, "on_train_start", interrupt)
+    caplog.set_level(logging.INFO, logger="mixerlab.train")
+    logging.getLogger("mixerlab.train").addHandler(caplog.handler)
+    try:
+        with pytest.raises(SystemExit):
+            run_train(tmp_path, [])
+    finally:
+        logging.getLogger("mixerlab.train").removeHandler(caplog.handler)
+    assert "training interrupted before its first step: nothing saved" in caplog.text
+    assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("train.json"))
 
 
 @pytest.mark.parametrize(
