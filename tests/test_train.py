@@ -452,13 +452,17 @@ def test_an_interrupt_before_the_first_step_saves_nothing(tmp_path, monkeypatch,
         raise KeyboardInterrupt
 
     monkeypatch.setattr(LitLM, "on_train_start", interrupt)
+    # As in test_a_diverged_run_says_so: an in-process Hydra evaluation earlier in the session
+    # disables existing loggers.
+    logger = logging.getLogger("mixerlab.train")
+    monkeypatch.setattr(logger, "disabled", False)
     caplog.set_level(logging.INFO, logger="mixerlab.train")
-    logging.getLogger("mixerlab.train").addHandler(caplog.handler)
+    logger.addHandler(caplog.handler)
     try:
         with pytest.raises(SystemExit):
             run_train(tmp_path, [])
     finally:
-        logging.getLogger("mixerlab.train").removeHandler(caplog.handler)
+        logger.removeHandler(caplog.handler)
     assert "training interrupted before its first step: nothing saved" in caplog.text
     assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("train.json"))
 
