@@ -441,6 +441,47 @@ def test_non_contiguous_inputs(layout):
         assert torch.equal(got[2][name], want[2][name]), name
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["channel-last", "mixed"])
+def test_mixer_layouts(mixed):
+    # The Mamba mixer's buffers: u, delta and dout (batch, L, dim) seen as (batch, dim, L); z the
+    # second half of a (batch, L, 2 dim) buffer; B and C slices of one (batch, L, 3 + 2 N) buffer.
+    # Only the addressing differs, so every result is bitwise the contiguous inputs' one. "mixed"
+    # keeps u (in the mixer, the conv's output) and z time-contiguous.
+    batch, dim, seqlen, d_state = 2, 6, 19, 4
+    inputs = make_inputs(batch, dim, seqlen, d_state, torch.float32, extras=ALL, init=True)
+    dout = torch.randn(batch, dim, seqlen, device=DEVICE)
+    dlast = torch.randn(batch, dim, d_state, device=DEVICE)
+
+    def channel_last(t):
+        return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+    xz = torch.randn(batch, seqlen, 2 * dim, device=DEVICE)
+    xz[..., dim:] = inputs["z"].transpose(1, 2)
+    bc = torch.randn(batch, seqlen, 3 + 2 * d_state, device=DEVICE)
+    bc[..., 3 : 3 + d_state] = inputs["B"].transpose(1, 2)
+    bc[..., 3 + d_state :] = inputs["C"].transpose(1, 2)
+    strided = {
+        **inputs,
+        "u": inputs["u"] if mixed else channel_last(inputs["u"]),
+        "delta": channel_last(inputs["delta"]),
+        "z": inputs["z"] if mixed else xz[..., dim:].transpose(1, 2),
+        "B": bc[..., 3 : 3 + d_state].transpose(1, 2),
+        "C": bc[..., 3 + d_state :].transpose(1, 2),
+    }
+
+    def scan(tensors, dout):
+        leaves = {k: v.detach().requires_grad_() for k, v in tensors.items()}  # views keep their strides
+        y, last = kernels.selective_scan(**leaves, delta_softplus=True, return_last_state=True, backend="triton")
+        grads = torch.autograd.grad((y, last), list(leaves.values()), (dout, dlast))
+        return y, last, dict(zip(leaves, grads, strict=True))
+
+    want = scan(inputs, dout)
+    got = scan(strided, channel_last(dout))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for name in inputs:
+        assert torch.equal(got[2][name], want[2][name]), name
+
+
 def test_expanded_output_gradient_and_unused_outputs():
     # y.sum() backpropagates an expanded all-ones gradient (every stride 0); a loss on the last
     # state alone leaves y's gradient None, one on y alone the last state's.
