@@ -9,7 +9,10 @@ continues an earlier run (weights, optimizer, schedule, step and token counts) i
 directory, e.g. a long run cut by ``trainer.max_time`` into several sessions. A run stopped by
 Ctrl+C or SIGTERM (``kill``, ``timeout``, a scheduler) shuts down as Lightning does for Ctrl+C,
 then still saves ``last.ckpt`` and writes the records of its best checkpoint, marked
-``interrupted``, and exits with status 1 (single-process runs; DDP runs just stop).
+``interrupted``, and exits with status 1 (single-process runs; DDP runs just stop). Ctrl+C before
+training (while the modules import, the config is composed or the data prepared) ends it with one
+line and status 130, its run directory removed when it holds only Hydra's files; a failed write
+(full disk) is one line naming the file.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from eval.startup import quiet_interrupt_while_starting
+
+quiet_interrupt_while_starting(__name__)  # before the seconds of imports below
+
 import hydra
 import lightning as L
 import torch
@@ -35,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import data as datasets_lib
 from data.mqar import parse_slice_name
-from eval.cli import user_errors
+from eval.cli import INTERRUPTED, user_errors
 from eval.records import (
     check_flag,
     check_wandb_settings,
@@ -200,6 +207,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     log.info("training interrupted before its first step: nothing saved")
                     raise
                 interrupted = True
+                discard_unfinished_batch(trainer)
                 log.info(
                     f"training interrupted at step {trainer.global_step}: saving and evaluating the best checkpoint"
                 )
@@ -237,9 +245,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                         advice = (
                             " (a trainer.max_steps that trainer.val_check_interval divides validates them)"
                         )
+                    unvalidated = trainer.global_step - last_validated
+                    steps = "step was" if unvalidated == 1 else f"{unvalidated} training steps were"
                     log.info(
-                        f"the last {trainer.global_step - last_validated} training steps (after step "
-                        f"{last_validated}, the last validation) were not validated: best.ckpt and the final "
+                        f"the last {steps} not validated (after step {last_validated}, the last "
+                        "validation): best.ckpt and the final "
                         f"validation are of step {last_validated} or earlier, last.ckpt holds the final weights{advice}"
                     )
                 log.info(f"best checkpoint: {best}")
@@ -416,6 +426,29 @@ def check_resume(
                 ".hydra/overrides.yaml lists them)"
             )
     return str(Path(resume).resolve())
+
+
+def discard_unfinished_batch(trainer: L.Trainer) -> None:
+    """Forget the batch a Ctrl+C or SIGTERM stopped before its optimizer step, so that ``last.ckpt``
+    resumes on the uninterrupted run's schedule.
+
+    Lightning counts a batch as ready and started before its training step and as processed and
+    completed after its optimizer step. An interrupt in between (in ``training_step``, the backward
+    or ``on_train_batch_start``: most of a step's time) leaves the batch counted as ready and
+    started, while the weights, ``global_step``, the schedule and ``tokens_seen`` are those of the
+    batches before it. On resume Lightning rolls the epoch's counters back to the completed batches,
+    but not the run's totals, which ``trainer.val_check_interval`` counts batches by (across epochs),
+    so the resumed run validated one step early (at steps 399 and 599 for an interval of 200), and
+    Lightning also counted the unfinished batch as a stepped one (its logged steps one ahead). The
+    progress trackers' own ``reset_on_restart`` (back to the completed count), applied here to the
+    totals too, makes the checkpoint the one the run would have saved between the two batches.
+    An interrupt after the optimizer step (the batch processed, not completed) is left as it is:
+    Lightning resumes that state by completing the batch.
+    """
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    if progress.total.processed == progress.total.completed < progress.total.ready:
+        progress.total.reset_on_restart()
+        progress.current.reset_on_restart()
 
 
 @contextlib.contextmanager
@@ -604,14 +637,17 @@ def remove_unused_run_dir(run_dir: Path) -> bool:
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
     """Command-line entry point: compose with Hydra, then :func:`train`. A run refused by a settings
-    error removes the run directory Hydra made for it (:func:`remove_unused_run_dir`)."""
+    error, or stopped by Ctrl+C before training, removes the run directory Hydra made for it
+    (:func:`remove_unused_run_dir`); a failed write (full disk) is one line naming the file
+    (:func:`eval.cli.user_errors`)."""
     torch.set_flush_denormal(True)
     os.environ.setdefault("WANDB_SILENT", "true")
     try:
-        with user_errors():
+        with user_errors(retry="hydra.run.dir=<another folder>"):
             result = train(cfg)
     except SystemExit as exc:
-        if exc.code == 2:  # user_errors: a settings error, before anything was written
+        # user_errors: a settings error, or Ctrl+C outside training's own handling (which saves)
+        if exc.code in (2, INTERRUPTED):
             remove_unused_run_dir(Path(HydraConfig.get().runtime.output_dir))
         raise
     if result["interrupted"]:

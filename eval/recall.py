@@ -30,6 +30,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from eval.startup import quiet_interrupt_while_starting
+
+quiet_interrupt_while_starting(__name__)  # before the seconds of imports below
+
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import subprocess
 import tempfile
@@ -132,14 +133,21 @@ def check_output(path: str | os.PathLike, example: str, *, option: str = "output
             ``the default output`` (``path`` then follows it).
 
     Raises:
-        ValueError: ``path`` is an existing directory, lies under an existing file, or its nearest
-            existing directory does not let this process create a file in it (read-only storage,
-            permissions).
+        ValueError: ``path`` is an existing directory, does not end in ``.json`` (the records are a
+            JSON list: ``output=x.png`` would write JSON under a picture's name), lies under an
+            existing file, or its nearest existing directory does not let this process create a
+            file in it (read-only storage, permissions).
     """
     path = Path(path)
     name = f"output={path}" if option == "output" else f"{option} {path}"
     if path.is_dir():
         raise ValueError(f"{name} is a directory; give a file path such as output={path / example}")
+    if path.suffix.lower() != ".json":
+        named = f"a {path.suffix} file name" if path.suffix else "a file name without the .json suffix"
+        raise ValueError(
+            f"{name} is {named}, but the results are written as JSON; pass output=<name>.json, "
+            f"e.g. output={path.parent / (path.stem + '.json')}"
+        )
     ancestor = next(parent for parent in path.parents if parent.exists())
     if not ancestor.is_dir():
         raise ValueError(
@@ -249,11 +257,32 @@ def say_if_replacing(path: Path, output_given: bool) -> None:
         print(f"replacing the earlier results in {path} ({keep} to keep both)")
 
 
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every NaN or infinite float, at any depth of its dicts, lists and tuples
+    (tuples become lists), replaced by ``None``: JSON has no NaN, and strict parsers (jq,
+    JavaScript, W&B tables) refuse the ``NaN`` that ``json.dumps`` writes by default. Everything
+    else is returned as it is."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(item) for item in value]
+    return value
+
+
 def write_records(path: str | os.PathLike, records: list[dict[str, Any]]) -> Path:
-    """Write ``records`` as a JSON list to ``path`` atomically (temp file + rename); returns the path.
-    In a Hydra sweep the path is remembered for :func:`check_sweep_output`."""
+    """Write ``records`` as a strict JSON list to ``path`` atomically (temp file + rename); returns
+    the path. A NaN or infinite value (a diverged model's loss) is written as ``null``
+    (:func:`finite_or_none`), which eval/report.py reads back as NaN (tabled as ``nan``). In a
+    Hydra sweep the path is remembered for :func:`check_sweep_output`.
+
+    Raises:
+        models.checkpoint.WriteError: the file cannot be written (full disk, read-only storage); an
+            earlier file at ``path`` is left as it was.
+    """
     path = Path(path)
-    payload = json.dumps(records, indent=2).encode()
+    payload = json.dumps(finite_or_none(records), indent=2, allow_nan=False).encode()
     atomic_write_bytes(path, lambda f: f.write(payload))
     if _in_sweep():
         _SWEEP_OUTPUTS.add(path.resolve())
@@ -313,12 +342,14 @@ def log_records_to_wandb(
 ) -> None:
     """Log records as a W&B table in a new run (offline unless ``mode="online"``); no-op when disabled.
 
-    A missing wandb install is reported on stderr and otherwise ignored: the JSON records remain
-    the source of truth.
+    NaN and infinite values are logged as None, as in the JSON file (:func:`finite_or_none`). A
+    missing wandb install is reported on stderr and otherwise ignored: the JSON records remain the
+    source of truth.
     """
     if not enabled or not records:
         return
     check_wandb_mode(mode, "wandb.mode")
+    records = finite_or_none(records)
     try:
         import wandb
     except ImportError:

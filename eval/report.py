@@ -30,7 +30,8 @@ What is read:
   (eval/recall.py), ``decode-<mixer>-<model>.json`` (eval/decode.py). Other JSON (a dict, a list of
   non-records) is listed as ignored. A file that is not valid JSON, or a list mixing records with
   other things, or records without ``run``, ``mixer`` or a numeric ``value`` (finite and
-  non-negative for eval/decode.py's tokens/s, bytes and counts), or with a size, count or rate field
+  non-negative for eval/decode.py's tokens/s, bytes and counts; ``null``, which strict JSON holds
+  for a NaN or inf such as a diverged model's loss, is read as NaN), or with a size, count or rate field
   that is negative, nan or inf, is an error naming the file; ``skip_invalid=true`` skips it with a
   warning and a note in the report instead.
 - recall accuracy: eval/recall.py's records (``metric: accuracy``, ``task``, ``seqlen``,
@@ -69,6 +70,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from eval.startup import quiet_interrupt_while_starting
+
+quiet_interrupt_while_starting(__name__)  # before the seconds of imports below
 
 import hydra
 import numpy as np
@@ -228,8 +233,8 @@ def read_record_file(path: Path) -> list[dict[str, Any]] | None:
 
     Raises:
         ValueError: unreadable or invalid JSON, a list mixing records (dicts with ``metric`` and
-            ``value``) with other items, a record without ``run`` or ``mixer``, a non-numeric
-            ``value``, a ``value`` of a :data:`NON_NEGATIVE_METRICS` metric (tokens/s, bytes) that
+            ``value``) with other items, a record without ``run`` or ``mixer``, a ``value`` neither
+            a number nor null (NaN or inf written as strict JSON: read as NaN), a ``value`` of a :data:`NON_NEGATIVE_METRICS` metric (tokens/s, bytes) that
             is not a finite non-negative number, or a field of :data:`NON_NEGATIVE_FIELDS` that is
             not a finite non-negative number or null; the message names the file and the item.
     """
@@ -250,9 +255,10 @@ def read_record_file(path: Path) -> list[dict[str, Any]] | None:
         if missing:
             raise ValueError(f"{path}: record {i} lacks {missing} (records need {list(REQUIRED_KEYS)})")
         value = item["value"]
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise ValueError(f"{path}: record {i} has a non-numeric value {value!r}")
-        if item["metric"] in NON_NEGATIVE_METRICS and not (math.isfinite(value) and value >= 0):
+        finite_non_negative = value is not None and math.isfinite(value) and value >= 0
+        if item["metric"] in NON_NEGATIVE_METRICS and not finite_non_negative:
             raise ValueError(
                 f"{path}: record {i} ({item['metric']}) has value={value!r}; it must be a finite "
                 "non-negative number (tokens/s, bytes or a count)"
@@ -269,7 +275,9 @@ def read_record_file(path: Path) -> list[dict[str, Any]] | None:
                     f"{path}: record {i} has {key}={field_value!r}; it must be a finite non-negative "
                     "number or null"
                 )
-        records.append({**item, "record_file": str(path)})
+        # null: a NaN or inf (a diverged model's loss) in strict JSON (eval.records.write_records),
+        # shown as nan like one read from a file that holds NaN
+        records.append({**item, "value": math.nan if value is None else value, "record_file": str(path)})
     return records
 
 
@@ -1007,7 +1015,7 @@ def main(cfg: DictConfig) -> None:
     """Command-line entry point (Hydra)."""
     OmegaConf.set_readonly(cfg, True)
     os.environ.setdefault("WANDB_SILENT", "true")
-    with user_errors():
+    with user_errors(retry="out=<another folder>"):
         build_report(cfg)
 
 

@@ -34,6 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eval.startup import quiet_interrupt_while_starting
+
+quiet_interrupt_while_starting(__name__)  # before the seconds of imports below
+
 import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 

@@ -18,6 +18,28 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 
+class WriteError(OSError):
+    """Writing a file failed for a reason of its storage: a full disk (``ENOSPC``), a quota
+    (``EDQUOT``), read-only storage (``EROFS``), no permission (``EACCES``). Raised by
+    :func:`atomic_write_bytes` with the OS's ``errno`` and ``strerror`` and the destination as
+    ``filename``, so that a command line can report it as one line (:func:`eval.cli.user_errors`)
+    while an ``OSError`` of anything else (reading, a bug) keeps its traceback."""
+
+
+_written: list[Path] = []
+
+
+def _write_error(err: OSError, path: Path) -> WriteError:
+    """``err`` (from writing ``path``) as a :class:`WriteError` naming ``path``."""
+    return WriteError(err.errno, err.strerror or str(err), str(path))
+
+
+def written_files() -> list[Path]:
+    """The files this process has written with :func:`atomic_write_bytes`, each once, in the order
+    of their first write (what an interrupted command line can say it kept)."""
+    return list(_written)
+
+
 def atomic_write_bytes(path: str | os.PathLike, write) -> None:
     """Write a file atomically: ``write(fileobj)`` fills a temporary file that then replaces ``path``.
 
@@ -26,11 +48,20 @@ def atomic_write_bytes(path: str | os.PathLike, write) -> None:
         write: callable taking a binary file object.
 
     Raises:
-        OSError: the directory cannot be created or written (the destination is left untouched).
+        WriteError: an ``OSError`` from creating the directory, or from creating, writing, syncing
+            or renaming the temporary file (a full disk, read-only storage, no permission): the
+            destination is left untouched and the temporary file removed. Only a failure to sync
+            the directory after the rename (rare: storage that refuses it) leaves the new file in
+            place.
+        Exception: whatever ``write`` raises other than ``OSError`` (e.g. an unpicklable
+            object), the destination likewise untouched.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise _write_error(err, path) from err
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -41,15 +72,22 @@ def atomic_write_bytes(path: str | os.PathLike, write) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and not isinstance(err, WriteError):
+            raise _write_error(err, path) from err
         raise
+    if path not in _written:
+        _written.append(path)
     # Make the rename itself durable: fsync the directory entry.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as err:
+        raise _write_error(err, path) from err
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import zipfile
@@ -646,3 +647,21 @@ def test_test_lengths_beyond_a_learned_position_table_are_refused_up_front(copy_
     model = load_model(copy_run["last_ckpt"]).model
     assert model.position_limit() is None  # RoPE: no table
     check_position_limit(model, 10**6, "seqlens")
+
+
+def test_ctrl_c_during_an_evaluation_is_one_line_and_status_130(copy_run, tmp_path):
+    # It printed a KeyboardInterrupt traceback through the evaluation loop and Hydra.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    output = tmp_path / "copying.json"
+    args = [str(REPO_ROOT / "eval" / "copying.py"), f"ckpt={copy_run['last_ckpt']}", "device=cpu",
+            "num_examples=100000", "decode_paths=[decode]", f"output={output}"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("evaluating"):
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err == "interrupted: nothing written\n", err[-3000:]
+    assert list(tmp_path.iterdir()) == []

@@ -97,7 +97,7 @@ def test_last_checkpoint_holds_the_final_weights_and_best_the_best(tmp_path, cap
         logger.removeHandler(caplog.handler)
         logger.setLevel(level)
     # The log says that the final weights were never validated.
-    assert "the last 2 training steps (after step 5, the last validation) were not validated" in caplog.text
+    assert "the last 2 training steps were not validated (after step 5, the last validation)" in caplog.text
     assert "a trainer.max_steps that trainer.val_check_interval divides validates them" in caplog.text
     assert read_checkpoint(out["best_ckpt"])["global_step"] == 5
     last = read_checkpoint(out["last_ckpt"])
@@ -647,3 +647,95 @@ def test_resume_rejects_missing_weights_only_and_mismatched_checkpoints(tmp_path
     with pytest.raises(ValueError, match=message):
         run_train(tmp_path / "d", [f"resume={diverged}"])
     assert not (tmp_path / "d" / "checkpoints").exists() and not (tmp_path / "e" / "checkpoints").exists()
+
+
+def test_a_run_interrupted_mid_step_resumes_on_the_uninterrupted_schedule(tmp_path, monkeypatch, caplog):
+    # A Ctrl+C inside a training step saved that batch as started in last.ckpt: the resumed run
+    # validated one step early (steps 7 and 11 instead of 8 and 12, every 4 steps), logged each
+    # step one ahead, and ended saying that step 12, which it should have validated, was not.
+    settings = ["model.n_layers=2", "trainer.max_steps=12", "trainer.val_check_interval=4"]
+    validated = []  # the global_step of each validation during fit
+    validation_epoch_end = LitLM.on_validation_epoch_end
+
+    def record_validation(self):
+        validation_epoch_end(self)
+        if self.trainer.state.fn == "fit":
+            validated.append(self.global_step)
+
+    training_step = LitLM.training_step
+
+    def interrupted_in_step_7(self, batch, batch_idx):
+        if self.global_step == 6:
+            raise KeyboardInterrupt
+        return training_step(self, batch, batch_idx)
+
+    def schedule(run_dir, first_step=0):
+        # (logged step, tokens trained) of each training row and (logged step, "val") of each validation
+        return [
+            (int(row["step"]), row["train/tokens"] or "val")
+            for row in metrics_rows(run_dir)
+            if (row["train/tokens"] or row["val/acc"]) and int(row["step"]) >= first_step
+        ]
+
+    monkeypatch.setattr(LitLM, "on_validation_epoch_end", record_validation)
+    # As in test_last_checkpoint_holds_the_final_weights_and_best_the_best: train.py's logger, heard
+    # directly.
+    logger = logging.getLogger("mixerlab.train")
+    monkeypatch.setattr(logger, "disabled", False)
+    level, sigint = logger.level, signal.getsignal(signal.SIGINT)
+    logger.setLevel(logging.INFO)
+    logger.addHandler(caplog.handler)
+    try:
+        full = run_train(tmp_path / "full", settings)
+        assert validated == [4, 8, 12]
+        with monkeypatch.context() as patch:
+            patch.setattr(LitLM, "training_step", interrupted_in_step_7)
+            part = run_train(tmp_path / "part", settings)
+        assert part["interrupted"] and read_checkpoint(part["last_ckpt"])["global_step"] == 6
+        assert "the last 2 training steps were not validated (after step 4, the last validation)" in caplog.text
+        caplog.clear()
+        validated.clear()
+        resumed = run_train(tmp_path / "resumed", [*settings, f"resume={part['last_ckpt']}"])
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.setLevel(level)
+        signal.signal(signal.SIGINT, sigint)  # Lightning ignores Ctrl+C from its interrupt on
+    assert validated == [8, 12]
+    assert "were not validated" not in caplog.text
+    # Steps 7 to 12 logged as the uninterrupted run logged them (Lightning labels step n as n - 1),
+    # with its token counts, and validated (and the best checkpoint validated again) at its steps.
+    assert schedule(resumed["run_dir"]) == schedule(full["run_dir"], first_step=6)
+    assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 12
+
+
+@pytest.mark.parametrize("failure", ["interrupt", "full disk"])
+def test_train_cli_reports_an_interrupt_or_a_failed_write_in_one_line(tmp_path, failure):
+    # train() stopped by Ctrl+C outside training's own handling (e.g. while the data is prepared), or
+    # by a full disk: one line, no traceback; an interrupted run's empty run directory is removed.
+    # The first call of train() (checking the W&B settings) fails, in `python train.py` itself.
+    run_dir = tmp_path / "run"
+    raiser = (
+        "raise KeyboardInterrupt" if failure == "interrupt"
+        else "raise WriteError(28, 'No space left on device', 'run/checkpoints/best.ckpt')"
+    )  # fmt: skip
+    program = (
+        "import runpy, sys\n"
+        "import eval.records\n"
+        "from models.checkpoint import WriteError\n"
+        "def fail(*args):\n"
+        f"    {raiser}\n"
+        "eval.records.check_wandb_settings = fail\n"
+        f"sys.argv = ['train.py', 'hydra.run.dir={run_dir}']\n"
+        "runpy.run_path('train.py', run_name='__main__')\n"
+    )
+    result = cli(["-c", program], cwd=REPO_ROOT)
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    if failure == "interrupt":
+        assert result.returncode == 130 and result.stderr == "interrupted: nothing written\n"
+        assert not run_dir.exists()
+    else:
+        assert result.returncode == 1
+        assert result.stderr == (
+            "error: cannot write run/checkpoints/best.ckpt: No space left on device; free space or pass "
+            "hydra.run.dir=<another folder>\n"
+        )

@@ -1,0 +1,275 @@
+"""The command lines' handling of Ctrl+C, failed writes, non-finite record values and record output
+names: eval/cli.py's ``user_errors``, models/checkpoint.py's atomic writer, eval/records.py's
+strict JSON and ``output`` check, and eval/report.py's reading of a ``null`` value."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import REPO_ROOT, compose_eval
+
+import models.checkpoint as checkpoint_module
+from eval.cli import INTERRUPTED, user_errors, write_error_message
+from eval.copying import copying_eval
+from eval.long_context import long_context_eval
+from eval.perplexity import perplexity_eval
+from eval.recall import recall_eval
+from eval.records import check_output, finite_or_none, write_records
+from eval.report import read_record_file
+from models.checkpoint import WriteError, atomic_write_bytes
+
+
+def full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.fixture
+def nothing_written_yet(monkeypatch):
+    """This process as if it had written no file yet (other tests of the session have)."""
+    monkeypatch.setattr(checkpoint_module, "_written", [])
+
+
+@pytest.fixture
+def sigint_restored():
+    """SIGINT's handler as it was before the test (user_errors replaces it)."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+# --- atomic writes on a full disk ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("failing", ["fsync", "write"])
+def test_a_full_disk_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, monkeypatch, failing):
+    path = tmp_path / "results.json"
+    path.write_bytes(b"the earlier results")
+    if failing == "fsync":
+        monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(WriteError) as exc:
+        atomic_write_bytes(path, full_disk if failing == "write" else lambda f: f.write(b"new results"))
+    assert isinstance(exc.value, OSError)
+    assert (exc.value.errno, exc.value.strerror, exc.value.filename) == (
+        errno.ENOSPC, "No space left on device", str(path),
+    )  # fmt: skip
+    assert path.read_bytes() == b"the earlier results"
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_a_folder_that_cannot_be_made_is_a_write_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(WriteError) as exc:
+        atomic_write_bytes(blocker / "results.json", lambda f: f.write(b"{}"))
+    assert exc.value.filename == str(blocker / "results.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_other_errors_of_the_writer_are_not_write_errors(tmp_path):
+    # A bug's exception keeps its type (and its traceback in the command lines).
+    def broken(f):
+        raise KeyError("bug")
+
+    with pytest.raises(KeyError):
+        atomic_write_bytes(tmp_path / "x.json", broken)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_written_files_lists_each_file_once(tmp_path, nothing_written_yet):
+    for name in ("a.json", "b.json", "a.json"):
+        atomic_write_bytes(tmp_path / name, lambda f: f.write(b"[]"))
+    assert checkpoint_module.written_files() == [tmp_path / "a.json", tmp_path / "b.json"]
+
+
+# --- user_errors: failed writes ------------------------------------------------------------------
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_fix(tmp_path, monkeypatch, capsys, sigint_restored):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    path = tmp_path / "recall.json"
+    write_records(path, [{"metric": "accuracy", "value": 0.5}])
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(SystemExit) as exc, user_errors():
+        write_records(path, [{"metric": "accuracy", "value": 0.9}])
+    assert exc.value.code == 1
+    assert capsys.readouterr().err == (
+        f"error: cannot write {path}: No space left on device; free space or pass output=<another path>\n"
+    )
+    assert json.loads(path.read_text()) == [{"metric": "accuracy", "value": 0.5}]
+    assert list(tmp_path.iterdir()) == [path]
+
+
+@pytest.mark.parametrize(
+    "code,fix",
+    [
+        (errno.EDQUOT, "free space or pass out=<another folder>"),
+        (errno.EROFS, "make its folder writable or pass out=<another folder>"),
+        (errno.EACCES, "make its folder writable or pass out=<another folder>"),
+        (errno.ENOENT, "pass out=<another folder>"),
+    ],
+)
+def test_the_fix_of_a_failed_write_fits_its_reason(code, fix):
+    err = WriteError(code, os.strerror(code), "report/report.html")
+    expected = f"cannot write report/report.html: {os.strerror(code)}; {fix}"
+    assert write_error_message(err, "out=<another folder>") == expected
+
+
+def test_other_os_errors_keep_their_traceback(monkeypatch, sigint_restored):
+    # Only a failed write is reported as one line: an OSError of anything else (a bug) propagates.
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(PermissionError), user_errors():
+        raise PermissionError(errno.EACCES, "Permission denied", "/etc/shadow")
+
+
+def test_hydra_full_error_gives_the_traceback(monkeypatch, sigint_restored):
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(WriteError), user_errors():
+        raise WriteError(errno.ENOSPC, "No space left on device", "x.json")
+    with pytest.raises(KeyboardInterrupt), user_errors():
+        raise KeyboardInterrupt
+
+
+# --- user_errors: Ctrl+C -------------------------------------------------------------------------
+
+
+def test_an_interrupt_is_one_line_and_status_130(tmp_path, monkeypatch, capsys, nothing_written_yet, sigint_restored):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as exc, user_errors():
+        raise KeyboardInterrupt
+    assert exc.value.code == INTERRUPTED == 130
+    assert capsys.readouterr().err == "interrupted: nothing written\n"
+    # What was written before the interrupt is named: each file is complete (written atomically).
+    with pytest.raises(SystemExit) as exc, user_errors():
+        write_records(tmp_path / "recall.json", [])
+        raise KeyboardInterrupt
+    assert exc.value.code == 130
+    assert capsys.readouterr().err == f"interrupted: kept the files written before it ({tmp_path / 'recall.json'})\n"
+
+
+def test_user_errors_hands_ctrl_c_back_to_python(sigint_restored):
+    # The quiet exit a script sets while it imports is replaced, so Ctrl+C raises KeyboardInterrupt.
+    signal.signal(signal.SIGINT, lambda signum, frame: None)
+    with user_errors():
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # An ignored SIGINT (a background job of a script) stays ignored.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with user_errors():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def start_and_interrupt(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Start ``python args`` and send it SIGINT once it is importing torch (its shared library is
+    mapped), i.e. after the script's first lines ran and before Hydra composed its config."""
+    proc = subprocess.Popen(
+        [sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if "libtorch" in maps.read_text():
+                break
+        except FileNotFoundError:  # it ended (and was reaped) since poll()
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/maps")
+@pytest.mark.parametrize("script", ["train.py", "eval/recall.py"])
+def test_ctrl_c_while_a_command_starts_is_one_line(tmp_path, script):
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    args = [str(REPO_ROOT / script), "trainer=cpu" if script == "train.py" else "ckpt=none.ckpt"]
+    result = start_and_interrupt(args, tmp_path, env)
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert result.stderr == "interrupted: nothing written\n"
+    assert list(tmp_path.iterdir()) == []
+    # HYDRA_FULL_ERROR=1 keeps Python's own answer: the traceback, and death by SIGINT.
+    result = start_and_interrupt(args, tmp_path, {**env, "HYDRA_FULL_ERROR": "1"})
+    assert result.returncode == -signal.SIGINT and "KeyboardInterrupt" in result.stderr
+
+
+# --- strict JSON records -------------------------------------------------------------------------
+
+
+def test_records_are_strict_json_with_null_for_nan_and_inf(tmp_path):
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    records = [
+        {"run": "r", "metric": "val/loss", "value": math.nan, "seqlen": 64, "extra": {"a": [1.5, math.inf, (-math.inf,)]}},
+        {"run": "r", "metric": "val/acc", "value": 0.25, "tokens_per_s": None, "task": "mqar"},
+    ]
+    path = write_records(tmp_path / "train.json", records)
+    data = json.loads(path.read_text(), parse_constant=refuse)
+    assert data == [
+        {"run": "r", "metric": "val/loss", "value": None, "seqlen": 64, "extra": {"a": [1.5, None, [None]]}},
+        {"run": "r", "metric": "val/acc", "value": 0.25, "tokens_per_s": None, "task": "mqar"},
+    ]
+    assert math.isnan(records[0]["value"])  # the caller's records are not changed
+    assert finite_or_none({"x": (1, 2.0, "nan")}) == {"x": [1, 2.0, "nan"]}
+
+
+def test_the_report_reads_a_null_value_as_nan(tmp_path):
+    base = {"run": "r", "mixer": "attention"}
+    path = write_records(
+        tmp_path / "train.json",
+        [{**base, "metric": "val/loss", "value": math.inf}, {**base, "metric": "val/acc", "value": 0.5}],
+    )
+    loss, acc = read_record_file(path)
+    assert math.isnan(loss["value"]) and acc["value"] == 0.5
+    # A throughput must be a number: null (a NaN or inf tokens/s) is refused, naming the record.
+    path = write_records(tmp_path / "decode.json", [{**base, "metric": "decode_tokens_per_s", "value": math.nan}])
+    message = f"{path}: record 0 (decode_tokens_per_s) has value=None; it must be a finite non-negative number"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read_record_file(path)
+    path.write_text(json.dumps([{**base, "metric": "val/acc", "value": "high"}]))
+    with pytest.raises(ValueError, match="has a non-numeric value 'high'"):
+        read_record_file(path)
+
+
+# --- record outputs must be .json ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("x.png", "output={tmp}/x.png is a .png file name, but the results are written as JSON; pass "
+                  "output=<name>.json, e.g. output={tmp}/x.json"),
+        ("results", "output={tmp}/results is a file name without the .json suffix, but the results are "
+                    "written as JSON; pass output=<name>.json, e.g. output={tmp}/results.json"),
+        ("r.json.bak", "output={tmp}/r.json.bak is a .bak file name"),
+    ],
+)
+def test_record_outputs_must_end_in_json(tmp_path, name, message):
+    with pytest.raises(ValueError, match=re.escape(message.replace("{tmp}", str(tmp_path)))):
+        check_output(tmp_path / name, "recall.json")
+    check_output(tmp_path / "x.JSON", "recall.json")  # any case
+    check_output(tmp_path / "new" / "x.json", "recall.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "fn,name",
+    [(recall_eval, "recall"), (copying_eval, "copying"), (long_context_eval, "long_context"),
+     (perplexity_eval, "perplexity")],
+)  # fmt: skip
+def test_evaluations_refuse_a_non_json_output_before_reading_the_checkpoint(tmp_path, fn, name):
+    output = tmp_path / "x.png"
+    message = f"output={output} is a .png file name, but the results are written as JSON"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        fn(compose_eval(name, [f"ckpt={tmp_path / 'missing.ckpt'}", f"output={output}"]))
+    assert list(tmp_path.iterdir()) == []
