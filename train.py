@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -205,7 +206,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     # Nothing trained yet: saving and evaluating the initial weights would leave
                     # records of an untrained model for the report to pick up.
                     log.info("training interrupted before its first step: nothing saved")
-                    raise
+                    # user_errors (main) reports it as Ctrl+C before training: one line, status 130.
+                    raise KeyboardInterrupt("interrupted before the first optimizer step") from None
                 interrupted = True
                 discard_unfinished_batch(trainer)
                 log.info(
@@ -236,8 +238,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     log.info(
                         "training was interrupted before its first validation: the best checkpoint is the last one"
                         if interrupted
-                        else "no validation ran during training (trainer.max_steps < trainer.val_check_interval): "
-                        "the best checkpoint is the last one"
+                        else "no validation ran during this run (its steps never reached a multiple of "
+                        "trainer.val_check_interval): the best checkpoint is the last one"
                     )
                 elif last_validated is not None and trainer.global_step > last_validated:
                     advice = ""
@@ -274,12 +276,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         }
     finally:
         if cfg.logger.wandb.enabled:
-            try:
-                import wandb
-
+            # Only a wandb that imported whole can hold a run: a Ctrl+C during Lightning's import of
+            # it leaves a half-initialised module, which a second import would trip over.
+            wandb = sys.modules.get("wandb")
+            if getattr(wandb, "run", None) is not None:
                 wandb.finish()
-            except ModuleNotFoundError:
-                pass
 
 
 def slice_lengths(dm, slice_names: list[str], train_seqlen: int) -> dict[str, int]:

@@ -34,6 +34,18 @@ def _write_error(err: OSError, path: Path) -> WriteError:
     return WriteError(err.errno, err.strerror or str(err), str(path))
 
 
+def _os_error_in(err: BaseException) -> OSError | None:
+    """The OSError that ``err`` is or was raised from (its ``__cause__`` / ``__context__`` chain):
+    torch.save reports a full disk as a RuntimeError raised while handling ``OSError(ENOSPC)``."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def written_files() -> list[Path]:
     """The files this process has written with :func:`atomic_write_bytes`, each once, in the order
     of their first write (what an interrupted command line can say it kept)."""
@@ -53,8 +65,10 @@ def atomic_write_bytes(path: str | os.PathLike, write) -> None:
             destination is left untouched and the temporary file removed. Only a failure to sync
             the directory after the rename (rare: storage that refuses it) leaves the new file in
             place.
-        Exception: whatever ``write`` raises other than ``OSError`` (e.g. an unpicklable
-            object), the destination likewise untouched.
+            An exception raised from an ``OSError`` (torch.save's RuntimeError on a full disk) is one
+            too.
+        Exception: whatever else ``write`` raises (e.g. an unpicklable object), the destination
+            likewise untouched.
     """
     path = Path(path)
     try:
@@ -74,8 +88,9 @@ def atomic_write_bytes(path: str | os.PathLike, write) -> None:
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError) and not isinstance(err, WriteError):
-            raise _write_error(err, path) from err
+        cause = _os_error_in(err) if isinstance(err, Exception) else None  # not Ctrl+C
+        if cause is not None and not isinstance(err, WriteError):
+            raise _write_error(cause, path) from err
         raise
     if path not in _written:
         _written.append(path)

@@ -50,14 +50,23 @@ def sigint_restored():
 # --- atomic writes on a full disk ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("failing", ["fsync", "write"])
+def torch_save_on_a_full_disk(f):
+    """What torch.save raises when its writer hits ENOSPC: a RuntimeError while handling the OSError."""
+    try:
+        full_disk()
+    except OSError as err:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 3030784") from err
+
+
+@pytest.mark.parametrize("failing", ["fsync", "write", "torch.save"])
 def test_a_full_disk_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, monkeypatch, failing):
     path = tmp_path / "results.json"
     path.write_bytes(b"the earlier results")
     if failing == "fsync":
         monkeypatch.setattr(os, "fsync", full_disk)
+    writers = {"write": full_disk, "torch.save": torch_save_on_a_full_disk}
     with pytest.raises(WriteError) as exc:
-        atomic_write_bytes(path, full_disk if failing == "write" else lambda f: f.write(b"new results"))
+        atomic_write_bytes(path, writers.get(failing, lambda f: f.write(b"new results")))
     assert isinstance(exc.value, OSError)
     assert (exc.value.errno, exc.value.strerror, exc.value.filename) == (
         errno.ENOSPC, "No space left on device", str(path),

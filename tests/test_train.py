@@ -459,7 +459,7 @@ def test_an_interrupt_before_the_first_step_saves_nothing(tmp_path, monkeypatch,
     caplog.set_level(logging.INFO, logger="mixerlab.train")
     logger.addHandler(caplog.handler)
     try:
-        with pytest.raises(SystemExit):
+        with pytest.raises(KeyboardInterrupt):
             run_train(tmp_path, [])
     finally:
         logger.removeHandler(caplog.handler)
