@@ -146,7 +146,7 @@ def check_output(path: str | os.PathLike, example: str, *, option: str = "output
         named = f"a {path.suffix} file name" if path.suffix else "a file name without the .json suffix"
         raise ValueError(
             f"{name} is {named}, but the results are written as JSON; pass output=<name>.json, "
-            f"e.g. output={path.parent / (path.stem + '.json')}"
+            f"e.g. output={path.with_suffix('.json')}"
         )
     ancestor = next(parent for parent in path.parents if parent.exists())
     if not ancestor.is_dir():

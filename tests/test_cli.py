@@ -260,7 +260,8 @@ def test_the_report_reads_a_null_value_as_nan(tmp_path):
                   "output=<name>.json, e.g. output={tmp}/x.json"),
         ("results", "output={tmp}/results is a file name without the .json suffix, but the results are "
                     "written as JSON; pass output=<name>.json, e.g. output={tmp}/results.json"),
-        ("r.json.bak", "output={tmp}/r.json.bak is a .bak file name"),
+        ("r.json.bak", "output={tmp}/r.json.bak is a .bak file name, but the results are written as JSON; "
+                       "pass output=<name>.json, e.g. output={tmp}/r.json"),
     ],
 )
 def test_record_outputs_must_end_in_json(tmp_path, name, message):
