@@ -5,8 +5,9 @@ Lightning: one run directory per run (also under DDP, whose launcher re-runs thi
 with the same ``hydra.run.dir``), checkpoints ``best.ckpt`` and ``last.ckpt`` written atomically,
 W&B (offline by default) and CSV logs, optional early stopping (``early_stopping``: the arguments of
 Lightning's ``EarlyStopping``), and result records of the final validation. ``resume=<ckpt>``
-continues an earlier run (weights, optimizer, schedule, step and token counts) in a new run
-directory, e.g. a long run cut by ``trainer.max_time`` into several sessions. A run stopped by
+continues an earlier run (weights, optimizer, schedule, step and token counts, and the training
+data order from the next batch) in a new run directory, e.g. a long run cut by ``trainer.max_time``
+into several sessions. A run stopped by
 Ctrl+C or SIGTERM (``kill``, ``timeout``, a scheduler) shuts down as Lightning does for Ctrl+C,
 then still saves ``last.ckpt`` and writes the records of its best checkpoint, marked
 ``interrupted``, and exits with status 1 (single-process runs; DDP runs just stop). Ctrl+C before
@@ -43,6 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import data as datasets_lib
 from data.mqar import parse_slice_name
+from data.resumable import ResumableLoader
 from eval.cli import INTERRUPTED, user_errors
 from eval.records import (
     check_flag,
@@ -443,6 +445,8 @@ def discard_unfinished_batch(trainer: L.Trainer) -> None:
     Lightning also counted the unfinished batch as a stepped one (its logged steps one ahead). The
     progress trackers' own ``reset_on_restart`` (back to the completed count), applied here to the
     totals too, makes the checkpoint the one the run would have saved between the two batches.
+    The training loader (:class:`data.resumable.ResumableLoader`) had handed the batch out: it takes
+    it back, so the resumed run trains on it next, as the uninterrupted run did.
     An interrupt after the optimizer step (the batch processed, not completed) is left as it is:
     Lightning resumes that state by completing the batch.
     """
@@ -450,6 +454,9 @@ def discard_unfinished_batch(trainer: L.Trainer) -> None:
     if progress.total.processed == progress.total.completed < progress.total.ready:
         progress.total.reset_on_restart()
         progress.current.reset_on_restart()
+        loader = trainer.train_dataloader
+        if isinstance(loader, ResumableLoader):
+            loader.put_back()
 
 
 @contextlib.contextmanager

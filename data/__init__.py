@@ -1,8 +1,9 @@
 """Datasets as LightningDataModules: the MQAR recall task (:mod:`data.mqar`), text corpora
 (:mod:`data.text`) and the synthetic evaluation tasks -- copying (:mod:`data.copying`), selective
 copying (:mod:`data.selective_copying`), induction heads (:mod:`data.induction`), passkey and
-multi-key needle retrieval (:mod:`data.retrieval`), built on :mod:`data.synthetic`. Depends only on
-torch, numpy, lightning and datasets.
+multi-key needle retrieval (:mod:`data.retrieval`), built on :mod:`data.synthetic`. Their training
+loaders are a stream of shuffled passes that a resumed fit continues mid-epoch (:mod:`data.resumable`).
+Depends only on torch, numpy, lightning and datasets.
 
 Every data module yields batches ``{"input_ids": (B, T) int64, "labels": (B, T) int64,
 "slice": list[str]}`` (the synthetic tasks add per-example extras such as ``prompt_len``) where

@@ -36,6 +36,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, SequentialSampler
 
 from data.distributed import eval_sampler
+from data.resumable import ResumableTrainData, ShuffledSampler
 
 IGNORE_INDEX = -100
 """Label of every position that carries no loss (PyTorch's ``cross_entropy`` default)."""
@@ -255,7 +256,7 @@ def _parse_test_configs(test_configs, seqlen: int, num_kv_pairs: int) -> list[tu
     return pairs
 
 
-class MQARDataModule(L.LightningDataModule):
+class MQARDataModule(ResumableTrainData, L.LightningDataModule):
     """MQAR training data and one evaluation slice per ``(seqlen, num_kv_pairs)`` test setting.
 
     Seed scheme (documented so results are reproducible and test data never equals training data):
@@ -276,7 +277,8 @@ class MQARDataModule(L.LightningDataModule):
             setting plus 2x and 4x seqlen with 2x and 4x pairs. Test slices may be longer than any
             training example (length extrapolation).
         batch_size: examples per batch for every loader (default 64).
-        seed: base seed (>= 0) of the scheme above (default 0).
+        seed: base seed (>= 0) of the scheme above and, with the run's seed, of the training order
+            (default 0).
         power_a: query-gap power law exponent, see :func:`multiquery_ar` (default 0.01).
         random_non_queries: random filler instead of 0 (default True).
         num_workers: DataLoader worker processes (default 0).
@@ -443,12 +445,17 @@ class MQARDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled batches of the training set (reshuffled every epoch)."""
+        """Shuffled batches of the training set, a new order every pass, a function of (``seed``, the
+        process's torch seed (``torch.initial_seed()``: train.py's ``seed=``), pass); a resumed fit
+        continues the order where its checkpoint left it (:class:`data.resumable.ResumableLoader`)."""
         if self.train_set is None:
             raise RuntimeError(
                 "call setup() or setup('fit') before train_dataloader() (Lightning's Trainer does it)"
             )
-        return self.dataloader(self.train_set, shuffle=True)
+        # The run's torch seed (train.py's seed=, through seed_everything) joins the data seed, so
+        # runs that differ only in seed= see the data in different orders, as with a shuffled DataLoader.
+        order = ShuffledSampler(len(self.train_set), (self.seed, torch.initial_seed()))
+        return self.resumable_loader(self.train_set, order, self.batch_size, self.num_workers)
 
     def val_dataloader(self) -> list[DataLoader]:
         """One DataLoader per validation slice, in ``slice_names`` order."""

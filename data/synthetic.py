@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset, SequentialSampler
 
 from data.distributed import eval_sampler
 from data.mqar import IGNORE_INDEX, MAX_SLICES, SEED_STRIDE, _check_int
+from data.resumable import ResumableTrainData, ShuffledSampler
 
 
 def check_depth_range(depth_min, depth_max) -> tuple[float, float]:
@@ -120,7 +121,7 @@ class TaskSlice(Dataset):
         return item
 
 
-class SyntheticDataModule(L.LightningDataModule):
+class SyntheticDataModule(ResumableTrainData, L.LightningDataModule):
     """Base class of the synthetic-task data modules: seeded train / validation / test slices.
 
     A subclass describes its task through four methods -- :meth:`check_config` (validate and
@@ -130,7 +131,8 @@ class SyntheticDataModule(L.LightningDataModule):
     Seed scheme (the one of :class:`data.mqar.MQARDataModule`, so no seed of one set equals a seed
     of another, for any base seed): training examples use ``train_seed = seed * SEED_STRIDE``; the
     i-th test config is drawn as a test slice from ``seed * SEED_STRIDE + 1 + i`` and as a
-    validation slice from ``seed * SEED_STRIDE + SEED_STRIDE // 2 + i``.
+    validation slice from ``seed * SEED_STRIDE + SEED_STRIDE // 2 + i``. The training order of each
+    pass is a permutation seeded by ``(seed, the run's torch seed, pass)`` (:meth:`train_dataloader`).
 
     Attributes (after :meth:`configure`): ``train_config``, ``test_configs`` (normalised dicts),
     ``train_slice_name``, ``slice_names`` (evaluation slices in ``test_configs`` order),
@@ -308,7 +310,9 @@ class SyntheticDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled batches of the training set (reshuffled every epoch).
+        """Shuffled batches of the training set, a new order every pass, a function of (``seed``, the
+        process's torch seed (``torch.initial_seed()``: train.py's ``seed=``), pass); a resumed fit
+        continues the order where its checkpoint left it (:class:`data.resumable.ResumableLoader`).
 
         Raises:
             RuntimeError: :meth:`setup` has not made the training set.
@@ -317,7 +321,10 @@ class SyntheticDataModule(L.LightningDataModule):
             raise RuntimeError(
                 "call setup() or setup('fit') before train_dataloader() (Lightning's Trainer does it)"
             )
-        return self.dataloader(self.train_set, shuffle=True)
+        # The run's torch seed (train.py's seed=, through seed_everything) joins the data seed, so
+        # runs that differ only in seed= see the data in different orders, as with a shuffled DataLoader.
+        order = ShuffledSampler(len(self.train_set), (self.seed, torch.initial_seed()))
+        return self.resumable_loader(self.train_set, order, self.batch_size, self.num_workers)
 
     def val_dataloader(self) -> list[DataLoader]:
         """One DataLoader per validation slice, in ``slice_names`` order.

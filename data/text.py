@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data.distributed import eval_sampler
 from data.mqar import _check_int
+from data.resumable import ResumableTrainData
 
 
 def _ids_to_list(ids) -> list[int]:
@@ -191,8 +192,8 @@ class BlockSampler(Sampler[int]):
     uniformly from [0, block_len) and visits the blocks at ``r + j * block_len`` in random order,
     so over epochs the model sees every block boundary; the count is fixed at
     ``(num_tokens - block_len + 1) // block_len`` so that every offset fits. The epoch's draw is a
-    function of ``(seed, epoch)``: Lightning calls :meth:`set_epoch` before each epoch (also through
-    its distributed wrapper, which keeps ranks consistent); without it, each pass advances the epoch.
+    function of ``(seed, epoch)``: the training loader (:class:`data.resumable.ResumableLoader`) calls
+    :meth:`set_epoch` with its pass before each pass; without it, each pass advances the epoch.
     """
 
     def __init__(self, num_tokens: int, block_len: int, shuffle: bool, seed: int = 0):
@@ -288,7 +289,7 @@ def _build_tokenizer(tokenizer, corpus: str):
     )
 
 
-class TextDataModule(L.LightningDataModule):
+class TextDataModule(ResumableTrainData, L.LightningDataModule):
     """Next-token prediction on one text corpus, split 90/10 by characters.
 
     The corpus is a local file (``path``; a list of files is joined with ``separator``) or, for
@@ -428,8 +429,12 @@ class TextDataModule(L.LightningDataModule):
         if tokens is None:
             raise RuntimeError("call setup() before asking for dataloaders (Lightning's Trainer does it)")
         sampler = BlockSampler(tokens.shape[0], self.seqlen + 1, shuffle=shuffle, seed=self.seed)
-        if not shuffle:  # evaluation under DDP: each block once (Lightning's sampler would repeat some)
-            sampler = eval_sampler(sampler, self.trainer, "validation")
+        if shuffle:  # training: a stream of passes that a resumed fit continues
+            return self.resumable_loader(
+                TokenWindows(tokens, self.seqlen), sampler, self.batch_size, self.num_workers
+            )
+        # evaluation under DDP: each block once (Lightning's sampler would repeat some)
+        sampler = eval_sampler(sampler, self.trainer, "validation")
         return DataLoader(
             TokenWindows(tokens, self.seqlen),
             batch_size=self.batch_size,
@@ -439,7 +444,8 @@ class TextDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        """Training blocks: random offset and order, re-drawn every epoch."""
+        """Training blocks: random offset and order, re-drawn every pass; a resumed fit continues
+        them where its checkpoint left them (:class:`data.resumable.ResumableLoader`)."""
         return self._loader(self.train_tokens, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:

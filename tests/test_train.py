@@ -619,6 +619,42 @@ def test_resume_continues_steps_tokens_and_schedule(tmp_path):
     assert {r["train_tokens"] for r in records} == {30 * 32 * 64}
 
 
+def assert_same_training(resumed: dict, full: dict, first_step: int) -> None:
+    """``resumed`` (a run resumed at ``first_step``) logged the training losses of the uninterrupted
+    run ``full`` from that step on and ended on its weights, bit for bit: on CPU in fp32 the same
+    batches in the same order give the same arithmetic (a checkpoint restores weights, optimizer
+    moments and the schedule exactly)."""
+    assert logged(resumed["run_dir"], "train/loss") == logged(full["run_dir"], "train/loss")[first_step:]
+    weights = read_checkpoint(resumed["last_ckpt"])["state_dict"]
+    expected = read_checkpoint(full["last_ckpt"])["state_dict"]
+    assert weights.keys() == expected.keys()
+    assert all(torch.equal(weights[k], expected[k]) for k in expected)
+
+
+def test_a_session_stopped_mid_epoch_resumes_on_the_uninterrupted_batches(tmp_path, monkeypatch):
+    # A long run cut into sessions: the first stops at step 10 as trainer.max_time stops it (Lightning's
+    # Timer sets trainer.should_stop after a step), mid-epoch (20 batches an epoch: 640 examples,
+    # batch 32). Resumed, it restarted the epoch's data order from its first batch, in a new shuffle
+    # (and shuffled its later epochs anew); it now trains on the uninterrupted run's batches 11 to
+    # 20, then on its next epoch's.
+    settings = ["model.n_layers=2", "trainer.max_steps=30", "trainer.val_check_interval=10"]
+    full = run_train(tmp_path / "full", settings)
+    on_train_batch_end = LitLM.on_train_batch_end
+
+    def time_is_up_after_step_10(self, outputs, batch, batch_idx):
+        on_train_batch_end(self, outputs, batch, batch_idx)
+        if self.global_step == 10:
+            self.trainer.should_stop = True
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LitLM, "on_train_batch_end", time_is_up_after_step_10)
+        part = run_train(tmp_path / "part", settings)
+    assert not part["interrupted"] and read_checkpoint(part["last_ckpt"])["global_step"] == 10
+    resumed = run_train(tmp_path / "resumed", [*settings, f"resume={part['last_ckpt']}"])
+    assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 30
+    assert_same_training(resumed, full, first_step=10)
+
+
 def test_resume_rejects_missing_weights_only_and_mismatched_checkpoints(tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         run_train(tmp_path / "a", [f"resume={tmp_path / 'nope.ckpt'}"])
@@ -706,6 +742,9 @@ def test_a_run_interrupted_mid_step_resumes_on_the_uninterrupted_schedule(tmp_pa
     # with its token counts, and validated (and the best checkpoint validated again) at its steps.
     assert schedule(resumed["run_dir"]) == schedule(full["run_dir"], first_step=6)
     assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 12
+    # The interrupted batch was put back: the resumed run trains on it first, as the uninterrupted
+    # run did, then on its next batches.
+    assert_same_training(resumed, full, first_step=6)
 
 
 @pytest.mark.parametrize("failure", ["interrupt", "full disk"])

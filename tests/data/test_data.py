@@ -542,10 +542,13 @@ def test_evaluation_loader_with_fewer_examples_than_processes_says_so():
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_text_datamodule_in_lightning_trainer_redraws_offsets(corpus):
     path, _ = corpus
-    dm = TextDataModule(path=path, seqlen=8, batch_size=4, seed=1)
+    # 199 training blocks: a pass is 2 batches, so each of the 2-batch epochs is one pass (the
+    # stream continues a pass across epochs that stop short of its end: see test_resumable.py).
+    dm = TextDataModule(path=path, seqlen=8, batch_size=100, seed=1)
     dm.setup()
     probe = _Probe(dm.vocab_size)
     _fit(probe, dm, max_epochs=3)
+    assert len(probe.train_inputs) == 6
     assert probe.val_slices == {0: {"text"}}
     expected = BlockSampler(dm.train_tokens.shape[0], 9, shuffle=True, seed=1)
     for epoch, inputs in probe.train_inputs:
