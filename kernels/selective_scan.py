@@ -35,9 +35,9 @@ the part's affine map of the state, ``h_end = decay * h_start + h_local`` with `
 dt)`` (the recurrence is linear in h), and each part of the forward starts from h_0 mapped through
 the earlier parts in order: the parallel-prefix idea of Blelloch (1990) with one level of blocks.
 
-Backward, ``selective_scan_bwd_kernel``: same grid; the program walks the checkpoint segments
-from last to first, in two passes per segment (mamba_ssm's chunked recomputation, Gu & Dao 2023
-Sec. 3.3.2, with a second level of chunks):
+Backward, ``selective_scan_bwd_kernel``: grid (channel blocks, groups, batch x parts); a program
+walks its part's checkpoint segments from last to first, in two passes per segment (mamba_ssm's
+chunked recomputation, Gu & Dao 2023 Sec. 3.3.2, with a second level of chunks):
 
 1. from the segment's checkpoint, advance the state chunk by chunk and write the state before
    each chunk to a per-channel scratch slot (written and read back by the same program, so it
@@ -49,14 +49,28 @@ Sec. 3.3.2, with a second level of chunks):
    input gradient on the way; ``a_0 q_0`` carries to the chunk before and finally becomes the
    initial state's gradient.
 
+Few programs (a batch-1 step over a long sequence) cut the backward into sequence parts too
+(``backward_sequence_parts``), by the forward's one-level parallel prefix (Blelloch 1990) applied
+to the state gradient: it flows from the end to the start and is linear in the gradient after a part,
+``g_start = decay * g_end + g_local`` with ``decay = exp(A sum dt)`` over the part. First
+``selective_scan_adjoint_part_kernel`` walks every part but the first backwards from a zero
+gradient, running only that recurrence (no states: it needs dt, C and dy alone), which gives the
+part's (decay, g_local); then each part of the main kernel starts from the last state's gradient
+carried through the later parts' maps, last first, and walks only its own segments, starting
+from their checkpoints (the forward saved them all, so no part walks an earlier one). Only the
+first part writes the initial state's gradient; the parts write disjoint steps of every per-step
+gradient. Each part's gradient entering it differs from one walk's by the association only (one
+exponential of the summed exponent instead of the product of the per-step decays): a few
+roundings of the carried value, which then decays.
+
 Sums over channels (dB, dC) reduce within the warp, then each channel block adds its (N,) share
 of a step into fp32 ``(batch, G, L, N)`` buffers with atomic adds, as mamba_ssm's backward does:
 the order of those adds varies from run to run, so dB and dC may differ in the last bits between
 runs. Under ``torch.use_deterministic_algorithms(True)`` each block instead writes its own partial
 (``(batch, G, n_blocks, L, N)``) and the host adds them up: bitwise reproducible, about 4% slower
 (H200, bf16, dim 2048, N 16: 9.66 vs 9.26 ms at 32x2048; the partials are 2 x 537 MB of fp32
-written and read back). Sums over time (dA, dD, d delta_bias) are written per batch element and
-added up on the host in both modes, so every other gradient is always deterministic. Autotuning
+written and read back). Sums over time (dA, dD, d delta_bias) are written per (part, batch element)
+and added up on the host in both modes, so every other gradient is always deterministic. Autotuning
 reruns the kernel, so the atomic buffers are zeroed before each of its trial runs.
 
 Decode, ``selective_state_update_kernel``: one program per (channel block, group, batch) reads its
@@ -71,7 +85,8 @@ product of decays carries a relative error of about |sum dt A| 2^-24; for decayi
 (Mamba's regime: dt > 0, A < 0) that is at most about 2^-24 / e of the contribution in absolute
 terms, but it grows with states that explode (negative dt without softplus). Masked steps (beyond L) get dt = 0, i.e. a = 1
 and no input, so padding never changes a state, an output or a gradient. Sums over the whole
-sequence (dA, dD, d delta_bias) add per-chunk sums with Kahan's compensated summation.
+sequence (dA, dD, d delta_bias) add per-chunk sums with Kahan's compensated summation within a
+sequence part, and the host adds the few (part, batch element) sums in fp32 (fp64).
 """
 
 from __future__ import annotations
@@ -121,9 +136,10 @@ _FWD_CUDA = [(8, 32, 1), (8, 16, 1), (4, 32, 1)]
 # 14.2 / 14.5 ms, (64, 4, 4) 18.4 / 19.0 ms, (16, 2, 1) 11.8 / 12.3 ms, (16, 4, 1) 9.7 / 9.9 ms.
 _BWD_CUDA = [(4, 1), (8, 1)]
 BWD_BLOCK_D = INTERPRET_BLOCK_D if _INTERPRET else 16
-# Sequence parts of the forward (see sequence_parts): one-warp programs per SM to aim for, and the
-# shortest part. Under the interpreter, the SM count INTERPRET_SMS and parts of one checkpoint
-# interval make the tests' tiny shapes (batch 2, 8 channels, L 64-300) run in several parts.
+# Sequence parts of the forward and the backward (see sequence_parts, backward_sequence_parts):
+# one-warp programs per SM to aim for, and the shortest part. Under the interpreter, the SM count
+# INTERPRET_SMS and parts of one checkpoint interval make the tests' tiny shapes (batch 2, 8
+# channels, L 64-300) run in several parts.
 MIN_FWD_BLOCK_D = INTERPRET_BLOCK_D if _INTERPRET else min(d for _, d, _ in _FWD_CUDA)
 PART_TARGET_WARPS = 8
 MIN_PART_STEPS = CHECKPOINT_STEPS if _INTERPRET else 512
@@ -175,7 +191,7 @@ def _bucket(n: int) -> int:
 # Triton that rows are aligned for 16-byte accesses.
 _FWD_RUNTIME_INTS = ["batch_size", "dim", "P", "n_ckpt", "part_len", "L_BUCKET", "P_BUCKET"]
 _PART_RUNTIME_INTS = ["batch_size", "dim", "P", "part_len", "L_BUCKET", "P_BUCKET"]
-_BWD_RUNTIME_INTS = ["dim", "P", "n_ckpt", "n_blocks", "scratch_slots", "L_BUCKET"]
+_BWD_RUNTIME_INTS = ["batch_size", "dim", "P", "n_ckpt", "part_len", "n_blocks", "scratch_slots", "L_BUCKET"]
 
 # ----------------------------------------------------------------------------------------------
 # Device helpers
@@ -278,6 +294,23 @@ def _fwd_chunk(
 
 
 @triton.jit
+def _chunk_dy(dout_base, z_base, t, stride_dol, stride_zl, td_mask, ACC: tl.constexpr, HAS_Z: tl.constexpr):
+    """A chunk's (T, D) gradient of y before the gate, ``dy = dout silu(z)`` (dout without z), and
+    ``dout silu'(z)``, which the gate's gradient dz = dout silu'(z) (C . h + D u) needs (zeros
+    without z: unused then, and compiled away; a None in a returned tuple does not compile with
+    Triton 3.6). Masked steps give 0. silu'(z) = s (1 + z (1 - s)) with s = sigmoid(z)."""
+    dout = tl.load(dout_base + t[:, None] * stride_dol, mask=td_mask, other=0.0).to(ACC)
+    dy = dout
+    dz_scale = tl.zeros(dout.shape, dtype=ACC)
+    if HAS_Z:
+        z = tl.load(z_base + t[:, None] * stride_zl, mask=td_mask, other=0.0).to(ACC)
+        gate = tl.sigmoid(z)
+        dy = dout * z * gate
+        dz_scale = dout * gate * (1.0 + z * (1.0 - gate))
+    return dy, dz_scale
+
+
+@triton.jit
 def _put(ptrs, values, mask, ATOMIC: tl.constexpr):
     """Add ``values`` into ``ptrs`` (relaxed atomics: only the sum matters) or store them."""
     if ATOMIC:
@@ -312,16 +345,10 @@ def _bwd_chunk(
     td_mask, tn_mask = _chunk_masks(t, L, d_mask, n_mask, MASKED, BLOCK_T)
     u = tl.load(u_base + t[:, None] * stride_ul, mask=td_mask, other=0.0).to(ACC)  # (T, D)
     dt, v = _chunk_dt(delta_base + t[:, None] * stride_deltal, bias, td_mask, ACC, HAS_BIAS, SOFTPLUS)
-    dout = tl.load(dout_base + t[:, None] * stride_dol, mask=td_mask, other=0.0).to(ACC)
+    dy, dz_scale = _chunk_dy(dout_base, z_base, t, stride_dol, stride_zl, td_mask, ACC, HAS_Z)
     Bc = tl.load(b_base + offs_n[None, :] * stride_bn + t[:, None] * stride_bl, mask=tn_mask, other=0.0)  # (T, N)
     Cc = tl.load(c_base + offs_n[None, :] * stride_cn + t[:, None] * stride_cl, mask=tn_mask, other=0.0)
     x = dt * u
-    if HAS_Z:
-        z = tl.load(z_base + t[:, None] * stride_zl, mask=td_mask, other=0.0).to(ACC)
-        gate = tl.sigmoid(z)
-        dy = dout * z * gate  # dL/dy before the gate
-    else:
-        dy = dout
 
     # Forward over the chunk: the state before each step (for the reverse below), dC_t and, for dz,
     # the output before the gate C_t . h_t.
@@ -345,8 +372,7 @@ def _bwd_chunk(
     if HAS_Z:
         if HAS_D:
             y_pre = y_pre + skip[None, :] * u
-        dz = dout * y_pre * gate * (1.0 + z * (1.0 - gate))  # silu'(z) = s (1 + z (1 - s))
-        tl.store(dz_base + t[:, None], dz.to(dz_base.dtype.element_ty), mask=td_mask)
+        tl.store(dz_base + t[:, None], (dz_scale * y_pre).to(dz_base.dtype.element_ty), mask=td_mask)
 
     # Reverse over the chunk; grad_h carries a_{t+1} q_{t+1}.
     dx = tl.zeros([BLOCK_T, BLOCK_D], dtype=ACC)  # dL/dx_t = sum_n q B
@@ -385,6 +411,33 @@ def _bwd_chunk(
     tl.store(du_base + t[:, None], du.to(du_base.dtype.element_ty), mask=td_mask)
     tl.store(ddelta_base + t[:, None], ddt.to(ddelta_base.dtype.element_ty), mask=td_mask)
     return grad_h, grad_A, grad_A_c, grad_skip, grad_skip_c, grad_bias, grad_bias_c
+
+
+@triton.jit
+def _adjoint_chunk(
+    grad_h, t0, L, delta_base, z_base, dout_base, c_base, stride_deltal, stride_zl, stride_dol, stride_cn,
+    stride_cl, A2, bias, d_mask, offs_n, n_mask,
+    ACC: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+    FP64: tl.constexpr, MASKED: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """dL/dh before the chunk [t0, t0 + BLOCK_T) from grad_h = dL/dh after it (N, D), by the state
+    gradient's recurrence alone: ``_bwd_chunk``'s reverse walk, step for step the same operations
+    (``q_t = C_t dy_t + grad_h``, carrying ``a_t q_t``), without the states or any input gradient.
+    Returns it and the chunk's sum of dt (D,) (masked steps add 0 and have a = 1, dy = 0, C = 0)."""
+    offs_t = tl.arange(0, BLOCK_T)
+    t = t0 + offs_t.to(tl.int64)  # int64: t * stride may pass 2^31 for inputs strided along time
+    td_mask, tn_mask = _chunk_masks(t, L, d_mask, n_mask, MASKED, BLOCK_T)
+    dt, _ = _chunk_dt(delta_base + t[:, None] * stride_deltal, bias, td_mask, ACC, HAS_BIAS, SOFTPLUS)
+    dy, _ = _chunk_dy(dout_base, z_base, t, stride_dol, stride_zl, td_mask, ACC, HAS_Z)
+    Cc = tl.load(c_base + offs_n[None, :] * stride_cn + t[:, None] * stride_cl, mask=tn_mask, other=0.0)  # (T, N)
+    for i in tl.static_range(BLOCK_T - 1, -1, -1):
+        sel = (offs_t == i)[:, None]
+        dt_i = tl.reduce(tl.where(sel, dt, -0.0), 0, _add)
+        C_i = tl.reduce(tl.where(sel, Cc, -0.0), 0, _add)
+        dy_i = tl.reduce(tl.where(sel, dy, -0.0), 0, _add)
+        a = tl.exp(dt_i[None, :] * A2) if FP64 else tl.exp2(dt_i[None, :] * A2)
+        grad_h = a * (C_i[:, None] * dy_i[None, :] + grad_h)
+    return grad_h, tl.reduce(dt, 0, _add)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -541,13 +594,86 @@ def selective_scan_fwd_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
+@triton.autotune(
+    configs=_fwd_configs(), key=["BLOCK_N", "L_BUCKET", "P_BUCKET"],
+    prune_configs_by={"early_config_prune": _prune_fwd_configs},
+)
+@triton.jit(do_not_specialize=_PART_RUNTIME_INTS)
+def selective_scan_adjoint_part_kernel(
+    DELTA, A, C, Z, DELTA_BIAS, DOUT, PART_G, PART_DECAY,
+    stride_deltab, stride_deltad, stride_deltal,
+    stride_ad, stride_an,
+    stride_cb, stride_cg, stride_cn, stride_cl,
+    stride_biasd,
+    stride_zb, stride_zd, stride_zl,
+    stride_dob, stride_dod, stride_dol,
+    batch_size, dim, P, d_state, L, part_len, L_BUCKET, P_BUCKET,
+    HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, FP64: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """What part p of the sequence (steps [p part_len, (p + 1) part_len) clipped to L, every part but
+    the first) does to the state gradient of one (channel block, group, batch), walked backwards:
+    ``g_start = decay * g_end + g_local`` with ``g_local`` = dL/dh at the part's start from a zero
+    gradient at its end (the C_t dy_t terms of its steps carried back) and ``decay = prod_t a_t =
+    exp(A sum_t dt_t)`` (N, D), stored to PART_G / PART_DECAY ((n_parts - 1, batch, dim, N), the
+    compute dtype; part p at index p - 1). Grid (cdiv(P, BLOCK_D), G, batch * (n_parts - 1)),
+    program (.., .., (p - 1) * batch + b). The last part ends with the sequence's partial last chunk.
+    """
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    group = tl.program_id(1)
+    part = tl.program_id(2) // batch_size + 1
+    n_parts = tl.num_programs(2) // batch_size + 1
+    batch = (tl.program_id(2) % batch_size).to(tl.int64)
+    offs_p = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = offs_p < P
+    offs_d = group.to(tl.int64) * P + offs_p
+    offs_n = tl.arange(0, BLOCK_N)
+    n_mask = offs_n < d_state
+    nd_mask = n_mask[:, None] & d_mask[None, :]
+    A2 = tl.load(A + offs_d[None, :] * stride_ad + offs_n[:, None] * stride_an, mask=nd_mask, other=0.0)
+    A2 = A2.to(ACC) if FP64 else A2.to(ACC) * 1.4426950408889634
+    bias = tl.load(DELTA_BIAS + offs_d * stride_biasd, mask=d_mask, other=0.0).to(ACC) if HAS_BIAS else None
+    delta_base = DELTA + batch * stride_deltab + offs_d[None, :] * stride_deltad
+    z_base = Z + batch * stride_zb + offs_d[None, :] * stride_zd if HAS_Z else None
+    dout_base = DOUT + batch * stride_dob + offs_d[None, :] * stride_dod
+    c_base = C + batch * stride_cb + group * stride_cg
+
+    grad_h = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+    dt_total = tl.zeros([BLOCK_D], dtype=ACC)
+    # Whole chunks (part_len is a multiple of CHECKPOINT_STEPS, hence of BLOCK_T), after the
+    # sequence's partial last chunk, if any, in the last part.
+    first = part * (part_len // BLOCK_T)
+    n_full = tl.minimum(first + part_len // BLOCK_T, L // BLOCK_T)
+    if part == n_parts - 1:
+        if n_full * BLOCK_T < L:
+            grad_h, dt_sum = _adjoint_chunk(
+                grad_h, n_full * BLOCK_T, L, delta_base, z_base, dout_base, c_base, stride_deltal, stride_zl,
+                stride_dol, stride_cn, stride_cl, A2, bias, d_mask, offs_n, n_mask,
+                ACC, HAS_Z, HAS_BIAS, SOFTPLUS, FP64, True, BLOCK_T,
+            )
+            dt_total += dt_sum
+    for chunk_rev in range(0, n_full - first):
+        grad_h, dt_sum = _adjoint_chunk(
+            grad_h, (n_full - 1 - chunk_rev) * BLOCK_T, L, delta_base, z_base, dout_base, c_base, stride_deltal,
+            stride_zl, stride_dol, stride_cn, stride_cl, A2, bias, d_mask, offs_n, n_mask,
+            ACC, HAS_Z, HAS_BIAS, SOFTPLUS, FP64, False, BLOCK_T,
+        )
+        dt_total += dt_sum
+    # One exponential of the summed exponent, as the forward's part kernel: the product of the
+    # part's decays rounded once (the walk above rounds it per step).
+    decay = tl.exp(dt_total[None, :] * A2) if FP64 else tl.exp2(dt_total[None, :] * A2)
+    out = (((part - 1) * batch_size + batch) * dim + offs_d[None, :]) * d_state + offs_n[:, None]
+    tl.store(PART_G + out, grad_h, mask=nd_mask)
+    tl.store(PART_DECAY + out, decay, mask=nd_mask)
+
+
 # ATOMIC is left out of the key: both modes run the config tuned first, so they differ only in the
 # order of the dB / dC adds (a different chunk length would also change every other gradient's
 # rounding).
 @triton.autotune(configs=_bwd_configs(), key=["BLOCK_N", "BLOCK_D", "L_BUCKET"], reset_to_zero=["DB_PART", "DC_PART"])
 @triton.jit(do_not_specialize=_BWD_RUNTIME_INTS)
 def selective_scan_bwd_kernel(
-    U, DELTA, A, B, C, D, Z, DELTA_BIAS, CKPT, DOUT, DLAST, SCRATCH,
+    U, DELTA, A, B, C, D, Z, DELTA_BIAS, CKPT, DOUT, DLAST, PART_G, PART_DECAY, SCRATCH,
     DU, DDELTA, DZ, DB_PART, DC_PART, DA_PART, DD_PART, DBIAS_PART, DH0,
     stride_ub, stride_ud, stride_ul,
     stride_deltab, stride_deltad, stride_deltal,
@@ -558,23 +684,31 @@ def selective_scan_bwd_kernel(
     stride_zb, stride_zd, stride_zl,
     stride_dob, stride_dod, stride_dol,
     stride_dlb, stride_dld, stride_dln,
-    dim, P, d_state, L, n_ckpt, n_blocks, scratch_slots, L_BUCKET,
+    batch_size, dim, P, d_state, L, n_ckpt, part_len, n_blocks, scratch_slots, L_BUCKET,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     HAS_DLAST: tl.constexpr, FP64: tl.constexpr, CKPT_STEPS: tl.constexpr, ATOMIC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
-    """All gradients of one (channel block, group, batch); grid (n_blocks, G, batch).
+    """All gradients of one (channel block, group, batch) over part p of the sequence (its
+    checkpoint segments [p part_len, (p + 1) part_len) / CKPT_STEPS, clipped to n_ckpt); grid
+    (n_blocks, G, batch * n_parts), program (.., .., p * batch + b).
 
-    Writes du, ddelta, dz (batch, dim, L) and dh0 (batch, dim, N) in full; dB / dC summed over
-    this block's channels, added into the zeroed (batch, G, L, N) sums (ATOMIC) or written as
-    this block's partials of (batch, G, n_blocks, L, N); dA (batch, dim, N), dD and d delta_bias
-    (batch, dim) summed over time.
+    The state gradient after the part is dL/dh_L (DLAST, or zero) carried back through the later
+    parts' (decay, g_local) pairs of :func:`selective_scan_adjoint_part_kernel` (PART_DECAY /
+    PART_G, (n_parts - 1, batch, dim, N)). Writes du, ddelta, dz (batch, dim, L) over the part's
+    steps; dB / dC summed over this block's channels, added into the zeroed (batch, G, L, N) sums
+    (ATOMIC) or written as this block's partials of (batch, G, n_blocks, L, N) (parts cover
+    disjoint steps); dA (n_parts, batch, dim, N), dD and d delta_bias (n_parts, batch, dim) summed
+    over the part's steps; the first part writes dh0 (batch, dim, N). SCRATCH is (n_parts, batch,
+    dim, scratch_slots, N): a slot per chunk of a segment, per program.
     """
     tl.static_assert(CKPT_STEPS % BLOCK_T == 0)
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
     block = tl.program_id(0)
     group = tl.program_id(1)
-    batch = tl.program_id(2).to(tl.int64)
+    part = tl.program_id(2) // batch_size
+    n_parts = tl.num_programs(2) // batch_size
+    batch = (tl.program_id(2) % batch_size).to(tl.int64)
     offs_p = block * BLOCK_D + tl.arange(0, BLOCK_D)
     d_mask = offs_p < P
     offs_d = group.to(tl.int64) * P + offs_p
@@ -595,20 +729,25 @@ def selective_scan_bwd_kernel(
     dz_base = DZ + row if HAS_Z else None
     b_base = B + batch * stride_bb + group * stride_bg
     c_base = C + batch * stride_cb + group * stride_cg
-    part = (batch * tl.num_programs(1) + group) * L * d_state  # this (batch, group)'s dB / dC
+    bc_offs = (batch * tl.num_programs(1) + group) * L * d_state  # this (batch, group)'s dB / dC
     if not ATOMIC:
-        part = part * n_blocks + block * L * d_state  # this block's partials
+        bc_offs = bc_offs * n_blocks + block * L * d_state  # this block's partials
+    part_row = part * batch_size + batch  # this (part, batch)'s row of the per-part buffers
     ckpt_base = CKPT + ((batch * dim + offs_d[None, :]) * n_ckpt) * d_state + offs_n[:, None]  # (N, D)
-    scratch_base = SCRATCH + ((batch * dim + offs_d[None, :]) * scratch_slots) * d_state + offs_n[:, None]
+    scratch_base = SCRATCH + ((part_row * dim + offs_d[None, :]) * scratch_slots) * d_state + offs_n[:, None]
     state_offs = (batch * dim + offs_d[None, :]) * d_state + offs_n[:, None]  # (N, D) in (batch, dim, N)
 
-    # dL/dh after the current chunk: at the end of the sequence, the last state's gradient.
+    # dL/dh after the part: the last state's gradient at the end of the sequence, mapped through
+    # every later part, last first (one fma per state and part instead of the part's steps).
     if HAS_DLAST:
         grad_h = tl.load(DLAST + batch * stride_dlb + offs_d[None, :] * stride_dld + offs_n[:, None] * stride_dln,
                          mask=nd_mask, other=0.0).to(ACC)
     else:
         grad_h = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
-    # Running sums over time, with their Kahan compensations.
+    for later_rev in range(0, n_parts - 1 - part):  # part n_parts - 1 - later_rev, at index n_parts - 2 - later_rev
+        at = (((n_parts - 2 - later_rev) * batch_size + batch) * dim + offs_d[None, :]) * d_state + offs_n[:, None]
+        grad_h = tl.load(PART_DECAY + at, mask=nd_mask, other=0.0) * grad_h + tl.load(PART_G + at, mask=nd_mask, other=0.0)
+    # Running sums over the part's steps, with their Kahan compensations.
     grad_A = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)  # sum_t g dt
     grad_A_c = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
     grad_skip = tl.zeros([BLOCK_D], dtype=ACC)
@@ -616,8 +755,12 @@ def selective_scan_bwd_kernel(
     grad_bias = tl.zeros([BLOCK_D], dtype=ACC)
     grad_bias_c = tl.zeros([BLOCK_D], dtype=ACC)
 
-    for seg_rev in range(0, n_ckpt):
-        seg = n_ckpt - 1 - seg_rev
+    # The part's checkpoint segments from last to first (parts start on a checkpoint: part_len is a
+    # multiple of CKPT_STEPS); the last part's last segment ends with the partial last chunk.
+    seg_first = part * (part_len // CKPT_STEPS)
+    seg_end = tl.minimum(seg_first + part_len // CKPT_STEPS, n_ckpt)
+    for seg_rev in range(0, seg_end - seg_first):
+        seg = seg_end - 1 - seg_rev
         seg_start = seg * CKPT_STEPS
         n_chunks = tl.cdiv(tl.minimum(CKPT_STEPS, L - seg_start), BLOCK_T)
 
@@ -646,25 +789,27 @@ def selective_scan_bwd_kernel(
                 grad_h, grad_A, grad_A_c, grad_skip, grad_skip_c, grad_bias, grad_bias_c = _bwd_chunk(
                     h_start, grad_h, grad_A, grad_A_c, grad_skip, grad_skip_c, grad_bias, grad_bias_c,
                     t0, L, d_state, u_base, delta_base, z_base, dout_base, DU + row, DDELTA + row, dz_base,
-                    b_base, c_base, DB_PART + part, DC_PART + part, stride_ul, stride_deltal, stride_zl, stride_dol,
-                    stride_bn, stride_bl, stride_cn, stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
+                    b_base, c_base, DB_PART + bc_offs, DC_PART + bc_offs, stride_ul, stride_deltal, stride_zl,
+                    stride_dol, stride_bn, stride_bl, stride_cn, stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
                     ACC, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, FP64, True, ATOMIC, BLOCK_T, BLOCK_N, BLOCK_D,
                 )
             else:
                 grad_h, grad_A, grad_A_c, grad_skip, grad_skip_c, grad_bias, grad_bias_c = _bwd_chunk(
                     h_start, grad_h, grad_A, grad_A_c, grad_skip, grad_skip_c, grad_bias, grad_bias_c,
                     t0, L, d_state, u_base, delta_base, z_base, dout_base, DU + row, DDELTA + row, dz_base,
-                    b_base, c_base, DB_PART + part, DC_PART + part, stride_ul, stride_deltal, stride_zl, stride_dol,
-                    stride_bn, stride_bl, stride_cn, stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
+                    b_base, c_base, DB_PART + bc_offs, DC_PART + bc_offs, stride_ul, stride_deltal, stride_zl,
+                    stride_dol, stride_bn, stride_bl, stride_cn, stride_cl, A2, skip, bias, d_mask, offs_n, n_mask,
                     ACC, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, FP64, False, ATOMIC, BLOCK_T, BLOCK_N, BLOCK_D,
                 )
 
-    tl.store(DH0 + state_offs, grad_h, mask=nd_mask)
-    tl.store(DA_PART + state_offs, grad_A, mask=nd_mask)
+    if part == 0:
+        tl.store(DH0 + state_offs, grad_h, mask=nd_mask)
+    part_state_offs = (part_row * dim + offs_d[None, :]) * d_state + offs_n[:, None]  # (N, D)
+    tl.store(DA_PART + part_state_offs, grad_A, mask=nd_mask)
     if HAS_D:
-        tl.store(DD_PART + batch * dim + offs_d, grad_skip, mask=d_mask)
+        tl.store(DD_PART + part_row * dim + offs_d, grad_skip, mask=d_mask)
     if HAS_BIAS:
-        tl.store(DBIAS_PART + batch * dim + offs_d, grad_bias, mask=d_mask)
+        tl.store(DBIAS_PART + part_row * dim + offs_d, grad_bias, mask=d_mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -743,10 +888,44 @@ def sequence_parts(programs: int, seqlen: int, num_sms: int) -> tuple[int, int]:
     programs per SM, and no part is shorter than MIN_PART_STEPS. Training batches (B8 at d_inner 2048:
     1024 programs) keep one part.
     """
+    return _split_sequence(programs, seqlen, num_sms)
+
+
+def backward_sequence_parts(programs: int, seqlen: int, num_sms: int) -> tuple[int, int]:
+    """``(n_parts, part_len)`` of the backward: :func:`sequence_parts`'s rule, with ``programs`` the
+    backward's (batch, group, channel block) programs at its own channel block (:func:`_bwd_block_d`,
+    16 channels on CUDA: a batch-1 Mamba at d_inner 1536 and N = 16 is 96 programs, 11 parts of
+    3008 steps over 32768 on an H200's 132 SMs; a training batch, B8 at d_inner 2048, is 1024
+    programs and keeps one part).
+
+    Why the same rule. The backward's programs are one warp too, and the same cap of
+    PART_TARGET_WARPS per SM keeps them all resident (what a program holds in registers is bounded:
+    see _BWD_CUDA). Parts add less work to the backward than to the forward: every part but the
+    first is walked once more by :func:`selective_scan_adjoint_part_kernel`, which loads delta, C,
+    dout (and z) and runs one multiply-add per state and step, against the main kernel's two
+    recomputations of the states and its gradient arithmetic; the carries between parts cost one
+    multiply-add per state and later part. MIN_PART_STEPS keeps those per-part costs small against a
+    part's steps. Parts are whole checkpoint segments (part_len a multiple of CHECKPOINT_STEPS), so
+    each part starts its reverse walk from its own last checkpoint without walking earlier parts.
+    A separate function from :func:`sequence_parts` so that each pass's count can be changed (and is
+    tested) on its own.
+    """
+    return _split_sequence(programs, seqlen, num_sms)
+
+
+def _split_sequence(programs: int, seqlen: int, num_sms: int) -> tuple[int, int]:
+    """The parts rule shared by the forward and the backward (see :func:`sequence_parts`)."""
     want = PART_TARGET_WARPS * num_sms // max(programs, 1)
     n_parts = max(1, min(want, seqlen // MIN_PART_STEPS))
     part_len = cdiv(cdiv(max(seqlen, 1), n_parts), CHECKPOINT_STEPS) * CHECKPOINT_STEPS
     return cdiv(max(seqlen, 1), part_len), part_len
+
+
+def _bwd_block_d(P: int, block_n: int) -> int:
+    """The backward's channel block for P channels per group and BLOCK_N states. A warp keeps at
+    most BWD_BLOCK_D * 16 states: past N = 16 the channel block shrinks and the default layout
+    spreads each channel's states over more lanes (the registers stay bounded)."""
+    return min(BWD_BLOCK_D, next_power_of_2(P), max(1, BWD_BLOCK_D * 16 // block_n))
 
 
 def _grouped(t: torch.Tensor, dtype: torch.dtype, grouped_ndim: int) -> torch.Tensor:
@@ -808,9 +987,15 @@ def _forward(u, delta, A, B, C, D, z, delta_bias, h0, softplus: bool, store_ckpt
 
 
 def _backward(dy, dlast, u, delta, A, B, C, D, z, delta_bias, ckpt, softplus: bool):
-    """Launch the backward kernel and reduce its partials. Returns the gradients of u, delta, A,
+    """Launch the backward kernels and reduce their partials. Returns the gradients of u, delta, A,
     B, C, D, z, delta_bias and the initial state, each in its input's dtype (the initial state's
-    in the compute dtype)."""
+    in the compute dtype).
+
+    With several sequence parts (:func:`backward_sequence_parts`), the adjoint part kernel first
+    gives every part but the first its (decay, g_local) map of the state gradient; the main kernel
+    then runs every (part, batch) in parallel. The sums over time (dA, dD, d delta_bias) come back
+    per (part, batch) and are added here, in a fixed order (deterministic).
+    """
     batch, dim, seqlen = u.shape
     d_state = A.shape[1]
     dtype = _compute_dtype(u.dtype)
@@ -818,13 +1003,14 @@ def _backward(dy, dlast, u, delta, A, B, C, D, z, delta_bias, ckpt, softplus: bo
     groups = Bg.shape[1]
     P = dim // groups
     block_n = next_power_of_2(d_state)
-    # A warp keeps at most BWD_BLOCK_D * 16 states: past N = 16 the channel block shrinks and the
-    # default layout spreads each channel's states over more lanes (the registers stay bounded).
-    block_d = min(BWD_BLOCK_D, next_power_of_2(P), max(1, BWD_BLOCK_D * 16 // block_n))
+    block_d = _bwd_block_d(P, block_n)
     n_blocks = cdiv(P, block_d)
     n_ckpt = ckpt.shape[2]
     slots = CHECKPOINT_STEPS // _MIN_BWD_BLOCK_T
     device = u.device
+    n_parts, part_len = backward_sequence_parts(
+        batch * groups * n_blocks, seqlen, sm_count(device, INTERPRET_SMS)
+    )
 
     du = torch.empty((batch, dim, seqlen), dtype=u.dtype, device=device)
     ddelta = torch.empty((batch, dim, seqlen), dtype=delta.dtype, device=device)
@@ -836,21 +1022,39 @@ def _backward(dy, dlast, u, delta, A, B, C, D, z, delta_bias, ckpt, softplus: bo
         (batch, groups, 1 if atomic else n_blocks, seqlen, d_state), dtype=dtype, device=device
     )
     dc_part = new_part(db_part.shape, dtype=dtype, device=device)
-    da_part = torch.empty((batch, dim, d_state), dtype=dtype, device=device)
-    dd_part = torch.empty((batch, dim), dtype=dtype, device=device) if D is not None else None
-    dbias_part = torch.empty((batch, dim), dtype=dtype, device=device) if delta_bias is not None else None
+    da_part = torch.empty((n_parts, batch, dim, d_state), dtype=dtype, device=device)
+    dd_part = torch.empty((n_parts, batch, dim), dtype=dtype, device=device) if D is not None else None
+    dbias_part = (
+        torch.empty((n_parts, batch, dim), dtype=dtype, device=device) if delta_bias is not None else None
+    )
     dh0 = torch.empty((batch, dim, d_state), dtype=dtype, device=device)
-    scratch = torch.empty((batch, dim, slots, d_state), dtype=dtype, device=device)
+    scratch = torch.empty((n_parts, batch, dim, slots, d_state), dtype=dtype, device=device)
     if dy is None:  # only the last state was used
         dy = torch.zeros_like(u)
 
     if batch * dim > 0:
-        selective_scan_bwd_kernel[(n_blocks, groups, batch)](
-            u, delta, A, Bg, Cg, D, z, delta_bias, ckpt, dy, dlast, scratch,
+        part_g = part_decay = dh0  # dummies with one part (never read)
+        if n_parts > 1:
+            part_g = torch.empty((n_parts - 1, batch, dim, d_state), dtype=dtype, device=device)
+            part_decay = torch.empty_like(part_g)
+
+            def part_grid(meta):
+                return (cdiv(P, meta["BLOCK_D"]), groups, batch * (n_parts - 1))
+
+            selective_scan_adjoint_part_kernel[part_grid](
+                delta, A, Cg, z, delta_bias, dy, part_g, part_decay,
+                *delta.stride(), *A.stride(), *Cg.stride(), *strides(delta_bias, 1), *strides(z, 3), *dy.stride(),
+                batch, dim, P, d_state, seqlen, part_len, _bucket(seqlen), min(next_power_of_2(P), 128),
+                HAS_Z=z is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=softplus,
+                FP64=dtype == torch.float64, BLOCK_N=block_n,
+            )  # fmt: skip
+
+        selective_scan_bwd_kernel[(n_blocks, groups, batch * n_parts)](
+            u, delta, A, Bg, Cg, D, z, delta_bias, ckpt, dy, dlast, part_g, part_decay, scratch,
             du, ddelta, dz, db_part, dc_part, da_part, dd_part, dbias_part, dh0,
             *u.stride(), *delta.stride(), *A.stride(), *Bg.stride(), *Cg.stride(),
             *strides(D, 1), *strides(delta_bias, 1), *strides(z, 3), *dy.stride(), *strides(dlast, 3),
-            dim, P, d_state, seqlen, n_ckpt, n_blocks, slots, _bucket(seqlen),
+            batch, dim, P, d_state, seqlen, n_ckpt, part_len, n_blocks, slots, _bucket(seqlen),
             HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None,
             SOFTPLUS=softplus, HAS_DLAST=dlast is not None, FP64=dtype == torch.float64,
             CKPT_STEPS=CHECKPOINT_STEPS, ATOMIC=atomic, BLOCK_N=block_n, BLOCK_D=block_d,
@@ -863,9 +1067,9 @@ def _backward(dy, dlast, u, delta, A, B, C, D, z, delta_bias, ckpt, softplus: bo
 
     dB = db_part.sum(2).transpose(-1, -2).reshape(B.shape).to(B.dtype)
     dC = dc_part.sum(2).transpose(-1, -2).reshape(C.shape).to(C.dtype)
-    dA = da_part.sum(0).to(A.dtype)
-    dD = dd_part.sum(0).to(D.dtype) if D is not None else None
-    dbias = dbias_part.sum(0).to(delta_bias.dtype) if delta_bias is not None else None
+    dA = da_part.sum((0, 1)).to(A.dtype)
+    dD = dd_part.sum((0, 1)).to(D.dtype) if D is not None else None
+    dbias = dbias_part.sum((0, 1)).to(delta_bias.dtype) if delta_bias is not None else None
     return du, ddelta, dA, dB, dC, dD, dz, dbias, dh0
 
 

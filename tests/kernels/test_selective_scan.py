@@ -20,12 +20,12 @@ chunks of 4 steps and checkpoints every 8, so the tiny cases below span several 
 checkpoint segments and cover every *kind* of case once: lengths 1, 7, 64, 65, 300; N = 1, 4, 16, 32;
 grouped B/C (including one channel per group); with and without D, z, delta_bias, softplus and an
 initial state; very negative A with large dt (every decay underflows) and dt near 0; prefill +
-step-by-step decode; two calls with a carried state (gradients through it too); NaN past the end
-of the inputs; NaN-poisoned buffers; non-contiguous inputs and output gradients; empty sequences
-and batches; errors. The full product, bf16 and realistic shapes (the CUDA chunk sizes and each
-autotune config forced in turn), and the mamba mixer on CUDA are marked ``gpu`` (``pytest -m gpu``
-on a CUDA machine). Without CUDA every test here runs on CPU; with CUDA the unmarked tests run on
-the GPU too.
+step-by-step decode; two calls with a carried state (gradients through it too); the forward and
+the backward cut into sequence parts; NaN past the end of the inputs; NaN-poisoned buffers;
+non-contiguous inputs and output gradients; empty sequences and batches; errors. The full
+product, bf16 and realistic shapes (the CUDA chunk sizes and each autotune config forced in turn),
+and the mamba mixer on CUDA are marked ``gpu`` (``pytest -m gpu`` on a CUDA machine). Without
+CUDA every test here runs on CPU; with CUDA the unmarked tests run on the GPU too.
 """
 
 from __future__ import annotations
@@ -315,20 +315,135 @@ def test_forward_in_sequence_parts_equals_one_part(monkeypatch, init):
         )
 
 
+def backward_parts_spy(monkeypatch, part_len=None):
+    """The list of the backward's ``(n_parts, part_len)``, one entry per backward call; with
+    ``part_len`` (a multiple of CHECKPOINT_STEPS) the backward is cut into parts of that length
+    instead of by its rule."""
+    calls = []
+    rule = ss.backward_sequence_parts
+
+    def pick(programs, seqlen, num_sms):
+        if part_len is None:
+            split = rule(programs, seqlen, num_sms)
+        else:
+            split = (-(-max(seqlen, 1) // part_len), part_len)
+        calls.append(split)
+        return split
+
+    monkeypatch.setattr(ss, "backward_sequence_parts", pick)
+    return calls
+
+
+# The end of the sequence (after 3 checkpoint intervals) in the backward's last part: a lone step
+# (a partial chunk alone), a whole chunk and one step, or a whole interval (no partial chunk).
+BACKWARD_TAILS = {
+    "lone-step": lambda steps: 1,
+    "chunk-and-step": lambda steps: steps // 2 + 1,
+    "whole": lambda steps: steps,
+}
+
+
+@pytest.mark.parametrize(
+    "tail,init,loss",
+    [
+        ("lone-step", False, "y"),
+        ("lone-step", True, "y+last"),
+        ("chunk-and-step", True, "y"),
+        ("chunk-and-step", False, "y+last"),
+        ("chunk-and-step", True, "last"),
+        ("whole", True, "y+last"),
+    ],
+    ids=lambda v: ("h0" if v else "h0none") if isinstance(v, bool) else v,
+)
+def test_backward_in_sequence_parts_equals_one_part(monkeypatch, tail, init, loss):
+    # The backward cut into parts of one checkpoint interval (4 parts; the last one ends the
+    # sequence) against one walk over the whole sequence, from the same forward, in fp32: every
+    # gradient, with a loss on y alone (no gradient of the last state: return_last_state=False), on
+    # y and the last state, and on the last state alone (no gradient of y).
+    #
+    # Only the association of the arithmetic differs: the state gradient entering an earlier part
+    # is decay * g + g_local, with decay one exponential of the part's summed exponent, where one
+    # walk carries g through the part's per-step decays (8 steps on the interpreter: at most about
+    # 8 + 2 roundings of the carried value, which then decays); and dA, dD, d delta_bias are Kahan
+    # sums per part, added across parts and batch elements on the host. So each gradient may move
+    # by a few roundings of its largest values: measured at most 5.1 eps max|grad| (78 cases, seeds
+    # and shapes like these), bounded here by 16 eps max|grad|; a wrong carry or a lost step moves
+    # them by O(max|grad|). On CUDA, exp2 is ex2.approx (about 2^-22 per decay, over 32-step
+    # parts), hence the file's 2^-18 on top.
+    # dC and dz depend on the states and dy alone, which the parts leave as they are: bitwise equal
+    # (one channel block per group here, so each dB / dC element is a single add even with atomics).
+    steps = ss.CHECKPOINT_STEPS
+    seqlen = 3 * steps + BACKWARD_TAILS[tail](steps)
+    inputs = make_inputs(2, 6, seqlen, 3, torch.float32, groups=2, extras=ALL, init=init)
+    wy = torch.randn(2, 6, seqlen, device=DEVICE)
+    wl = torch.randn(2, 6, 3, device=DEVICE)
+
+    def grads(part_len):
+        calls = backward_parts_spy(monkeypatch, part_len)
+        leaves = {k: v.detach().clone().requires_grad_() for k, v in inputs.items()}
+        out = kernels.selective_scan(
+            **leaves, delta_softplus=True, return_last_state=loss != "y", backend="triton"
+        )
+        value = {
+            "y": lambda: (out * wy).sum(),
+            "y+last": lambda: (out[0] * wy).sum() + (out[1] * wl).sum(),
+            "last": lambda: (out[1] * wl).sum(),
+        }[loss]()
+        result = torch.autograd.grad(value, list(leaves.values()))
+        return calls, dict(zip(leaves, result, strict=True))
+
+    calls, parts = grads(steps)
+    calls1, whole = grads(4 * steps)
+    assert calls == [(4, steps)] and calls1 == [(1, 4 * steps)]
+    eps = torch.finfo(torch.float32).eps
+    for name in inputs:
+        if name in ("C", "z"):
+            assert torch.equal(parts[name], whole[name]), name
+            continue
+        scale = whole[name].abs().max().item()
+        atol = 16 * eps * scale + (2.0**-18 * scale if DEVICE == "cuda" else 0.0)
+        torch.testing.assert_close(
+            parts[name], whole[name], rtol=0, atol=atol, msg=lambda m, n=name: f"{n}: {m}"
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=dtype_id)
+def test_backward_in_sequence_parts_matches_reference(monkeypatch, dtype):
+    # 5 parts of one checkpoint interval, the last a partial chunk alone; grouped B/C, every
+    # option, an initial state, the last state's gradient: against the float64 reference, with the
+    # file's accuracy rule (float64 at 1e-12).
+    steps = ss.CHECKPOINT_STEPS
+    calls = backward_parts_spy(monkeypatch, steps)
+    inputs = make_inputs(2, 6, 4 * steps + 3, 4, dtype, groups=3, extras=ALL, init=True)
+    assert_scan_accuracy(inputs)
+    assert calls == [(5, steps)]
+
+
 def test_sequence_parts_rule():
     steps = ss.CHECKPOINT_STEPS
-    for programs, seqlen, num_sms in itertools.product(
-        [1, 2, 96, 10_000], [1, 7, 513, 4096, 32768], [1, 4, 132]
+    for rule, programs, seqlen, num_sms in itertools.product(
+        [ss.sequence_parts, ss.backward_sequence_parts],
+        [1, 2, 96, 10_000],
+        [1, 7, 513, 4096, 32768],
+        [1, 4, 132],
     ):
-        n_parts, part_len = ss.sequence_parts(programs, seqlen, num_sms)
+        n_parts, part_len = rule(programs, seqlen, num_sms)
         assert part_len % steps == 0 and (n_parts - 1) * part_len < seqlen <= n_parts * part_len
         assert n_parts == 1 or (
             part_len >= ss.MIN_PART_STEPS and programs * n_parts <= ss.PART_TARGET_WARPS * num_sms
         )
     assert ss.sequence_parts(96, 32768, 132)[0] > 1  # a batch-1 prefill of Mamba at d_inner 1536
     assert ss.sequence_parts(1024, 32768, 132)[0] == 1  # a training batch: B8 at d_inner 2048
+
+    def backward_programs(batch, dim, d_state):  # counted at the backward's channel block
+        return batch * math.ceil(dim / ss._bwd_block_d(dim, d_state))
+
+    # Mamba at d_inner 1536, N = 16, batch 1 over 32768 steps; a training batch, B8 at d_inner 2048.
+    assert ss.backward_sequence_parts(backward_programs(1, 1536, 16), 32768, 132)[0] > 1
+    assert ss.backward_sequence_parts(backward_programs(8, 2048, 16), 32768, 132)[0] == 1
     if not torch.cuda.is_available():  # the interpreter's shapes above run in parts
         assert ss.sequence_parts(2, 64, ss.INTERPRET_SMS)[0] > 1
+        assert ss.backward_sequence_parts(backward_programs(2, 4, 4), 64, ss.INTERPRET_SMS)[0] > 1
 
 
 def test_padding_past_the_end_is_never_used():
@@ -368,11 +483,15 @@ def nan_filled(factory):
     return wrapper
 
 
-def test_outputs_fully_written_and_deterministic(monkeypatch):
-    # Every buffer the kernels allocate with torch.empty (outputs, checkpoints, scratch, partials)
-    # starts as NaN: an element a program forgot to store would surface as NaN. Under PyTorch's
-    # deterministic mode (per-block dB / dC partials, no atomics) results are bitwise equal run to
-    # run and to the un-poisoned run.
+@pytest.mark.parametrize("backward_parts", ["rule", "interval-parts"])
+def test_outputs_fully_written_and_deterministic(monkeypatch, backward_parts):
+    # Every buffer the kernels allocate with torch.empty (outputs, checkpoints, scratch, partials,
+    # the backward's per-part maps and sums) starts as NaN: an element a program forgot to store
+    # would surface as NaN. Under PyTorch's deterministic mode (per-block dB / dC partials, no
+    # atomics) results are bitwise equal run to run and to the un-poisoned run. "interval-parts"
+    # cuts the backward into parts of one checkpoint interval (on the interpreter: 8, 8 and 5 steps).
+    if backward_parts == "interval-parts":
+        backward_parts_spy(monkeypatch, ss.CHECKPOINT_STEPS)
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
     inputs = make_inputs(2, 10, 21, 4, torch.float32, groups=2, extras=ALL, init=True)
     weights = (torch.randn(2, 10, 21, device=DEVICE), torch.randn(2, 10, 4, device=DEVICE))
@@ -392,13 +511,17 @@ def test_outputs_fully_written_and_deterministic(monkeypatch):
     assert all(torch.isfinite(g).all() for g in clean[2].values())
 
 
-def test_atomic_dB_dC_equal_the_deterministic_partials(monkeypatch):
+@pytest.mark.parametrize("backward_parts", ["rule", "interval-parts"])
+def test_atomic_dB_dC_equal_the_deterministic_partials(monkeypatch, backward_parts):
     # By default each channel block adds its share of dB / dC atomically (several blocks per group
     # here: 48 channels per group); the sums match the deterministic per-block partials up to the
     # rounding of fp32 adds in another order: n_blocks - 1 adds, each rounding by at most eps times
     # a running sum bounded by the sum of |partials| (at most n_blocks times the largest one, which
     # is of the size of the largest total), hence n_blocks^2 eps max|total|. Every other gradient
-    # is bitwise the same.
+    # is bitwise the same. "interval-parts" cuts the backward into parts of one checkpoint interval
+    # (on the interpreter: 8 and 5 steps), which add into disjoint steps.
+    if backward_parts == "interval-parts":
+        backward_parts_spy(monkeypatch, ss.CHECKPOINT_STEPS)
     inputs = make_inputs(1, 96, 13, 4, torch.float32, groups=2, extras=ALL, init=True)
     weights = (torch.randn(1, 96, 13, device=DEVICE), torch.randn(1, 96, 4, device=DEVICE))
     results = {}
@@ -801,6 +924,18 @@ def test_gpu_realistic_shapes(dtype, batch, dim, seqlen, d_state, groups):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+def test_gpu_backward_in_sequence_parts_batch1_long(monkeypatch, dtype):
+    # A batch-1 Mamba layer at d_inner 1536, N = 16, over 32768 steps (the shape the backward's
+    # sequence parts are for: 96 programs at one part), as the rule cuts it, against the reference.
+    calls = backward_parts_spy(monkeypatch)
+    inputs = make_inputs(1, 1536, 32768, 16, dtype, extras=ALL, init=True, param_dtype=torch.float32)
+    assert_scan_accuracy(inputs)
+    assert len(calls) == 1 and calls[0][0] > 1, calls
+
+
+@pytest.mark.gpu
+@gpu
 def test_gpu_float64():
     for seqlen, groups in itertools.product([1, 33, 300], [None, 2]):
         assert_scan_accuracy(make_inputs(2, 64, seqlen, 16, F64, groups=groups, extras=ALL, init=True))
@@ -811,12 +946,16 @@ def test_gpu_float64():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
 def test_gpu_every_autotune_config(dtype):
     # A config the autotuner may pick on another shape or run must be correct too.
-    n_configs = max(len(ss.selective_scan_fwd_kernel.configs), len(ss.selective_scan_bwd_kernel.configs))
-    for index in range(n_configs):
-        with forced_config(
-            (ss.selective_scan_part_kernel, ss.selective_scan_fwd_kernel, ss.selective_scan_bwd_kernel), index
-        ):
-            for seqlen, groups in [(1000, None), (777, 2), (2049, None)]:  # 2049: 4 sequence parts
+    tuners = (
+        ss.selective_scan_part_kernel,
+        ss.selective_scan_fwd_kernel,
+        ss.selective_scan_adjoint_part_kernel,
+        ss.selective_scan_bwd_kernel,
+    )
+    for index in range(max(len(tuner.configs) for tuner in tuners)):
+        with forced_config(tuners, index):
+            # 2049: 4 sequence parts in the forward and in the backward.
+            for seqlen, groups in [(1000, None), (777, 2), (2049, None)]:
                 inputs = make_inputs(2, 256, seqlen, 16, dtype, groups=groups, extras=ALL, init=True,
                                      param_dtype=torch.float32)  # fmt: skip
                 try:
