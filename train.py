@@ -204,9 +204,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 # other ranks are gone, so a DDP run stops here.
                 if not trainer.interrupted or trainer.world_size > 1:
                     raise
-                if trainer.global_step == 0:
-                    # Nothing trained yet: saving and evaluating the initial weights would leave
-                    # records of an untrained model for the report to pick up.
+                if lit.first_step is None or trainer.global_step == lit.first_step:
+                    # Nothing trained yet in this run (fresh, or resumed): saving and evaluating
+                    # would leave records of an untrained model (or a copy of the resumed run's
+                    # last.ckpt and records) for the report to pick up.
                     log.info("training interrupted before its first step: nothing saved")
                     # user_errors (main) reports it as Ctrl+C before training: one line, status 130.
                     raise KeyboardInterrupt("interrupted before the first optimizer step") from None
@@ -217,7 +218,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 )
         # The final save and evaluation take seconds and are what an interrupted run exists to
         # keep: a Ctrl+C or SIGTERM now is noted and acted on after them.
-        with defer_stop_signals():
+        with defer_stop_signals(trainer):
             last = str(run_dir / "checkpoints" / "last.ckpt")
             # every rank calls it; rank 0 writes (atomically: AtomicCheckpointIO)
             trainer.save_checkpoint(last)
@@ -486,12 +487,18 @@ def sigterm_as_keyboard_interrupt():
 
 
 @contextlib.contextmanager
-def defer_stop_signals() -> Iterator[None]:
+def defer_stop_signals(trainer: L.Trainer | None = None) -> Iterator[None]:
     """Within the block, a first SIGINT or SIGTERM is noted (one line printed) instead of acted on;
     after the block the previous handlers are back, and a noted signal ends the process with status
     1. A second signal within the block ends it at once (SystemExit(1): the final evaluation is
     lost; checkpoints are written atomically, so none is left half-written). Main thread only
-    (elsewhere it does nothing)."""
+    (elsewhere it does nothing).
+
+    ``trainer``: the Trainer whose ``validate`` runs in the block. ``validate`` registers Lightning's
+    own SIGTERM handler, which runs before this one and flags the trainer; its evaluation loop then
+    stops at the next batch with ``SIGTERMException`` (a SystemExit without a code: status 0, no
+    records). The note clears that flag, so the evaluation finishes first.
+    """
     received: list[str] = []
 
     def note(signum, frame):
@@ -499,6 +506,8 @@ def defer_stop_signals() -> Iterator[None]:
         if received:
             print(f"{name} again: stopping now, without the final save and evaluation", flush=True)
             raise SystemExit(1)
+        if trainer is not None:
+            trainer._signal_connector.received_sigterm = False  # Lightning 2.x: what the loops check
         print(
             f"{name}: finishing the final save and evaluation first (send it again to stop now)", flush=True
         )

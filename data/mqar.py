@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, SequentialSampler
 
 from data.distributed import eval_sampler
-from data.resumable import ResumableTrainData, ShuffledSampler
+from data.resumable import ResumableTrainData, ShuffledSampler, worker_init_fn
 
 IGNORE_INDEX = -100
 """Label of every position that carries no loss (PyTorch's ``cross_entropy`` default)."""
@@ -442,6 +442,7 @@ class MQARDataModule(ResumableTrainData, L.LightningDataModule):
             sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            worker_init_fn=worker_init_fn(self.num_workers, self.trainer),
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -24,10 +24,14 @@ handed out. A step interrupted before its optimizer step gives its batch back
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import functools
+import os
+import signal
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
@@ -161,6 +165,30 @@ def check_stream_state(state: Any) -> None:
         )
 
 
+def worker_init_fn(num_workers: int, trainer: Any = None) -> Callable[[int], None] | None:
+    """The ``worker_init_fn`` of every data module's loaders: None without workers, else
+    :func:`_worker_init` for this process's rank (``trainer.global_rank``, 0 without a trainer)."""
+    if num_workers == 0:
+        return None
+    rank = trainer.global_rank if trainer is not None else 0
+    return functools.partial(_worker_init, rank=rank)
+
+
+def _worker_init(worker_id: int, rank: int) -> None:
+    """A loader worker's setup: SIGTERM taken as PyTorch's workers take Ctrl+C, then Lightning's
+    worker seeding when ``seed_everything(..., workers=True)`` asked for it.
+
+    Why: ``kill``, ``timeout`` and schedulers send SIGTERM to the whole process group. A worker
+    killed by it made the main process fail with "DataLoader worker ... is killed by signal:
+    Terminated" (a traceback, no last.ckpt) while train.py was stopping gracefully. With SIGTERM
+    raising KeyboardInterrupt, the worker ends quietly, as PyTorch's worker loop ends on Ctrl+C.
+    Lightning adds its own ``pl_worker_init_function`` only to loaders without a ``worker_init_fn``.
+    """
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    if int(os.environ.get("PL_SEED_WORKERS", "0")):
+        pl_worker_init_function(worker_id, rank=rank)
+
+
 class ResumableTrainData:
     """Mixin of the data modules: a resumable training stream, checkpointed with the data module.
 
@@ -213,6 +241,7 @@ class ResumableTrainData:
             batch_size=batch_size,
             num_workers=num_workers,
             persistent_workers=num_workers > 0,
+            worker_init_fn=worker_init_fn(num_workers, trainer),
         )
         position = self._train_loader.state_dict() if self._train_loader is not None else self._train_position
         if position:

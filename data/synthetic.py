@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, SequentialSampler
 
 from data.distributed import eval_sampler
 from data.mqar import IGNORE_INDEX, MAX_SLICES, SEED_STRIDE, _check_int
-from data.resumable import ResumableTrainData, ShuffledSampler
+from data.resumable import ResumableTrainData, ShuffledSampler, worker_init_fn
 
 
 def check_depth_range(depth_min, depth_max) -> tuple[float, float]:
@@ -307,6 +307,7 @@ class SyntheticDataModule(ResumableTrainData, L.LightningDataModule):
             sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            worker_init_fn=worker_init_fn(self.num_workers, self.trainer),
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data.distributed import eval_sampler
 from data.mqar import _check_int
-from data.resumable import ResumableTrainData
+from data.resumable import ResumableTrainData, worker_init_fn
 
 
 def _ids_to_list(ids) -> list[int]:
@@ -196,7 +196,7 @@ class BlockSampler(Sampler[int]):
     :meth:`set_epoch` with its pass before each pass; without it, each pass advances the epoch.
     """
 
-    def __init__(self, num_tokens: int, block_len: int, shuffle: bool, seed: int = 0):
+    def __init__(self, num_tokens: int, block_len: int, shuffle: bool, seed: int | tuple[int, ...] = 0):
         self.num_tokens = num_tokens
         self.block_len = block_len
         self.shuffle = shuffle
@@ -215,7 +215,8 @@ class BlockSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         if not self.shuffle:
             return iter(range(0, len(self) * self.block_len, self.block_len))
-        rng = np.random.default_rng([self.seed, self.epoch])
+        seed = list(self.seed) if isinstance(self.seed, tuple) else [self.seed]
+        rng = np.random.default_rng([*seed, self.epoch])
         offset = int(rng.integers(self.block_len))
         order = rng.permutation(len(self))
         self.epoch += 1
@@ -315,7 +316,7 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
         batch_size: examples per batch (default 32).
         train_fraction: fraction of characters used for training, in (0, 1) (default 0.9).
         num_workers: DataLoader worker processes (default 0).
-        seed: seed of the per-epoch training offsets and order (default 0).
+        seed: seed of the per-epoch training offsets and order, with the run's torch seed (default 0).
         cache_dir: ``datasets`` cache directory. Default: a temporary directory deleted after
             loading for local files (nothing is left behind), the Hugging Face default cache for
             hub datasets (so downloads are reused).
@@ -428,7 +429,10 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
     def _loader(self, tokens: torch.Tensor, shuffle: bool) -> DataLoader:
         if tokens is None:
             raise RuntimeError("call setup() before asking for dataloaders (Lightning's Trainer does it)")
-        sampler = BlockSampler(tokens.shape[0], self.seqlen + 1, shuffle=shuffle, seed=self.seed)
+        # Training: the run's torch seed (train.py's seed=) joins the data seed, as for the synthetic
+        # tasks, so runs that differ only in seed= draw other offsets and orders.
+        seed = (self.seed, torch.initial_seed()) if shuffle else self.seed
+        sampler = BlockSampler(tokens.shape[0], self.seqlen + 1, shuffle=shuffle, seed=seed)
         if shuffle:  # training: a stream of passes that a resumed fit continues
             return self.resumable_loader(
                 TokenWindows(tokens, self.seqlen), sampler, self.batch_size, self.num_workers
@@ -441,6 +445,7 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
             sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            worker_init_fn=worker_init_fn(self.num_workers, self.trainer),
         )
 
     def train_dataloader(self) -> DataLoader:

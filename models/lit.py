@@ -109,6 +109,8 @@ class LitLM(L.LightningModule):
         self.val_metrics: dict[str, float] = {}  # the last validation's metrics, exact (float64)
         # global_step of the last validation during fit (None before one; not the final validate()).
         self.last_fit_validation_step: int | None = None
+        # The step this fit started at (after a resume, the checkpoint's): None until training starts.
+        self.first_step: int | None = None
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.float64), persistent=True)
 
     def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
@@ -166,8 +168,10 @@ class LitLM(L.LightningModule):
         rate as last set, under the earlier run's schedule; when the resume raises
         ``trainer.max_steps`` the schedule is longer, so its first step would use the old value.
         Re-evaluating the schedule here makes every step's rate the one an uninterrupted run with
-        the new settings uses (on a fresh run it is the rate already set).
+        the new settings uses (on a fresh run it is the rate already set). Also notes the step
+        training starts at (``first_step``: 0, or a resumed checkpoint's step).
         """
+        self.first_step = self.global_step
         for config in self.trainer.lr_scheduler_configs:
             sched = config.scheduler
             if isinstance(sched, torch.optim.lr_scheduler.LambdaLR):

@@ -407,13 +407,17 @@ def test_remove_unused_run_dir_keeps_anything_with_content(tmp_path):
     assert train_module.remove_unused_run_dir(make("runs/10-00-03")) and other.is_dir()
 
 
-def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path):
+@pytest.mark.parametrize("to", ["process", "group"])
+def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path, to):
     # kill / timeout / a scheduler send SIGTERM: the run saves last.ckpt, evaluates its best
-    # checkpoint, writes records marked interrupted and exits with status 1, no traceback.
+    # checkpoint, writes records marked interrupted and exits with status 1, no traceback. "group":
+    # to the whole process group, as timeout and schedulers do, with two loader workers, which then
+    # get it too (a worker killed by it made the main process fail with a traceback).
     run_dir = tmp_path / "run"
     tiny = [a for a in TINY if not a.startswith(("trainer.max_steps=", "trainer.val_check_interval="))]
     args = [str(REPO_ROOT / "train.py"), f"hydra.run.dir={run_dir}", "trainer.max_steps=100000"]
     args += ["trainer.val_check_interval=5", *tiny, *MQAR_TINY]
+    args += ["data.num_workers=2"] if to == "group" else []
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, *args],
@@ -422,13 +426,17 @@ def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=to == "group",
     )
     best = run_dir / "checkpoints" / "best.ckpt"
     deadline = time.monotonic() + 300
     while not best.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert best.exists(), "no validation ran before the deadline"
-    proc.send_signal(signal.SIGTERM)
+    if to == "group":
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err[-3000:]
     assert "training interrupted at step" in out and "Traceback" not in err
@@ -445,13 +453,21 @@ def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path):
     assert last["state_dict"]["tokens_seen"].item() == last["global_step"] * 32 * 64
 
 
-def test_an_interrupt_before_the_first_step_saves_nothing(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("resumed", [False, True])
+def test_an_interrupt_before_the_first_step_saves_nothing(tmp_path, monkeypatch, caplog, resumed):
     # A Ctrl+C while training starts (before any optimizer step) saved the initial weights, validated
-    # them and wrote records of an untrained model, which the report then showed.
-    def interrupt(self):
+    # them and wrote records of an untrained model, which the report then showed. Resumed: a Ctrl+C
+    # in the first step of the resumed run saved a copy of the checkpoint and its records.
+    settings = []
+    if resumed:
+        short = ["model.n_layers=2", "trainer.max_steps=2", "trainer.val_check_interval=2"]
+        part = run_train(tmp_path / "part", short)
+        settings = ["model.n_layers=2", f"resume={part['last_ckpt']}"]
+
+    def interrupt(self, *args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(LitLM, "on_train_start", interrupt)
+    monkeypatch.setattr(LitLM, "training_step" if resumed else "on_train_start", interrupt)
     # As in test_a_diverged_run_says_so: an in-process Hydra evaluation earlier in the session
     # disables existing loggers.
     logger = logging.getLogger("mixerlab.train")
@@ -460,11 +476,12 @@ def test_an_interrupt_before_the_first_step_saves_nothing(tmp_path, monkeypatch,
     logger.addHandler(caplog.handler)
     try:
         with pytest.raises(KeyboardInterrupt):
-            run_train(tmp_path, [])
+            run_train(tmp_path / "run", settings)
     finally:
         logger.removeHandler(caplog.handler)
     assert "training interrupted before its first step: nothing saved" in caplog.text
-    assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("train.json"))
+    run = tmp_path / "run"
+    assert not list(run.rglob("*.ckpt")) and not list(run.rglob("train.json"))
 
 
 @pytest.mark.parametrize(
@@ -530,6 +547,29 @@ def test_a_stop_signal_during_the_final_evaluation_waits_for_it(capsys):
     assert exc.value.code == 1 and finished == [True]
     assert "SIGTERM again: stopping now" in capsys.readouterr().out
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_sigterm_during_the_final_validation_lets_it_finish(tmp_path, monkeypatch, capsys):
+    # trainer.validate registers Lightning's SIGTERM handler beside defer_stop_signals' note: it
+    # used to end the final evaluation at its next batch with SIGTERMException, a SystemExit without
+    # a code (status 0), before any record was written.
+    validation_step = LitLM.validation_step
+    sent = []
+
+    def sigterm_once_in_the_final_validation(self, batch, batch_idx, dataloader_idx=0):
+        if self.trainer.state.fn == "validate" and not sent:
+            sent.append(batch_idx)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)  # the handlers run in this (main) thread at the next bytecode
+        return validation_step(self, batch, batch_idx, dataloader_idx)
+
+    monkeypatch.setattr(LitLM, "validation_step", sigterm_once_in_the_final_validation)
+    with pytest.raises(SystemExit) as exc:
+        run_train(tmp_path / "run", ["model.n_layers=2"])
+    assert exc.value.code == 1 and sent == [0]
+    assert "SIGTERM: finishing the final save and evaluation first" in capsys.readouterr().out
+    records = json.loads((tmp_path / "run" / "results" / "train.json").read_text())
+    assert records and {r["task"] for r in records} == {"mqar"}
 
 
 def test_ddp_on_two_cpu_processes_leaves_one_run_dir(tmp_path):

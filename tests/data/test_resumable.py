@@ -138,15 +138,20 @@ def test_data_modules_checkpoint_their_training_stream(name, tmp_path):
     assert [b["input_ids"].tolist() for b in _batches(resumed.train_dataloader(), 9)] == rows[6:]
 
 
-@pytest.mark.parametrize("name", ["mqar", "copy"])
-def test_the_training_order_follows_the_run_seed(name):
+@pytest.mark.parametrize("name", ["mqar", "copy", "text"])
+def test_the_training_order_follows_the_run_seed(name, tmp_path):
     # The same data (data seed 0) in the order of the run's seed (seed_everything sets torch's):
     # a sweep over seed= alone varies the order, as a shuffled DataLoader did; a run is repeatable.
-    settings = {"min_len": 4, "max_len": 6, "seqlen": 16} if name == "copy" else {}
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i}: to be, or not to be.\n" for i in range(40)))
 
     def first_batches(run_seed: int) -> list:
         torch.manual_seed(run_seed)
-        dm = build_datamodule(name, num_train_examples=40, num_test_examples=4, batch_size=4, **settings)
+        if name == "text":
+            dm = build_datamodule("text", path=str(corpus), seqlen=8, batch_size=4)
+        else:
+            settings = {"min_len": 4, "max_len": 6, "seqlen": 16} if name == "copy" else {}
+            dm = build_datamodule(name, num_train_examples=40, num_test_examples=4, batch_size=4, **settings)
         dm.setup("fit")
         return [b["input_ids"].tolist() for b in _batches(dm.train_dataloader(), 3)]
 
