@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer
 from omegaconf import DictConfig, OmegaConf
 
 import data as datasets_lib
@@ -160,8 +161,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         tokenizer_config=tokenizer.to_config() if tokenizer is not None else None,
     )
     check_learned_positions(lit.model, max([int(data_cfg["seqlen"]), *slice_seqlens.values()]))
+    max_time = cfg.trainer.get("max_time")
     resume = check_resume(
-        cfg.get("resume"), model_config, cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs")
+        cfg.get("resume"),
+        model_config,
+        cfg.trainer.get("max_steps"),
+        cfg.trainer.get("max_epochs"),
+        OmegaConf.to_container(max_time) if OmegaConf.is_config(max_time) else max_time,
     )
 
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
@@ -372,11 +378,18 @@ def check_monitor(monitor: Any, mode: Any, slice_names: list[str]) -> None:
         )
 
 
+def _days_hms(span: timedelta) -> str:
+    """``span`` as Lightning's ``DD:HH:MM:SS`` duration."""
+    seconds = int(span.total_seconds())
+    return f"{seconds // 86400:02d}:{seconds // 3600 % 24:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
 def check_resume(
     resume: str | None,
     model_config: dict[str, Any],
     max_steps: int | None = None,
     max_epochs: int | None = None,
+    max_time: str | dict[str, int] | None = None,
 ) -> str | None:
     """The checkpoint path to continue from (``resume=``), checked before training starts.
 
@@ -385,6 +398,8 @@ def check_resume(
         model_config: this run's model config (:func:`build_model_config`).
         max_steps: this run's ``trainer.max_steps`` (-1 or None: no step limit).
         max_epochs: this run's ``trainer.max_epochs`` (-1 or None: no epoch limit).
+        max_time: this run's ``trainer.max_time`` (``"DD:HH:MM:SS"`` or a timedelta's keywords;
+            None: no time limit). Lightning's Timer counts the checkpoint's training time in it.
 
     Returns:
         The path as an absolute string, or None.
@@ -395,8 +410,8 @@ def check_resume(
             diverged run stays NaN), or one without the trainer state to resume
             (a weights-only file); ValueError: the checkpoint's model differs from this run's,
             naming the first differing key, or the checkpoint already reached ``max_steps`` or
-            ``max_epochs`` (Lightning would train nothing and the new run would repeat the old
-            one's results).
+            ``max_epochs``, or has trained for ``max_time`` (Lightning would train nothing and the
+            new run would repeat the old one's results).
     """
     if resume is None:
         return None
@@ -420,6 +435,20 @@ def check_resume(
             f"nothing is left to train; raise trainer.max_epochs to continue (e.g. "
             f"trainer.max_epochs={2 * epochs})"
         )
+    # Lightning's Timer restores the training time it saved (its state is under its class name) and
+    # stops at once when that reaches max_time: the README's second session gives the total.
+    timers = [state for key, state in checkpoint.get("callbacks", {}).items() if str(key).startswith("Timer")]
+    timer_state = timers[0] if timers else None
+    if max_time is not None and timer_state is not None:
+        timer = Timer(duration=max_time)
+        timer.load_state_dict(timer_state)
+        if timer.time_remaining() <= 0:
+            spent = timedelta(seconds=round(timer.time_elapsed()))
+            raise ValueError(
+                f"resume={resume} has already trained for {spent} (Lightning's timer counts it), and "
+                f"trainer.max_time={max_time}: nothing is left to train; give the total time, e.g. "
+                f"+trainer.max_time={_days_hms(spent + timedelta(minutes=30))} for 30 more minutes"
+            )
     saved = ModelConfig.from_dict(checkpoint["hyper_parameters"]["model"]).to_dict()
     current = ModelConfig.from_dict(model_config).to_dict()
     for key in sorted(set(saved) | set(current)):

@@ -695,6 +695,23 @@ def test_a_session_stopped_mid_epoch_resumes_on_the_uninterrupted_batches(tmp_pa
     assert_same_training(resumed, full, first_step=10)
 
 
+def test_resume_refuses_a_checkpoint_that_used_up_max_time(tmp_path):
+    # Lightning's Timer counts the checkpoint's training time: resumed with the run's own
+    # +trainer.max_time, the run trained nothing, wrote a new run directory and said only that no
+    # validation ran.
+    settings = ["model.n_layers=2", "trainer.max_steps=2", "trainer.val_check_interval=2"]
+    part = run_train(tmp_path / "part", [*settings, "+trainer.max_time=00:00:10:00"])
+    model = read_checkpoint(part["last_ckpt"])["hyper_parameters"]["model"]
+    message = r"has already trained for 0:00:0\d \(Lightning's timer counts it\), and trainer.max_time=00:00:00:00"
+    with pytest.raises(ValueError, match=message):
+        train_module.check_resume(part["last_ckpt"], model, max_steps=10, max_time="00:00:00:00")
+    with pytest.raises(ValueError, match=r"trainer.max_time=\{'seconds': 0\}: nothing is left to train"):
+        train_module.check_resume(part["last_ckpt"], model, max_steps=10, max_time={"seconds": 0})
+    resolved = str(Path(part["last_ckpt"]).resolve())
+    assert train_module.check_resume(part["last_ckpt"], model, max_steps=10, max_time="00:00:10:00") == resolved
+    assert train_module.check_resume(part["last_ckpt"], model, max_steps=10) == resolved
+
+
 def test_resume_rejects_missing_weights_only_and_mismatched_checkpoints(tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         run_train(tmp_path / "a", [f"resume={tmp_path / 'nope.ckpt'}"])
