@@ -568,8 +568,7 @@ def test_non_contiguous_inputs(layout):
 def test_mixer_layouts(mixed):
     # The Mamba mixer's buffers: u, delta and dout (batch, L, dim) seen as (batch, dim, L); z the
     # second half of a (batch, L, 2 dim) buffer; B and C slices of one (batch, L, 3 + 2 N) buffer.
-    # Only the addressing differs, so every result is bitwise the contiguous inputs' one. "mixed"
-    # keeps u (in the mixer, the conv's output) and z time-contiguous.
+    # "mixed" keeps u (in the mixer, the conv's output) and z time-contiguous.
     batch, dim, seqlen, d_state = 2, 6, 19, 4
     inputs = make_inputs(batch, dim, seqlen, d_state, torch.float32, extras=ALL, init=True)
     dout = torch.randn(batch, dim, seqlen, device=DEVICE)
@@ -592,17 +591,36 @@ def test_mixer_layouts(mixed):
         "C": bc[..., 3 + d_state :].transpose(1, 2),
     }
 
-    def scan(tensors, dout):
+    def scan(tensors, dout, dlast, backend="triton"):
         leaves = {k: v.detach().requires_grad_() for k, v in tensors.items()}  # views keep their strides
-        y, last = kernels.selective_scan(**leaves, delta_softplus=True, return_last_state=True, backend="triton")
+        y, last = kernels.selective_scan(
+            **leaves, delta_softplus=True, return_last_state=True, backend=backend
+        )
         grads = torch.autograd.grad((y, last), list(leaves.values()), (dout, dlast))
-        return y, last, dict(zip(leaves, grads, strict=True))
+        return {"y": y, "last": last, **dict(zip(leaves, grads, strict=True))}
 
-    want = scan(inputs, dout)
-    got = scan(strided, channel_last(dout))
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    for name in inputs:
-        assert torch.equal(got[2][name], want[2][name]), name
+    want = scan(inputs, dout, dlast)
+    got = scan(strided, channel_last(dout), dlast)
+    if DEVICE == "cpu":
+        # The interpreter runs the same numpy operations whatever the strides: only the addressing
+        # differs, so every result is bitwise the contiguous inputs' one.
+        for name in want:
+            assert torch.equal(got[name], want[name]), name
+        return
+    # Compiled, each stride specialisation gets its own thread layouts, so a cross-thread reduction
+    # (y's sum over d_state, dA's over time) may add in another order: on the H200 (Triton 3.6,
+    # 2026-12-03) "mixed" differed from the contiguous run by 1.1 eps of max|y|, "channel-last" by
+    # nothing. So on CUDA the strided run is held to flash-attention's rule with the contiguous run
+    # as the baseline: its error against the float64 reference at most 2x the contiguous run's,
+    # plus two units in the last place.
+    exact = scan({k: v.double() for k, v in inputs.items()}, dout.double(), dlast.double(), "reference")
+    for name, x in exact.items():
+        err = (got[name].double() - x).abs().max().item()
+        base_err = (want[name].double() - x).abs().max().item()
+        atol = rounding_atol(x, torch.float32)
+        assert err <= 2 * base_err + atol, (
+            f"{name}: strided error {err:.3g} > 2 x contiguous {base_err:.3g} + {atol:.3g}"
+        )
 
 
 def test_expanded_output_gradient_and_unused_outputs():
