@@ -231,6 +231,24 @@ def _kahan_add(total, compensation, value):
 
 
 @triton.jit
+def _channel_block(A, stride_ad, stride_an, P, d_state, ACC: tl.constexpr, FP64: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The channels and states of this program's (channel block, group) -- program axes 0 and 1 of
+    the four sequence kernels: ``offs_d`` (BLOCK_D,) int64 channel indices, ``d_mask``, ``offs_n``
+    (BLOCK_N,), ``n_mask``, ``nd_mask`` (N, D), and ``A2`` (N, D) in ACC: A log2(e), so that the
+    decays are exp2 (A itself for fp64, which keeps exp)."""
+    offs_p = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = offs_p < P
+    offs_d = tl.program_id(1).to(tl.int64) * P + offs_p
+    offs_n = tl.arange(0, BLOCK_N)
+    n_mask = offs_n < d_state
+    nd_mask = n_mask[:, None] & d_mask[None, :]
+    A2 = tl.load(A + offs_d[None, :] * stride_ad + offs_n[:, None] * stride_an, mask=nd_mask, other=0.0)
+    A2 = A2.to(ACC) if FP64 else A2.to(ACC) * 1.4426950408889634
+    return offs_d, d_mask, offs_n, n_mask, nd_mask, A2
+
+
+@triton.jit
 def _chunk_masks(t, L, d_mask, n_mask, MASKED: tl.constexpr, BLOCK_T: tl.constexpr):
     """Masks of a chunk's (T, D) and (T, N) tiles. Only the sequence's last, partial chunk masks
     time: a mask that may vary along time keeps Triton from vectorising the loads along it."""
@@ -471,14 +489,9 @@ def selective_scan_part_kernel(
     group = tl.program_id(1)
     part = tl.program_id(2) // batch_size
     batch = (tl.program_id(2) % batch_size).to(tl.int64)
-    offs_p = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_mask = offs_p < P
-    offs_d = group.to(tl.int64) * P + offs_p
-    offs_n = tl.arange(0, BLOCK_N)
-    n_mask = offs_n < d_state
-    nd_mask = n_mask[:, None] & d_mask[None, :]
-    A2 = tl.load(A + offs_d[None, :] * stride_ad + offs_n[:, None] * stride_an, mask=nd_mask, other=0.0)
-    A2 = A2.to(ACC) if FP64 else A2.to(ACC) * 1.4426950408889634
+    offs_d, d_mask, offs_n, n_mask, nd_mask, A2 = _channel_block(
+        A, stride_ad, stride_an, P, d_state, ACC, FP64, BLOCK_N, BLOCK_D
+    )
     bias = tl.load(DELTA_BIAS + offs_d * stride_biasd, mask=d_mask, other=0.0).to(ACC) if HAS_BIAS else None
     u_base = U + batch * stride_ub + offs_d[None, :] * stride_ud
     delta_base = DELTA + batch * stride_deltab + offs_d[None, :] * stride_deltad
@@ -532,15 +545,9 @@ def selective_scan_fwd_kernel(
     part = tl.program_id(2) // batch_size
     n_parts = tl.num_programs(2) // batch_size
     batch = (tl.program_id(2) % batch_size).to(tl.int64)
-    offs_p = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_mask = offs_p < P
-    offs_d = group.to(tl.int64) * P + offs_p  # channel indices
-    offs_n = tl.arange(0, BLOCK_N)
-    n_mask = offs_n < d_state
-    nd_mask = n_mask[:, None] & d_mask[None, :]
-
-    A2 = tl.load(A + offs_d[None, :] * stride_ad + offs_n[:, None] * stride_an, mask=nd_mask, other=0.0)
-    A2 = A2.to(ACC) if FP64 else A2.to(ACC) * 1.4426950408889634  # (N, D), exp -> exp2
+    offs_d, d_mask, offs_n, n_mask, nd_mask, A2 = _channel_block(
+        A, stride_ad, stride_an, P, d_state, ACC, FP64, BLOCK_N, BLOCK_D
+    )
     skip = tl.load(D + offs_d * stride_Dd, mask=d_mask, other=0.0).to(ACC) if HAS_D else None
     bias = tl.load(DELTA_BIAS + offs_d * stride_biasd, mask=d_mask, other=0.0).to(ACC) if HAS_BIAS else None
     if HAS_H0:
@@ -624,14 +631,9 @@ def selective_scan_adjoint_part_kernel(
     part = tl.program_id(2) // batch_size + 1
     n_parts = tl.num_programs(2) // batch_size + 1
     batch = (tl.program_id(2) % batch_size).to(tl.int64)
-    offs_p = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_mask = offs_p < P
-    offs_d = group.to(tl.int64) * P + offs_p
-    offs_n = tl.arange(0, BLOCK_N)
-    n_mask = offs_n < d_state
-    nd_mask = n_mask[:, None] & d_mask[None, :]
-    A2 = tl.load(A + offs_d[None, :] * stride_ad + offs_n[:, None] * stride_an, mask=nd_mask, other=0.0)
-    A2 = A2.to(ACC) if FP64 else A2.to(ACC) * 1.4426950408889634
+    offs_d, d_mask, offs_n, n_mask, nd_mask, A2 = _channel_block(
+        A, stride_ad, stride_an, P, d_state, ACC, FP64, BLOCK_N, BLOCK_D
+    )
     bias = tl.load(DELTA_BIAS + offs_d * stride_biasd, mask=d_mask, other=0.0).to(ACC) if HAS_BIAS else None
     delta_base = DELTA + batch * stride_deltab + offs_d[None, :] * stride_deltad
     z_base = Z + batch * stride_zb + offs_d[None, :] * stride_zd if HAS_Z else None
@@ -709,15 +711,9 @@ def selective_scan_bwd_kernel(
     part = tl.program_id(2) // batch_size
     n_parts = tl.num_programs(2) // batch_size
     batch = (tl.program_id(2) % batch_size).to(tl.int64)
-    offs_p = block * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_mask = offs_p < P
-    offs_d = group.to(tl.int64) * P + offs_p
-    offs_n = tl.arange(0, BLOCK_N)
-    n_mask = offs_n < d_state
-    nd_mask = n_mask[:, None] & d_mask[None, :]
-
-    A2 = tl.load(A + offs_d[None, :] * stride_ad + offs_n[:, None] * stride_an, mask=nd_mask, other=0.0)
-    A2 = A2.to(ACC) if FP64 else A2.to(ACC) * 1.4426950408889634  # (N, D), exp -> exp2
+    offs_d, d_mask, offs_n, n_mask, nd_mask, A2 = _channel_block(
+        A, stride_ad, stride_an, P, d_state, ACC, FP64, BLOCK_N, BLOCK_D
+    )
     skip = tl.load(D + offs_d * stride_Dd, mask=d_mask, other=0.0).to(ACC) if HAS_D else None
     bias = tl.load(DELTA_BIAS + offs_d * stride_biasd, mask=d_mask, other=0.0).to(ACC) if HAS_BIAS else None
 
