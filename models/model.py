@@ -411,8 +411,10 @@ class LanguageModel(nn.Module):
                 ``stop_tokens`` not a list of ints.
             ValueError: ``input_ids`` not 2-D integer or outside ``[0, vocab_size)``, empty prompt,
                 negative ``max_new_tokens``, ``temperature`` not a finite number > 0, ``top_k < 1``,
-                a stop token outside ``[0, vocab_size)`` (it could never stop), or caches for
-                ``T + max_new_tokens`` tokens that do not fit in memory.
+                a stop token outside ``[0, vocab_size)`` (it could never stop), a learned position
+                table (``pos_emb="learned"``) with fewer than ``T + max_new_tokens - 1`` rows
+                (checked before the prefill), or caches for ``T + max_new_tokens`` tokens that do not
+                fit in memory.
         """
         input_ids = self._token_ids(input_ids).long()
         if input_ids.shape[1] < 1:
@@ -450,6 +452,17 @@ class LanguageModel(nn.Module):
         batch, prompt_len = input_ids.shape
         if max_new_tokens == 0:
             return input_ids.clone()
+        # Checked before the prefill: otherwise the loop would fail mid-way and lose its tokens. The
+        # last token sampled is never fed back, so positions run to prompt_len + max_new_tokens - 2.
+        limit = self.position_limit()
+        if limit is not None and prompt_len + max_new_tokens - 1 > limit[1]:
+            name, size = limit
+            raise ValueError(
+                f"{name}: the learned position table has max_position={size} rows, but a prompt of "
+                f"{prompt_len} tokens plus max_new_tokens={max_new_tokens} needs positions up to "
+                f"{prompt_len + max_new_tokens - 2}; shorten the prompt or lower max_new_tokens so that "
+                f"prompt length + max_new_tokens <= {size + 1}"
+            )
         max_seqlen = prompt_len + max_new_tokens
         try:
             cache = self.allocate_cache(batch, max_seqlen)

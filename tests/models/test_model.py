@@ -201,6 +201,25 @@ def test_generate_says_when_the_caches_do_not_fit():
         model.generate(torch.tensor([[1, 2]]), 10**12, greedy=True, stop_tokens=list(range(37)))
 
 
+def test_generate_checks_a_learned_position_table_before_the_prefill():
+    # A review found the loop failing after some steps (its tokens lost), with a hint to rebuild the
+    # mixer. The last sampled token is never fed back: 8 rows serve prompt + max_new_tokens <= 9.
+    learned = ("mixer.settings.attention.pos_emb=learned", "+mixer.settings.attention.max_position=8")
+    model = model_from_config("attention", n_layers=2, overrides=learned)
+    prompt = torch.randint(0, 37, (1, 5))
+    out = model.generate(prompt, 4, greedy=True)
+    assert out.shape == (1, 9)
+    for t in range(5, 9):  # the whole table was usable: each token is the full forward's argmax
+        assert torch.equal(out[:, t], model(out[:, :t])[:, -1].argmax(-1))
+    for length, new in ((5, 5), (12, 1)):
+        with pytest.raises(
+            ValueError,
+            match=rf"max_position=8 rows, but a prompt of {length} tokens plus max_new_tokens={new} .* "
+            r"prompt length \+ max_new_tokens <= 9",
+        ):
+            model.generate(torch.randint(0, 37, (1, length)), new, greedy=True)
+
+
 def test_generate_runs_without_dropout_and_keeps_the_modules_mode():
     dropout = ("model.resid_dropout=0.5", "model.embed_dropout=0.5")
     model = model_from_config("hybrid_jamba", overrides=dropout)
