@@ -157,6 +157,11 @@ def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         value, low = cfg[key], 1 if key == "max_batches" else 0
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
             raise ValueError(f"{key} must be null or an integer >= {low}, got {value!r}")
+    if cfg.decode_prefix == 1:  # one token is all prefill: the check would run no decode step
+        raise ValueError(
+            "decode_prefix=1 leaves no token for a decode step: give 0 (no decode check) or a length >= 2 "
+            "(its first half is prefilled, the rest decoded one token at a time)"
+        )
     tolerance = cfg.tolerance
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0:
         raise ValueError(f"tolerance must be a number >= 0 (nats), got {tolerance!r}")
@@ -192,7 +197,9 @@ def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         print(
             f"decode_prefix={cfg.decode_prefix} is longer than the blocks of {seqlen} tokens: checking {seqlen}"
         )
-    if prefix:
+    if prefix == 1:
+        print(f"blocks of {seqlen} token leave no decode step: no decode check")
+    if prefix >= 2:
         input_ids, labels = first_blocks(dm.val_dataloader(), cfg.decode_examples, prefix)
         input_ids, labels = input_ids.to(device), labels.to(device)
         losses = prefix_losses(model, input_ids, labels)

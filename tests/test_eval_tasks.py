@@ -381,6 +381,9 @@ def test_perplexity_eval(text_run, tmp_path):
     assert decode["value"] == pytest.approx(parallel["value"], abs=1e-4)
     with pytest.raises(ValueError, match="tolerance must be a number >= 0 \\(nats\\), got 'abc'"):
         evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "tolerance=abc")
+    # one token would be all prefill: a decode check that ran no decode step was recorded as agreeing
+    with pytest.raises(ValueError, match=r"decode_prefix=1 leaves no token for a decode step: give 0"):
+        evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "decode_prefix=1")
     # decode_examples above batch_size: the check reads as many batches as it takes
     records, _ = evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "decode_prefix=16",
                                "batch_size=2", "decode_examples=3", "max_batches=1")  # fmt: skip
