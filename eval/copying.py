@@ -25,9 +25,9 @@ Paths: ``parallel`` scores the teacher-forced forward; ``decode`` prefills each 
 caches and decodes greedily token by token (:func:`eval.common.decode_predictions`). For ``copy``
 the decode path generates: each copied token is the model's own previous prediction, so exact match
 equals the teacher-forced one (a greedy generation is all right exactly when every teacher-forced
-prediction is) while character accuracy may differ either way: a generation that slips stays off
-course (lower), and one that skips or repeats a character can realign later positions that teacher
-forcing scores against the true prefix (higher).
+prediction is) while character accuracy may differ either way: a generation that slips can stay off
+course (lower), or its own earlier outputs can lead it to characters that the teacher-forced pass,
+fed the true prefix, gets wrong (higher; seen on a briefly trained copy checkpoint).
 Selective copying feeds the markers, never the model's outputs, so both metrics must agree across
 paths. Prints a table, writes the records next to the checkpoint (``<checkpoint>.copying.json``) and
 logs them to W&B when ``wandb.enabled=true``.
