@@ -19,6 +19,7 @@ line and status 130, its run directory removed when it holds only Hydra's files;
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import os
@@ -27,7 +28,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -58,12 +59,28 @@ from eval.records import (
 from models import ModelConfig
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
 from models.config import config_from_groups
-from models.lit import LitLM, logged_metrics
+from models.lit import DEFAULT_OPTIM, LitLM, logged_metrics
 
 # Hydra writes its records to the console and to <run_dir>/train.log (conf/train.yaml).
 log = logging.getLogger("mixerlab.train")
 
 DATA_META_KEYS = ("name", "monitor", "monitor_mode")
+
+# The data.* keys a resumed run may change (check_resume compares every other data.* key, optim.*,
+# the model and seed= with the checkpoint's): they change how the batches reach the model or which
+# checkpoint is kept as best.ckpt, not which batches it trains on, in what order, or what it is
+# validated on.
+RESUME_EXEMPT_DATA_KEYS = (
+    # loader processes: the order is the sampler's (data/resumable.py), whatever process builds a batch
+    "num_workers",
+    # where `datasets` caches a corpus (data=text): the same text, read from another folder
+    "cache_dir",
+    # best.ckpt's selection: a resumed run writes into a new directory, so Lightning's ModelCheckpoint
+    # restores no best score from the checkpoint and best.ckpt is the best of this run's own
+    # validations; selecting them by another metric changes no weight and no validation number.
+    "monitor",
+    "monitor_mode",
+)
 
 
 def build_model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
@@ -159,12 +176,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         data=data_cfg,
         slice_names=slice_names,
         tokenizer_config=tokenizer.to_config() if tokenizer is not None else None,
+        seed=cfg.seed,
     )
     check_learned_positions(lit.model, max([int(data_cfg["seqlen"]), *slice_seqlens.values()]))
     max_time = cfg.trainer.get("max_time")
     resume = check_resume(
         cfg.get("resume"),
-        model_config,
+        dict(lit.hparams),
         cfg.trainer.get("max_steps"),
         cfg.trainer.get("max_epochs"),
         OmegaConf.to_container(max_time) if OmegaConf.is_config(max_time) else max_time,
@@ -384,9 +402,41 @@ def _days_hms(span: timedelta) -> str:
     return f"{seconds // 86400:02d}:{seconds // 3600 % 24:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a run that a resume of it must keep, in the order :func:`check_resume` names
+    a difference: ``data.name``, the other ``data.*`` keys (sorted, without
+    :data:`RESUME_EXEMPT_DATA_KEYS`), the model config's keys (``model <key>``, completed by
+    :class:`ModelConfig`), ``optim.*`` (completed with :data:`models.lit.DEFAULT_OPTIM`) and ``seed``
+    (only where ``hparams`` holds one).
+
+    Args:
+        hparams: a run's :class:`models.lit.LitLM` hyperparameters (``model``, ``optim``, ``data``,
+            ``seed``): a checkpoint's ``hyper_parameters`` or this run's ``lit.hparams``. A ``data.*``
+            key it lacks (a checkpoint written before the key existed) takes its data module's default.
+
+    Returns:
+        ``{name: value}`` in that order, tuples (``optim.betas``) as lists, as the config gives them.
+    """
+    data = dict(hparams.get("data") or {})
+    module = datasets_lib.DATAMODULES.get(data.get("name"))
+    if module is not None:
+        defaults = inspect.signature(module).parameters.values()
+        data = {p.name: p.default for p in defaults if p.default is not p.empty} | data
+    data_keys = sorted(set(data) - set(RESUME_EXEMPT_DATA_KEYS), key=lambda k: (k != "name", k))
+    model = ModelConfig.from_dict(hparams["model"]).to_dict()
+    optim = {**DEFAULT_OPTIM, **(hparams.get("optim") or {})}
+    settings = {
+        **{f"data.{k}": data[k] for k in data_keys},
+        **{f"model {k}": model[k] for k in sorted(model)},
+        **{f"optim.{k}": optim[k] for k in sorted(optim)},
+        **({"seed": hparams["seed"]} if hparams.get("seed") is not None else {}),
+    }
+    return {name: list(value) if isinstance(value, tuple) else value for name, value in settings.items()}
+
+
 def check_resume(
     resume: str | None,
-    model_config: dict[str, Any],
+    hparams: Mapping[str, Any],
     max_steps: int | None = None,
     max_epochs: int | None = None,
     max_time: str | dict[str, int] | None = None,
@@ -395,7 +445,8 @@ def check_resume(
 
     Args:
         resume: a ``.ckpt`` written by train.py, or None (a new run).
-        model_config: this run's model config (:func:`build_model_config`).
+        hparams: this run's :class:`models.lit.LitLM` hyperparameters (``lit.hparams``: ``model``,
+            ``optim``, ``data``, ``seed``), compared with the checkpoint's (:func:`resume_settings`).
         max_steps: this run's ``trainer.max_steps`` (-1 or None: no step limit).
         max_epochs: this run's ``trainer.max_epochs`` (-1 or None: no epoch limit).
         max_time: this run's ``trainer.max_time`` (``"DD:HH:MM:SS"`` or a timedelta's keywords;
@@ -408,8 +459,12 @@ def check_resume(
         FileNotFoundError / ValueError: a missing, corrupt or non-mixerlab checkpoint, or one whose
             weights hold NaN or inf (:func:`models.checkpoint.read_checkpoint`: training on from a
             diverged run stays NaN), or one without the trainer state to resume
-            (a weights-only file); ValueError: the checkpoint's model differs from this run's,
-            naming the first differing key, or the checkpoint already reached ``max_steps`` or
+            (a weights-only file); ValueError: the checkpoint was trained with other settings than
+            this run's -- another data task or ``data.*`` value (except
+            :data:`RESUME_EXEMPT_DATA_KEYS`), model, ``optim.*`` value or ``seed`` (compared when the
+            checkpoint stores one) -- naming the first differing key with both values (the
+            continued run would train on other batches, in another order or with another
+            optimizer than the run it continues), or the checkpoint already reached ``max_steps`` or
             ``max_epochs``, or has trained for ``max_time`` (Lightning would train nothing and the
             new run would repeat the old one's results).
     """
@@ -449,14 +504,13 @@ def check_resume(
                 f"trainer.max_time={max_time}: nothing is left to train; give the total time, e.g. "
                 f"+trainer.max_time={_days_hms(spent + timedelta(minutes=30))} for 30 more minutes"
             )
-    saved = ModelConfig.from_dict(checkpoint["hyper_parameters"]["model"]).to_dict()
-    current = ModelConfig.from_dict(model_config).to_dict()
-    for key in sorted(set(saved) | set(current)):
-        if saved.get(key) != current.get(key):
+    current = resume_settings(hparams)
+    # The checkpoint's keys: a checkpoint written before the seed was stored resumes with any seed=.
+    for key, value in resume_settings(checkpoint["hyper_parameters"]).items():
+        if value != current.get(key):
             raise ValueError(
-                f"resume={resume} was trained with model {key}={saved.get(key)!r}, this run has "
-                f"{current.get(key)!r}; resume with the checkpoint's model settings (its run directory's "
-                ".hydra/overrides.yaml lists them)"
+                f"resume={resume} was trained with {key}={value!r}, this run has {current.get(key)!r}; "
+                "resume with the checkpoint's settings (its run directory's .hydra/overrides.yaml lists them)"
             )
     return str(Path(resume).resolve())
 

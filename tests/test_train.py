@@ -270,11 +270,11 @@ def test_resume_refuses_a_checkpoint_at_max_epochs(jamba_run, tmp_path):
     checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"] = 3
     path = tmp_path / "three-epochs.ckpt"
     torch.save(checkpoint, path)
-    model = checkpoint["hyper_parameters"]["model"]
+    saved = checkpoint["hyper_parameters"]  # the run's own settings
     with pytest.raises(ValueError, match=re.escape("has already trained 3 epoch(s), and trainer.max_epochs=3")):
-        train_module.check_resume(str(path), model, max_steps=-1, max_epochs=3)
-    assert train_module.check_resume(str(path), model, max_steps=-1, max_epochs=4) == str(path.resolve())
-    assert train_module.check_resume(str(path), model, max_steps=10**6, max_epochs=-1) == str(path.resolve())
+        train_module.check_resume(str(path), saved, max_steps=-1, max_epochs=3)
+    assert train_module.check_resume(str(path), saved, max_steps=-1, max_epochs=4) == str(path.resolve())
+    assert train_module.check_resume(str(path), saved, max_steps=10**6, max_epochs=-1) == str(path.resolve())
 
 
 def test_a_run_directory_holding_checkpoints_is_not_reused(jamba_run):
@@ -701,15 +701,15 @@ def test_resume_refuses_a_checkpoint_that_used_up_max_time(tmp_path):
     # validation ran.
     settings = ["model.n_layers=2", "trainer.max_steps=2", "trainer.val_check_interval=2"]
     part = run_train(tmp_path / "part", [*settings, "+trainer.max_time=00:00:10:00"])
-    model = read_checkpoint(part["last_ckpt"])["hyper_parameters"]["model"]
+    saved = read_checkpoint(part["last_ckpt"])["hyper_parameters"]  # the run's own settings
     message = r"has already trained for 0:00:0\d \(Lightning's timer counts it\), and trainer.max_time=00:00:00:00"
     with pytest.raises(ValueError, match=message):
-        train_module.check_resume(part["last_ckpt"], model, max_steps=10, max_time="00:00:00:00")
+        train_module.check_resume(part["last_ckpt"], saved, max_steps=10, max_time="00:00:00:00")
     with pytest.raises(ValueError, match=r"trainer.max_time=\{'seconds': 0\}: nothing is left to train"):
-        train_module.check_resume(part["last_ckpt"], model, max_steps=10, max_time={"seconds": 0})
+        train_module.check_resume(part["last_ckpt"], saved, max_steps=10, max_time={"seconds": 0})
     resolved = str(Path(part["last_ckpt"]).resolve())
-    assert train_module.check_resume(part["last_ckpt"], model, max_steps=10, max_time="00:00:10:00") == resolved
-    assert train_module.check_resume(part["last_ckpt"], model, max_steps=10) == resolved
+    assert train_module.check_resume(part["last_ckpt"], saved, max_steps=10, max_time="00:00:10:00") == resolved
+    assert train_module.check_resume(part["last_ckpt"], saved, max_steps=10) == resolved
 
 
 def test_resume_rejects_missing_weights_only_and_mismatched_checkpoints(tmp_path):
@@ -740,6 +740,59 @@ def test_resume_rejects_missing_weights_only_and_mismatched_checkpoints(tmp_path
     with pytest.raises(ValueError, match=message):
         run_train(tmp_path / "d", [f"resume={diverged}"])
     assert not (tmp_path / "d" / "checkpoints").exists() and not (tmp_path / "e" / "checkpoints").exists()
+
+
+# jamba_run resumed: its mixer, and a step limit past its 20 steps.
+JAMBA_RESUME = ["mixer=hybrid_jamba", "trainer.max_steps=21"]
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("data.seqlen=32", "data.seqlen=64, this run has 32"),
+        ("data.seed=1", "data.seed=0, this run has 1"),
+        ("data=copy", "data.name='mqar', this run has 'copy'"),
+        ("optim.lr=0.001", "optim.lr=0.003, this run has 0.001"),
+        ("seed=1", "seed=0, this run has 1"),
+    ],
+)
+def test_resume_refuses_other_data_optim_or_seed_settings(jamba_run, tmp_path, override, message):
+    """A resume given other data, optimizer or seed= settings was accepted and trained on other
+    batches (the order is a function of data.seed and seed=) or with another optimizer than the run
+    it claimed to continue; it is refused up front, naming the key and both values."""
+    settings = [*JAMBA_RESUME, f"resume={jamba_run['last_ckpt']}", override]
+    expected = f"was trained with {message}; resume with the checkpoint's settings"
+    with pytest.raises(ValueError, match=re.escape(expected) + ".*overrides.yaml"):
+        run_train(tmp_path, settings)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_resume_accepts_other_loader_and_selection_settings(jamba_run, tmp_path):
+    """data.num_workers, data.cache_dir and data.monitor / monitor_mode change how batches are loaded
+    and which checkpoint is kept, not what is trained: a resume may change them."""
+    checkpoint = read_checkpoint(jamba_run["last_ckpt"])
+    hparams = checkpoint["hyper_parameters"]
+    changed = {"num_workers": 2, "cache_dir": str(tmp_path), "monitor": "val/loss", "monitor_mode": "min"}
+    for key, value in changed.items():
+        edited = {**hparams, "data": {**hparams["data"], key: value}}
+        assert train_module.check_resume(jamba_run["last_ckpt"], edited, max_steps=21)
+    resumed = run_train(tmp_path, [*JAMBA_RESUME, f"resume={jamba_run['last_ckpt']}", "data.num_workers=1"])
+    state = read_checkpoint(resumed["last_ckpt"])
+    assert state["global_step"] == 21 and state["hyper_parameters"]["data"]["num_workers"] == 1
+    assert set(changed) == set(train_module.RESUME_EXEMPT_DATA_KEYS)  # every exempt key is tested
+
+
+def test_a_checkpoint_without_its_seed_still_resumes_and_loads(jamba_run, tmp_path):
+    """Checkpoints written before the run's seed was stored hold no seed hyperparameter: they still
+    resume (their seed is unknown, so not compared) and load for evaluations."""
+    checkpoint = read_checkpoint(jamba_run["last_ckpt"])
+    assert checkpoint["hyper_parameters"]["seed"] == 0
+    del checkpoint["hyper_parameters"]["seed"]
+    old = tmp_path / "old.ckpt"
+    torch.save(checkpoint, old)
+    assert load_model(old).hparams["seed"] is None
+    resumed = run_train(tmp_path / "resumed", [*JAMBA_RESUME, f"resume={old}"])
+    assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 21
 
 
 def test_a_run_interrupted_mid_step_resumes_on_the_uninterrupted_schedule(tmp_path, monkeypatch, caplog):
