@@ -37,7 +37,11 @@ What is read:
 - recall accuracy: eval/recall.py's records (``metric: accuracy``, ``task``, ``seqlen``,
   ``state_bytes``, ``path``, ``checkpoint``, ``split: test``); for a run that has none, train.py's
   validation records (``val/acc`` and ``val/acc_<slice>``, shown with a ``(val)`` label; the slice
-  names of every task are folded, :data:`eval.report_tables.SLICE_NAME`).
+  names of every task are folded, :data:`eval.report_tables.SLICE_NAME`). Where several files
+  hold one checkpoint's accuracy at one length (``output=``), the plots and the best-over-learning-
+  rates table use the record through ``recall_path``, then the one of most scored positions (else
+  examples), then the newest, then the one whose file path sorts first, and a note names the file
+  kept and those set aside; the per-task results tables keep a row per file.
 - learning rate and width: the ``lr``, ``d_model`` and ``n_layers`` of train.py's records, shared
   with the eval/recall.py records of the same run and mixer.
 - validation loss: Lightning's ``metrics.csv`` (train.py's ``<run>/csv/metrics.csv``: ``step``,
@@ -86,11 +90,13 @@ from eval.cli import user_errors
 from eval.records import check_creatable_dir, check_flag, check_wandb_settings
 from eval.report_plots import PLOTS, plot_points
 from eval.report_tables import (
+    COUNT_FIELDS,
     Table,
     best_lr_tables,
     drop_worse_lrs,
     format_value,
     lr_groups,
+    measurement_rank,
     run_scores,
     summary_tables,
 )
@@ -116,6 +122,7 @@ NON_NEGATIVE_FIELDS = (
     "weight_bytes",
     "tokens_per_s",
     "train_tokens",
+    *COUNT_FIELDS,
 )
 TRAIN_TOKENS, VAL_LOSS = "train/tokens", "val/loss"
 LOOKED_FOR = (
@@ -455,8 +462,16 @@ def series_labels(keys: list[tuple[str, str, tuple[str, ...]]]) -> dict[tuple, s
     return labels
 
 
-def accuracy_points(records: list[dict[str, Any]], task: str, path: str) -> list[dict[str, Any]]:
+def accuracy_points(
+    records: list[dict[str, Any]], task: str, path: str
+) -> tuple[list[dict[str, Any]], list[str]]:
     """Recall accuracy per series and length.
+
+    One series per checkpoint (run, mixer, checkpoint file name and split): evaluations of it at
+    other lengths written to other files (``output=...``) extend its curve. Of several records at
+    one length, the one through ``path`` is kept, then the first by
+    :func:`eval.report_tables.measurement_rank` (most scored positions, else examples, then newest,
+    then first file path), so a quick check written beside a full evaluation does not replace it.
 
     Args:
         records: result records.
@@ -464,11 +479,13 @@ def accuracy_points(records: list[dict[str, Any]], task: str, path: str) -> list
         path: eval/recall.py path preferred where a checkpoint was evaluated through both.
 
     Returns:
-        Points ``{series, run, mixer, split, seqlen (tokens), accuracy in [0, 1], state_bytes (bytes
-        per sequence, or None), params, d_model (from any record of the run and mixer, or None),
-        train_seqlen (tokens, or None)}``: eval/recall.py's ``accuracy`` records (their
-        ``train_seqlen``), and for runs without any, train.py's ``val/acc`` / ``val/acc_<slice>``
-        records (series labelled ``(val)``; the training length is the plain ``val/acc``'s seqlen).
+        ``(points, notes)``. Points ``{series, run, mixer, split, seqlen (tokens), accuracy in [0,
+        1], state_bytes (bytes per sequence, or None), params, d_model (from any record of the run
+        and mixer, or None), train_seqlen (tokens, or None)}``: eval/recall.py's ``accuracy``
+        records (their ``train_seqlen``), and for runs without any, train.py's ``val/acc`` /
+        ``val/acc_<slice>`` records (series labelled ``(val)``; the training length is the plain
+        ``val/acc``'s seqlen). Notes: one per series and length whose records come from several
+        files, naming the file kept and those set aside.
     """
     mine = [r for r in records if r.get("task") == task and r.get("seqlen")]
     test = [r for r in mine if r["metric"] == "accuracy"]
@@ -479,16 +496,30 @@ def accuracy_points(records: list[dict[str, Any]], task: str, path: str) -> list
         if (r["metric"] == "val/acc" or r["metric"].startswith("val/acc_"))
         and (r["run"], r["mixer"]) not in tested
     ]
-    chosen: dict[tuple, dict[str, Any]] = {}
-    # One series per checkpoint: evaluations of it at other lengths written to other files
-    # (output=...) extend its curve; at a length evaluated twice the first file read is kept.
+    candidates: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r, split in [(r, str(r.get("split") or "test")) for r in test] + [(r, "val") for r in val]:
         checkpoint = Path(r["checkpoint"]).name if r.get("checkpoint") else ""
-        key = (r["mixer"], r["run"], (checkpoint, split))
-        slot = (key, r["seqlen"])
-        if slot not in chosen or (r.get("path") == path and chosen[slot].get("path") != path):
-            chosen[slot] = r
+        candidates[((r["mixer"], r["run"], (checkpoint, split)), r["seqlen"])].append(r)
+
+    def rank(r: dict[str, Any]) -> tuple:
+        return (r.get("path") != path, *measurement_rank(r))
+
+    chosen = {slot: min(rows, key=rank) for slot, rows in candidates.items()}
     labels = series_labels(list(dict.fromkeys(key for key, _ in chosen)))
+    notes = []
+    for (key, seqlen), kept in chosen.items():
+        others: dict[str, dict[str, Any]] = {}  # file set aside -> its best record here
+        for r in sorted(candidates[(key, seqlen)], key=rank):
+            if r.get("record_file") != kept.get("record_file"):
+                others.setdefault(r.get("record_file"), r)
+        if others:
+            aside = ", ".join(f"{file} ({_measurement(r)})" for file, r in others.items())
+            notes.append(
+                f"{labels[key]}{' (val)' if key[2][1] == 'val' else ''} at {seqlen} tokens is in several "
+                f"record files: kept {kept.get('record_file')} ({_measurement(kept)}); set aside {aside} "
+                f"(rule: the recall_path={path} record, then the most scored positions or examples, then "
+                "the newest time, then the first file path)"
+            )
     widths: dict[tuple[str, str], Any] = {}  # recall records lack d_model: train.py's give it
     for r in records:
         if r.get("d_model") is not None:
@@ -511,7 +542,16 @@ def accuracy_points(records: list[dict[str, Any]], task: str, path: str) -> list
             "train_seqlen": trained_at.get((r["run"], r["mixer"])),
         }
         for (key, _), r in chosen.items()
-    ]
+    ], notes
+
+
+def _measurement(r: dict[str, Any]) -> str:
+    """What a record says of its measurement, for a note: its path, counts and time, if given
+    (``decode path, 12,288 scored positions, 2026-12-01T10:00:00+00:00``)."""
+    parts = [f"{r['path']} path"] if r.get("path") else []
+    parts += [f"{format_value(r[f])} {f.replace('_', ' ')}" for f in COUNT_FIELDS if r.get(f) is not None]
+    parts += [str(r["time"])] if r.get("time") else []
+    return ", ".join(parts) or "no count or time"
 
 
 def recall_vs_state_points(
@@ -843,7 +883,7 @@ def build_report(cfg: DictConfig) -> Report:
     runs = cfg.runs if isinstance(cfg.runs, str) else list(cfg.runs)
     sources = find_files(expand_runs(runs))
     records = load_records(sources, skip_invalid)
-    accuracy = accuracy_points(records, cfg.task, cfg.recall_path)
+    accuracy, duplicates = accuracy_points(records, cfg.task, cfg.recall_path)
     scores = run_scores(records, cfg.task, cfg.recall_path)
     groups = lr_groups(scores)
     shown, dropped = drop_worse_lrs(accuracy, groups) if best_over_lr else (accuracy, 0)
@@ -860,6 +900,7 @@ def build_report(cfg: DictConfig) -> Report:
                 notes.append(f"{spec.title}: {why}")
     else:
         recall, notes = recall_vs_state_points(shown, cfg.seqlen)
+    notes += duplicates
     if by_length and len({p["seqlen"] for p in by_length}) == 1:
         why = f"every run was evaluated at one length ({by_length[0]['seqlen']} tokens)"
         by_length = []  # one x value: nothing to generalise over

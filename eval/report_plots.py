@@ -11,11 +11,19 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from matplotlib import colormaps, rcParams
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
-from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator, ScalarFormatter
+from matplotlib.ticker import (
+    FixedLocator,
+    LogLocator,
+    MaxNLocator,
+    NullLocator,
+    ScalarFormatter,
+    StrMethodFormatter,
+)
 from matplotlib.transforms import Bbox
 
 
@@ -33,6 +41,7 @@ class PlotSpec:
     yscale: str
     lines: bool  # True: each series' points joined in x order; False: labelled markers
     missing: str  # which records or files would fill it
+    ylim: tuple[float, float] | None = None  # fixed y limits of a bounded quantity (accuracy: 0..1)
 
 
 PLOTS = (
@@ -48,6 +57,7 @@ PLOTS = (
         lines=False,
         missing="recall accuracy with state_bytes: eval/recall.py records (metric accuracy) or "
         "train.py's val/acc records",
+        ylim=(0.0, 1.0),
     ),
     PlotSpec(
         name="accuracy_vs_length",
@@ -61,6 +71,7 @@ PLOTS = (
         lines=True,
         missing="recall accuracy with seqlen: eval/recall.py records (metric accuracy) or "
         "train.py's val/acc records",
+        ylim=(0.0, 1.0),
     ),
     PlotSpec(
         name="val_loss_vs_tokens",
@@ -101,7 +112,11 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
     than a factor of 10 is drawn linear (a log axis over 350-361 only has unreadable minor ticks);
     x axes keep their scale (decode state bytes are compared on a log axis whatever their span), and
     a log axis spanning a decade or more puts its minor ticks at 2x and 5x only, so that labelled
-    ones do not overlap; within a decade it gets a few evenly spaced plain-number ticks.
+    ones do not overlap (a log y axis under 4 decades labels each 1x, 2x and 5x tick as a plain
+    number); within a decade it gets a few evenly spaced plain-number ticks. A spec's ``ylim``
+    (accuracy: 0 to 1) fixes the y axis whatever the data: from ``ylim[0]`` to ``ylim[1]`` (labelled
+    markers get 12% of that range more above, for their labels, without a tick), ticked at 6 evenly
+    spaced values from one bound to the other; markers at a bound are drawn whole.
     The figure is a standalone :class:`matplotlib.figure.Figure` (no pyplot state to close).
     """
     if not points:
@@ -120,10 +135,13 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
         pts = sorted(pts, key=lambda p: p[spec.x])
         xs, ys = [p[spec.x] for p in pts], [p[spec.y] for p in pts]
         label = plain_text(series)
+        # on fixed limits a marker at a bound (accuracy 0 or 1) is drawn whole, not cut by the frame
+        clip = spec.ylim is None
         if spec.lines:
-            ax.plot(xs, ys, marker=marker, label=label, color=color, linestyle=pts[0].get("linestyle", "-"))
+            style = pts[0].get("linestyle", "-")
+            ax.plot(xs, ys, marker=marker, label=label, color=color, linestyle=style, clip_on=clip)
             continue
-        ax.scatter(xs, ys, label=label, color=color, marker=marker)
+        ax.scatter(xs, ys, label=label, color=color, marker=marker, clip_on=clip)
     labels = {}
     for axis, set_scale, scale, key, label in (
         (ax.xaxis, ax.set_xscale, spec.xscale, spec.x, spec.xlabel),
@@ -143,6 +161,12 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
                 # over a decade or more, minor ticks at 2x and 5x only: where matplotlib labels the
                 # minor ticks of such a span, labels at every 2..9x (3x10^4, 4x10^4, ...) collide
                 axis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
+                if axis is ax.yaxis and max(values) < 10_000 * min(values):
+                    # under 4 decades the 2x and 5x ticks are labelled too, all as plain numbers: a
+                    # point at 40-55 tokens/s lay between 10^2 and unlabelled ticks; stacked up the
+                    # y axis these labels do not collide
+                    axis.set_major_formatter(StrMethodFormatter("{x:,.6g}"))
+                    axis.set_minor_formatter(StrMethodFormatter("{x:,.6g}"))
             elif scale == "log" and values:
                 # within a decade (30000-32000 bytes) matplotlib labels minor ticks 3x10^4,
                 # 3.025x10^4, ... into each other: a few evenly spaced plain numbers instead, over
@@ -160,8 +184,14 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
         ax.legend(fontsize="small")
-    if not spec.lines:
+    if spec.ylim is not None:
+        low, high = spec.ylim
+        # labelled markers get room above the top bound for their labels; no tick is labelled there
+        ax.set_ylim(low, high + (0.0 if spec.lines else 0.12 * (high - low)))
+        ax.yaxis.set_major_locator(FixedLocator(np.linspace(low, high, 6)))
+    elif not spec.lines:
         ax.margins(y=0.12)  # room above the top markers and below the bottom ones for their labels
+    if not spec.lines:
         annotate_points(fig, ax, points, spec)
     return fig
 

@@ -18,6 +18,7 @@ each record carries ``record_file``):
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 import re
 from collections import defaultdict
@@ -108,6 +109,31 @@ def _shown_value(r: dict[str, Any]) -> float:
     """A record's ``value`` in the unit of its column (:data:`METRIC_UNITS`)."""
     unit = METRIC_UNITS.get(r["metric"])
     return r["value"] * unit[1] if unit else r["value"]
+
+
+COUNT_FIELDS = ("scored_positions", "examples")
+"""Record fields counting what a measurement scored, most telling first: eval/recall.py's
+``scored_positions``, eval/copying.py's and eval/long_context.py's ``examples``."""
+
+
+def measurement_rank(r: dict[str, Any]) -> tuple:
+    """Sort key, lowest first, choosing among records of one measurement (one checkpoint, task,
+    split and length, written to several files with ``output=``): the most scored positions, then
+    the most examples (:data:`COUNT_FIELDS`; a record without the count ranks below any with it),
+    then the newest ``time`` (ISO 8601; a missing or unreadable one ranks last, one without a
+    timezone is read as UTC), then the ``record_file`` first in path order."""
+    counts = [r.get(f) for f in COUNT_FIELDS]
+    sizes = [-c if isinstance(c, int | float) and not isinstance(c, bool) else 1 for c in counts]
+    return (*sizes, -_timestamp(r.get("time")), str(r.get("record_file") or ""))
+
+
+def _timestamp(text: Any) -> float:
+    """POSIX seconds of an ISO 8601 time (UTC where it names no timezone); -inf for anything else."""
+    try:
+        when = _dt.datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return -math.inf
+    return (when if when.tzinfo else when.replace(tzinfo=_dt.timezone.utc)).timestamp()
 
 
 # Record fields that tell apart measurements of one run, mixer and length (see summary_tables).
@@ -244,14 +270,15 @@ def run_scores(records: list[dict[str, Any]], task: str, path: str) -> list[RunS
     its training length (``train_seqlen``; else its shortest length), through ``path`` where both
     decode paths ran and of ``best.ckpt`` where several checkpoints were evaluated. A run without
     them is scored on train.py's ``val/acc`` (the first validation slice, which train.py's configs
-    make the training length). ``lr``, ``d_model`` and ``n_layers`` come from any record of the run
-    (run and mixer, as in the rest of the report): recall records get them from train.py's. For
-    ``task=text`` each score also carries the run's ``val/loss``.
+    make the training length). Where several records hold one such measurement (files written with
+    ``output=``), :func:`measurement_rank` picks one. ``lr``, ``d_model`` and ``n_layers`` come from
+    any record of the run (run and mixer, as in the rest of the report): recall records get them from
+    train.py's. For ``task=text`` each score also carries the run's ``val/loss``.
     """
     info: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
     test: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    val: dict[tuple[str, str], dict[str, Any]] = {}
-    val_loss: dict[tuple[str, str], float] = {}
+    val: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    val_loss: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         key = (r["run"], r["mixer"])
         for field in ("lr", "d_model", "n_layers", "batch_size"):
@@ -269,16 +296,16 @@ def run_scores(records: list[dict[str, Any]], task: str, path: str) -> list[RunS
         if r["metric"] == "accuracy" and r.get("seqlen"):
             test[key].append(r)
         elif r["metric"] == "val/acc":
-            val.setdefault(key, r)
+            val[key].append(r)
         elif r["metric"] == "val/loss" and task == "text":
-            val_loss.setdefault(key, float(r["value"]))
+            val_loss[key].append(r)
     scores = []
     for key in dict.fromkeys([*test, *val]):
         if key in test:
             r = _main_test_record(test[key], path)
             split = str(r.get("split") or "test")
         else:
-            r, split = val[key], "val"
+            r, split = min(val[key], key=measurement_rank), "val"
         scores.append(
             RunScore(
                 run=r["run"],
@@ -294,7 +321,9 @@ def run_scores(records: list[dict[str, Any]], task: str, path: str) -> list[RunS
                 params=r.get("params"),
                 layout=tuple(r.get("layout") or ()),
                 batch_size=info[key].get("batch_size"),
-                loss=val_loss.get(key) if split == "val" else None,
+                loss=float(min(val_loss[key], key=measurement_rank)["value"])
+                if split == "val" and val_loss[key]
+                else None,
             )
         )
     return scores
@@ -306,7 +335,12 @@ def _main_test_record(rows: list[dict[str, Any]], path: str) -> dict[str, Any]:
         shortest = min(r["seqlen"] for r in rows)
         main = [r for r in rows if r["seqlen"] == shortest]
     return min(
-        main, key=lambda r: (r.get("path") != path, Path(r.get("checkpoint") or "").name != "best.ckpt")
+        main,
+        key=lambda r: (
+            r.get("path") != path,
+            Path(r.get("checkpoint") or "").name != "best.ckpt",
+            *measurement_rank(r),
+        ),
     )
 
 

@@ -404,7 +404,7 @@ def test_marker_labels_name_the_width_and_tell_alike_runs_apart():
         records += recall_records(run, "attention", [0.8, 0.6, 0.2], ["parallel"])
         records += [r | {"d_model": 64} for r in train_records(run, "attention", [0.8, 0.6], 0.5)]
     records += recall_records("mamba-run", "mamba", [0.9, 0.9, 0.9], ["parallel"])
-    points, _ = recall_vs_state_points(accuracy_points(records, "mqar", "decode"), None)
+    points, _ = recall_vs_state_points(accuracy_points(records, "mqar", "decode")[0], None)
     assert sorted(p["label"] for p in points) == [
         "attention d64 [rope-bs256] @ 64", "attention d64 [rope-bs64] @ 64", "mamba @ 64",
     ]  # fmt: skip
@@ -1184,7 +1184,7 @@ def test_evaluations_of_one_checkpoint_in_several_files_make_one_curve(tmp_path)
     run_dir = tmp_path / "mamba-run"
     short = recall_records("mamba-run", "mamba", [1.0, 1.0, 0.9], ["parallel"])  # scored 0.01 lower
     long = [r | {"seqlen": r["seqlen"] * 16, "value": 0.5} for r in short[1:]]
-    again = [short[0] | {"value": 0.0}]  # 64 tokens once more, in a later file: the first read stays
+    again = [short[0] | {"value": 0.0}]  # 64 tokens once more, as large, as new: the first path stays
     best = [r | {"checkpoint": r["checkpoint"].replace("last", "best"), "value": 0.2} for r in short]
     write_json(run_dir / "checkpoints" / "a-short.json", short)
     write_json(run_dir / "checkpoints" / "b-long.json", long)
@@ -1200,6 +1200,87 @@ def test_evaluations_of_one_checkpoint_in_several_files_make_one_curve(tmp_path)
         ),
         "mamba [mamba-run] best.ckpt": ([64, 128, 256], pytest.approx([0.2, 0.2, 0.2])),
     }
+
+
+@pytest.mark.parametrize(
+    ("full_name", "quick_name"), [("best.ckpt.recall.json", "a-quick.json"), ("a-full.json", "z-quick.json")]
+)
+def test_a_length_evaluated_in_two_files_keeps_the_larger_evaluation(tmp_path, full_name, quick_name):
+    # A later 3-example check of one checkpoint (output=...) beside its full evaluation: the plots
+    # and the best-over-lr table keep the full one whichever file name sorts first, and a note
+    # names the file kept and the one set aside.
+    run = "attention-lr0.001"
+    run_dir = tmp_path / "runs" / run
+    write_json(run_dir / "results" / "train.json",
+               sweep_records(run, "attention", 64, 1e-3, {"T64_kv4": (64, 0.5)}))  # fmt: skip
+    full = [
+        r | {"scored_positions": 4096 * r["seqlen"] // 64}
+        for r in recall_records(run, "attention", [0.9, 0.8, 0.7], ["parallel", "decode"])
+    ]
+    later = "2026-12-02T00:00:00+00:00"
+    quick = [r | {"value": 0.0, "scored_positions": 12, "time": later} for r in full if r["seqlen"] == 64]
+    full_file, quick_file = run_dir / "checkpoints" / full_name, run_dir / "checkpoints" / quick_name
+    write_json(full_file, full)
+    write_json(quick_file, quick)
+    rep = make_report(f"[{tmp_path / 'runs'}]", tmp_path / "out")
+    (table,) = [t for t in rep.tables if t.title.startswith("Best over learning rates")]
+    assert table.rows == [["attention", "0.900 (lr 1e-3, 1 lr)"]]
+    assert [p["accuracy"] for p in rep.points["recall_vs_state_bytes"]] == [0.9]
+    ax = rep.figures["accuracy_vs_length"].axes[0]
+    assert [list(line.get_ydata()) for line in ax.get_lines()] == [[0.9, 0.8, 0.7]]
+    (note,) = [n for n in rep.notes if "set aside" in n]
+    assert note.startswith("attention [attention-lr0.001] at 64 tokens is in several record files: ")
+    assert f"kept {full_file} (decode path, 4,096 scored positions, " in note
+    assert f"set aside {quick_file} (decode path, 12 scored positions, {later})" in note
+    assert note in rep.markdown.read_text()
+    # As many scored positions in a third file: the newer record is kept.
+    write_json(run_dir / "checkpoints" / "m-again.json", [r | {"value": 0.95, "time": later} for r in full])
+    rep = make_report(f"[{tmp_path / 'runs'}]", tmp_path / "again")
+    assert [p["accuracy"] for p in rep.points["recall_vs_state_bytes"]] == [0.95]
+    (note,) = [n for n in rep.notes if "set aside" in n and " at 64 tokens " in n]
+    assert f"kept {run_dir / 'checkpoints' / 'm-again.json'} " in note
+    assert str(full_file) in note and str(quick_file) in note
+
+
+def test_accuracy_axes_span_zero_to_one():
+    # All accuracies 0 drew a y axis from -0.06 to 0.06; 0.2-0.5 one from 0.18 to 0.52.
+    for name, accs in (("recall_vs_state_bytes", (0.0, 0.0)), ("accuracy_vs_length", (0.2, 0.5))):
+        spec = next(p for p in PLOTS if p.name == name)
+        points = [
+            {"series": f"s{i}", "state_bytes": 1e4 * (i + 1), "seqlen": 64 * (i + 1), "accuracy": a}
+            for i, a in enumerate(accs)
+        ]
+        ax = plot_points(points, spec).axes[0]
+        low, high = ax.get_ylim()
+        # labelled markers keep room above 1 for their labels; no tick is labelled there
+        assert low == 0.0 and (high == 1.0 if spec.lines else 1.0 < high <= 1.15), (name, low, high)
+        ticks = [t for t in ax.get_yticks() if low <= t <= high]
+        assert ticks[0] == 0.0 and ticks[-1] == pytest.approx(1.0), (name, ticks)
+
+
+def test_decode_log_axis_labels_a_tick_near_slow_points():
+    # 40-55 tokens/s beside 300-1200: ticks were labelled at 10^2 and 10^3 only.
+    spec = next(p for p in PLOTS if p.name == "decode_tokens_per_s")
+    speeds = {"slow": (55.0, 48.0, 40.0), "fast": (1200.0, 900.0, 300.0)}
+    points = [
+        {"series": s, "seqlen": 2**k, "tokens_per_s": y}
+        for s, ys in speeds.items()
+        for k, y in zip((10, 12, 14), ys, strict=True)
+    ]
+    fig = plot_points(points, spec)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    low, high = ax.get_ylim()
+    labels = {
+        t.get_position()[1]: t.get_text()
+        for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True)
+        if t.get_text() and low <= t.get_position()[1] <= high
+    }
+    assert labels[50.0] == "50" and labels[1000.0] == "1,000", labels
+    boxes = sorted((t.get_window_extent() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True)
+                    if t.get_text() and low <= t.get_position()[1] <= high), key=lambda b: b.y0)  # fmt: skip
+    assert all(below.y1 <= above.y0 for below, above in itertools.pairwise(boxes))
 
 
 def test_layout_text_names_zambas_shared_block():
