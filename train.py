@@ -82,6 +82,9 @@ RESUME_EXEMPT_DATA_KEYS = (
     "monitor_mode",
 )
 
+# resume_settings' name of a text run's tokenizer (its character vocabulary, from the corpus).
+TOKENIZER_SETTING = "tokenizer"
+
 
 def build_model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
     """The plain-dict model config of a composed run config: model size + mixer layout and settings.
@@ -176,7 +179,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         data=data_cfg,
         slice_names=slice_names,
         tokenizer_config=tokenizer.to_config() if tokenizer is not None else None,
-        seed=cfg.seed,
+        run_seed=cfg.seed,
     )
     check_learned_positions(lit.model, max([int(data_cfg["seqlen"]), *slice_seqlens.values()]))
     max_time = cfg.trainer.get("max_time")
@@ -405,14 +408,16 @@ def _days_hms(span: timedelta) -> str:
 def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of a run that a resume of it must keep, in the order :func:`check_resume` names
     a difference: ``data.name``, the other ``data.*`` keys (sorted, without
-    :data:`RESUME_EXEMPT_DATA_KEYS`), the model config's keys (``model <key>``, completed by
-    :class:`ModelConfig`), ``optim.*`` (completed with :data:`models.lit.DEFAULT_OPTIM`) and ``seed``
-    (only where ``hparams`` holds one).
+    :data:`RESUME_EXEMPT_DATA_KEYS`; ``data.path`` resolved to absolute paths), a text run's
+    tokenizer, the model config's keys (``model <key>``, completed by :class:`ModelConfig`),
+    ``optim.*`` (completed with :data:`models.lit.DEFAULT_OPTIM`) and ``seed`` (only where
+    ``hparams`` holds one).
 
     Args:
         hparams: a run's :class:`models.lit.LitLM` hyperparameters (``model``, ``optim``, ``data``,
-            ``seed``): a checkpoint's ``hyper_parameters`` or this run's ``lit.hparams``. A ``data.*``
-            key it lacks (a checkpoint written before the key existed) takes its data module's default.
+            ``tokenizer_config``, ``run_seed``): a checkpoint's ``hyper_parameters`` or this run's
+            ``lit.hparams``. A ``data.*`` key it lacks (a checkpoint written before the key existed)
+            takes its data module's default.
 
     Returns:
         ``{name: value}`` in that order, tuples (``optim.betas``) as lists, as the config gives them.
@@ -422,14 +427,24 @@ def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
     if module is not None:
         defaults = inspect.signature(module).parameters.values()
         data = {p.name: p.default for p in defaults if p.default is not p.empty} | data
+    if data.get("path") is not None:
+        # A corpus file named by another relative path, or from another folder, is the same file;
+        # a relative one is read from the working directory (Hydra does not change it).
+        files = data["path"] if isinstance(data["path"], (list, tuple)) else [data["path"]]
+        resolved = [str(Path(str(f)).expanduser().resolve()) for f in files]
+        data["path"] = resolved if isinstance(data["path"], (list, tuple)) else resolved[0]
     data_keys = sorted(set(data) - set(RESUME_EXEMPT_DATA_KEYS), key=lambda k: (k != "name", k))
     model = ModelConfig.from_dict(hparams["model"]).to_dict()
     optim = {**DEFAULT_OPTIM, **(hparams.get("optim") or {})}
+    tokenizer = hparams.get("tokenizer_config")
     settings = {
         **{f"data.{k}": data[k] for k in data_keys},
+        # A text run's vocabulary comes from its corpus: another one (the file edited, or another
+        # file at the same relative path) would silently map the token ids to other characters.
+        **({TOKENIZER_SETTING: tokenizer} if tokenizer is not None else {}),
         **{f"model {k}": model[k] for k in sorted(model)},
         **{f"optim.{k}": optim[k] for k in sorted(optim)},
-        **({"seed": hparams["seed"]} if hparams.get("seed") is not None else {}),
+        **({"seed": hparams["run_seed"]} if hparams.get("run_seed") is not None else {}),
     }
     return {name: list(value) if isinstance(value, tuple) else value for name, value in settings.items()}
 
@@ -507,6 +522,13 @@ def check_resume(
     current = resume_settings(hparams)
     # The checkpoint's keys: a checkpoint written before the seed was stored resumes with any seed=.
     for key, value in resume_settings(checkpoint["hyper_parameters"]).items():
+        if value != current.get(key) and key == TOKENIZER_SETTING:
+            vocab = [len((t or {}).get("vocab") or "") for t in (value, current.get(key))]
+            raise ValueError(
+                f"resume={resume}: this run's corpus has another vocabulary than the checkpoint's ({vocab[1]} "
+                f"characters against {vocab[0]}; the token ids would mean other characters): data.path names "
+                "another file than the checkpoint's corpus, or the file was edited; resume on the checkpoint's corpus"
+            )
         if value != current.get(key):
             raise ValueError(
                 f"resume={resume} was trained with {key}={value!r}, this run has {current.get(key)!r}; "

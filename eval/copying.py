@@ -52,6 +52,7 @@ from eval.cli import user_errors
 from eval.common import (
     build_datamodule,
     check_default_output,
+    check_position_limit,
     check_settings,
     evaluate,
     finish,
@@ -108,6 +109,7 @@ def copying_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         overrides["test_configs"] = OmegaConf.to_container(cfg.test_configs, resolve=True)
     dm = build_datamodule(ctx.data, **overrides)
     dm.setup("test")
+    check_position_limit(ctx.model, max(s.seqlen for s in dm.test_sets), "test_configs")
     plan = _copy_plan if ctx.task == "copy" else _selective_plan
 
     records, rows = [], []

@@ -86,9 +86,11 @@ class LitLM(L.LightningModule):
             slice's (the in-distribution one).
         tokenizer_config: the tokenizer config of text runs (``data.tokenizer_from_config`` rebuilds it), so
             prompts can be encoded and generations decoded from the checkpoint alone.
-        seed: the run's ``seed=`` (train.py's), kept so that ``resume=`` can refuse another one: the
-            training data order is a function of it and ``data.seed``. None: not recorded (a module
-            built outside train.py, or a checkpoint written before it was stored).
+        run_seed: the run's ``seed=`` (train.py's), kept so that ``resume=`` can refuse another one:
+            the training data order is a function of it and ``data.seed``. None: not recorded (a
+            module built outside train.py, or a checkpoint written before it was stored). Not named
+            ``seed``: Lightning merges these hyperparameters with the data module's, whose ``seed`` is
+            ``data.seed``, for the loggers and refuses two values under one name.
 
     Logged: ``train/loss``, ``train/acc``, ``train/tokens``; ``val/loss``, ``val/acc``, ``val/ppl``
     and their per-slice forms. Accuracies are exact counts over the whole split (reduced across
@@ -102,7 +104,7 @@ class LitLM(L.LightningModule):
         data: dict[str, Any] | None = None,
         slice_names: Sequence[str] | None = None,
         tokenizer_config: dict[str, Any] | None = None,
-        seed: int | None = None,
+        run_seed: int | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()

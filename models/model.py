@@ -459,7 +459,8 @@ class LanguageModel(nn.Module):
             name, size = limit
             raise ValueError(
                 f"{name}: the learned position table has max_position={size} rows, but a prompt of "
-                f"{prompt_len} tokens plus max_new_tokens={max_new_tokens} needs positions up to "
+                f"{prompt_len} token{'s' * (prompt_len != 1)} plus max_new_tokens={max_new_tokens} needs "
+                "positions up to "
                 f"{prompt_len + max_new_tokens - 2}; shorten the prompt or lower max_new_tokens so that "
                 f"prompt length + max_new_tokens <= {size + 1}"
             )

@@ -199,6 +199,20 @@ def test_copying_eval_test_lengths_override_and_default_output(copy_run):
         copying_eval(compose_eval("copying", overrides[:-1] + ["test_configs=5"]))
 
 
+def test_copying_eval_checks_a_learned_position_table_first(copy_run, monkeypatch):
+    # A review found the eval failing mid-way, after some slices, with a hint to rebuild the mixer.
+    # (copy_run's model uses RoPE: a 62-row table is posed; the 63-token examples need 63 rows.)
+    monkeypatch.setattr(LanguageModel, "position_limit", lambda self: ("attention", 62))
+    monkeypatch.setattr(copying_module, "evaluate", lambda *a, **k: pytest.fail("evaluated before the check"))
+    overrides = [f"ckpt={copy_run['last_ckpt']}", "device=cpu", "num_examples=2",
+                 "test_configs=[{min_len:25,max_len:30}]"]  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"max_position=62 rows, but the longest test sequence has 63 tokens; lower test_configs",
+    ):
+        copying_eval(compose_eval("copying", overrides))
+
+
 def test_default_output_that_is_a_directory_is_refused_before_evaluating(
     copy_run, passkey_run, tmp_path, monkeypatch
 ):

@@ -160,16 +160,33 @@ def test_recall_default_output_lies_next_to_the_checkpoint_and_logs_to_wandb(jam
     assert len(set(Path(jamba_run["run_dir"], "wandb").glob("offline-run-*")) - before) == 1
 
 
-def test_text_training_stores_its_tokenizer(tmp_path):
+def test_text_training_stores_its_tokenizer(tmp_path, monkeypatch):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("to be, or not to be: that is the question.\n" * 200)
-    out = run_train(
-        tmp_path / "run", ["data=text", f"data.path={corpus}", "data.seqlen=32", "mixer=attention"]
-    )
+    text = ["data=text", "data.seqlen=32", "mixer=attention"]
+    out = run_train(tmp_path / "run", [*text, f"data.path={corpus}"])
     tokenizer = read_checkpoint(out["last_ckpt"])["hyper_parameters"]["tokenizer_config"]
     vocab_size = len(set(corpus.read_text()))
     assert out["metrics"]["val/loss"] < torch.tensor(vocab_size).log()  # better than uniform guessing
     assert tokenizer["kind"] == "char" and "q" in tokenizer["vocab"]
+    # A resume names the corpus by another path to the same file (a review found it refused) ...
+    monkeypatch.chdir(tmp_path)
+    resume = [*text, "trainer.max_steps=21", f"resume={out['last_ckpt']}"]
+    resumed = run_train(tmp_path / "resumed", [*resume, "data.path=./corpus.txt"])
+    assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 21
+    # ... but another text at that path, whose vocabulary would give the token ids other
+    # characters, is refused (it resumed, and its validation loss jumped).
+    corpus.write_text("TO BE, OR NOT TO BE: THAT IS THE QUESTION!\n" * 200)
+    counts = f"{len(set(corpus.read_text()))} characters against {vocab_size};"
+    with pytest.raises(ValueError, match=rf"another vocabulary than the checkpoint's \({counts}"):
+        run_train(tmp_path / "edited", [*resume, f"data.path={corpus}"])
+
+
+def test_a_run_seed_other_than_the_data_seed_trains_with_a_logger(tmp_path):
+    # Lightning merges the module's and the data module's hyperparameters for its loggers and refuses
+    # one name with two values: the run's seed stored as "seed" beside data.seed crashed such runs.
+    out = run_train(tmp_path, ["seed=1", "model.n_layers=2", "trainer.max_steps=2", "trainer.val_check_interval=2"])
+    assert read_checkpoint(out["last_ckpt"])["hyper_parameters"]["run_seed"] == 1
 
 
 @pytest.mark.skipif(not SHAKESPEARE.exists(), reason="tiny_shakespeare.txt is not beside the repo")
@@ -786,11 +803,11 @@ def test_a_checkpoint_without_its_seed_still_resumes_and_loads(jamba_run, tmp_pa
     """Checkpoints written before the run's seed was stored hold no seed hyperparameter: they still
     resume (their seed is unknown, so not compared) and load for evaluations."""
     checkpoint = read_checkpoint(jamba_run["last_ckpt"])
-    assert checkpoint["hyper_parameters"]["seed"] == 0
-    del checkpoint["hyper_parameters"]["seed"]
+    assert checkpoint["hyper_parameters"]["run_seed"] == 0
+    del checkpoint["hyper_parameters"]["run_seed"]
     old = tmp_path / "old.ckpt"
     torch.save(checkpoint, old)
-    assert load_model(old).hparams["seed"] is None
+    assert load_model(old).hparams["run_seed"] is None
     resumed = run_train(tmp_path / "resumed", [*JAMBA_RESUME, f"resume={old}"])
     assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 21
 
