@@ -28,7 +28,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -176,7 +176,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     lit = LitLM(
         model=model_config,
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
-        data=data_cfg,
+        data={**data_cfg, **({"path": absolute_paths(data_cfg["path"])} if data_cfg.get("path") else {})},
         slice_names=slice_names,
         tokenizer_config=tokenizer.to_config() if tokenizer is not None else None,
         run_seed=cfg.seed,
@@ -405,6 +405,18 @@ def _days_hms(span: timedelta) -> str:
     return f"{seconds // 86400:02d}:{seconds // 3600 % 24:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def absolute_paths(path: str | os.PathLike | Sequence[str | os.PathLike]) -> str | list[str]:
+    """``data.path`` -- a corpus file or a list of files -- as absolute paths (relative ones are read
+    from the working directory, which Hydra leaves as it is); a one-file list gives that file's path.
+
+    Why: the checkpoint stores the corpus by these paths, so that a resume or an evaluation started
+    from another folder reads, and is compared with, the same file.
+    """
+    files = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    resolved = [str(Path(f).expanduser().resolve()) for f in files]
+    return resolved[0] if len(resolved) == 1 else resolved
+
+
 def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of a run that a resume of it must keep, in the order :func:`check_resume` names
     a difference: ``data.name``, the other ``data.*`` keys (sorted, without
@@ -428,11 +440,9 @@ def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
         defaults = inspect.signature(module).parameters.values()
         data = {p.name: p.default for p in defaults if p.default is not p.empty} | data
     if data.get("path") is not None:
-        # A corpus file named by another relative path, or from another folder, is the same file;
-        # a relative one is read from the working directory (Hydra does not change it).
-        files = data["path"] if isinstance(data["path"], (list, tuple)) else [data["path"]]
-        resolved = [str(Path(str(f)).expanduser().resolve()) for f in files]
-        data["path"] = resolved if isinstance(data["path"], (list, tuple)) else resolved[0]
+        # The file named by any path. train.py stores absolute paths; a checkpoint written before
+        # that holds the path as typed, read here from this run's working directory.
+        data["path"] = absolute_paths(data["path"])
     data_keys = sorted(set(data) - set(RESUME_EXEMPT_DATA_KEYS), key=lambda k: (k != "name", k))
     model = ModelConfig.from_dict(hparams["model"]).to_dict()
     optim = {**DEFAULT_OPTIM, **(hparams.get("optim") or {})}
@@ -523,11 +533,12 @@ def check_resume(
     # The checkpoint's keys: a checkpoint written before the seed was stored resumes with any seed=.
     for key, value in resume_settings(checkpoint["hyper_parameters"]).items():
         if value != current.get(key) and key == TOKENIZER_SETTING:
-            vocab = [len((t or {}).get("vocab") or "") for t in (value, current.get(key))]
+            saved, now = (set((t or {}).get("vocab") or "") for t in (value, current.get(key)))
             raise ValueError(
-                f"resume={resume}: this run's corpus has another vocabulary than the checkpoint's ({vocab[1]} "
-                f"characters against {vocab[0]}; the token ids would mean other characters): data.path names "
-                "another file than the checkpoint's corpus, or the file was edited; resume on the checkpoint's corpus"
+                f"resume={resume}: this run's corpus has another vocabulary than the checkpoint's (new "
+                f"characters {''.join(sorted(now - saved))!r}, missing {''.join(sorted(saved - now))!r}; the "
+                "token ids would mean other characters): data.path names another file than the checkpoint's "
+                "corpus, or the file was edited; resume on the checkpoint's corpus"
             )
         if value != current.get(key):
             raise ValueError(

@@ -162,30 +162,47 @@ def test_recall_default_output_lies_next_to_the_checkpoint_and_logs_to_wandb(jam
 
 def test_text_training_stores_its_tokenizer(tmp_path, monkeypatch):
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("to be, or not to be: that is the question.\n" * 200)
-    text = ["data=text", "data.seqlen=32", "mixer=attention"]
-    out = run_train(tmp_path / "run", [*text, f"data.path={corpus}"])
-    tokenizer = read_checkpoint(out["last_ckpt"])["hyper_parameters"]["tokenizer_config"]
+    text = "to be, or not to be: that is the question.\n"
+    corpus.write_text(text * 200)
+    settings = ["data=text", "data.seqlen=32", "mixer=attention"]
+    monkeypatch.chdir(tmp_path)
+    out = run_train(tmp_path / "run", [*settings, "data.path=corpus.txt"])
+    hparams = read_checkpoint(out["last_ckpt"])["hyper_parameters"]
+    tokenizer = hparams["tokenizer_config"]
     vocab_size = len(set(corpus.read_text()))
     assert out["metrics"]["val/loss"] < torch.tensor(vocab_size).log()  # better than uniform guessing
     assert tokenizer["kind"] == "char" and "q" in tokenizer["vocab"]
-    # A resume names the corpus by another path to the same file (a review found it refused) ...
-    monkeypatch.chdir(tmp_path)
-    resume = [*text, "trainer.max_steps=21", f"resume={out['last_ckpt']}"]
-    resumed = run_train(tmp_path / "resumed", [*resume, "data.path=./corpus.txt"])
+    # The corpus is stored by its absolute path, so that a resume (or an evaluation) from another
+    # folder reads and compares the same file; a review found the same file refused when named by
+    # another path, and another file at the same relative path accepted.
+    assert hparams["data"]["path"] == str(corpus)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "corpus.txt").write_text(text[::-1] * 200)  # the same characters, another text
+    monkeypatch.chdir(elsewhere)
+    resume = [*settings, "trainer.max_steps=21", f"resume={out['last_ckpt']}"]
+    resumed = run_train(tmp_path / "resumed", [*resume, "data.path=../corpus.txt"])
     assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 21
-    # ... but another text at that path, whose vocabulary would give the token ids other
-    # characters, is refused (it resumed, and its validation loss jumped).
-    corpus.write_text("TO BE, OR NOT TO BE: THAT IS THE QUESTION!\n" * 200)
-    counts = f"{len(set(corpus.read_text()))} characters against {vocab_size};"
-    with pytest.raises(ValueError, match=rf"another vocabulary than the checkpoint's \({counts}"):
+    with pytest.raises(
+        ValueError, match=re.escape(f"data.path='{corpus}', this run has '{elsewhere / 'corpus.txt'}'")
+    ):
+        run_train(tmp_path / "other", [*resume, "data.path=corpus.txt"])
+    # Another text at the corpus' own path, whose vocabulary would give the token ids other
+    # characters, is refused, naming the characters that differ.
+    corpus.write_text("TO BE, OR NOT TO BE: THAT IS THE QUESTION.\n" * 200)
+    with pytest.raises(
+        ValueError,
+        match=r"another vocabulary than the checkpoint's \(new characters 'ABEHINOQRSTU', missing 'abehinoqrstu';",
+    ):
         run_train(tmp_path / "edited", [*resume, f"data.path={corpus}"])
 
 
 def test_a_run_seed_other_than_the_data_seed_trains_with_a_logger(tmp_path):
     # Lightning merges the module's and the data module's hyperparameters for its loggers and refuses
     # one name with two values: the run's seed stored as "seed" beside data.seed crashed such runs.
-    out = run_train(tmp_path, ["seed=1", "model.n_layers=2", "trainer.max_steps=2", "trainer.val_check_interval=2"])
+    out = run_train(
+        tmp_path, ["seed=1", "model.n_layers=2", "trainer.max_steps=2", "trainer.val_check_interval=2"]
+    )
     assert read_checkpoint(out["last_ckpt"])["hyper_parameters"]["run_seed"] == 1
 
 
