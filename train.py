@@ -471,7 +471,8 @@ def check_resume(
     Args:
         resume: a ``.ckpt`` written by train.py, or None (a new run).
         hparams: this run's :class:`models.lit.LitLM` hyperparameters (``lit.hparams``: ``model``,
-            ``optim``, ``data``, ``seed``), compared with the checkpoint's (:func:`resume_settings`).
+            ``optim``, ``data``, ``tokenizer_config``, ``run_seed``), compared with the checkpoint's
+            (:func:`resume_settings`).
         max_steps: this run's ``trainer.max_steps`` (-1 or None: no step limit).
         max_epochs: this run's ``trainer.max_epochs`` (-1 or None: no epoch limit).
         max_time: this run's ``trainer.max_time`` (``"DD:HH:MM:SS"`` or a timedelta's keywords;
@@ -486,8 +487,9 @@ def check_resume(
             diverged run stays NaN), or one without the trainer state to resume
             (a weights-only file); ValueError: the checkpoint was trained with other settings than
             this run's -- another data task or ``data.*`` value (except
-            :data:`RESUME_EXEMPT_DATA_KEYS`), model, ``optim.*`` value or ``seed`` (compared when the
-            checkpoint stores one) -- naming the first differing key with both values (the
+            :data:`RESUME_EXEMPT_DATA_KEYS`; ``data.path`` as the file it names), a text corpus of
+            another vocabulary, model, ``optim.*`` value or ``seed`` (compared when the checkpoint
+            stores one) -- naming the first differing key with both values (the
             continued run would train on other batches, in another order or with another
             optimizer than the run it continues), or the checkpoint already reached ``max_steps`` or
             ``max_epochs``, or has trained for ``max_time`` (Lightning would train nothing and the
