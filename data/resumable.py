@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
@@ -195,7 +196,9 @@ class ResumableTrainData:
     ``state_dict()`` (Lightning stores it in every checkpoint) is ``{"train_stream": position}`` of
     the last training loader built (:meth:`resumable_loader`), and ``load_state_dict()`` (Lightning
     calls it when a fit resumes, before building any dataloader) sets the position the next loader
-    starts from. A new training loader continues the previous one's stream.
+    starts from. A new training loader continues the previous one's stream. The data modules define
+    ``seed``, ``batch_size`` and ``num_workers``, which :meth:`training_order_seed` and
+    :meth:`shuffled_loader` read.
     """
 
     _train_loader: ResumableLoader | None = None
@@ -220,6 +223,22 @@ class ResumableTrainData:
         self._train_position = dict(position)
         if self._train_loader is not None:
             self._train_loader.load_state_dict(position)
+
+    def training_order_seed(self) -> tuple[int, int]:
+        """The seed of the training order: ``(data seed, the run's torch seed)``.
+
+        The run's torch seed (``torch.initial_seed()``: train.py's ``seed=``, through
+        ``seed_everything``) joins the data module's ``seed``, so runs that differ only in ``seed=``
+        see the data in different orders, as with a shuffled DataLoader.
+        """
+        return (self.seed, torch.initial_seed())
+
+    def shuffled_loader(self, dataset: Dataset) -> ResumableLoader:
+        """:meth:`resumable_loader` over ``dataset`` in a new permutation every pass
+        (:class:`ShuffledSampler` seeded by :meth:`training_order_seed`), in batches of the data
+        module's ``batch_size`` with its ``num_workers``."""
+        order = ShuffledSampler(len(dataset), self.training_order_seed())
+        return self.resumable_loader(dataset, order, self.batch_size, self.num_workers)
 
     def resumable_loader(
         self, dataset: Dataset, sampler: Sampler[int], batch_size: int, num_workers: int

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, SequentialSampler
 
 from data.distributed import eval_sampler
 from data.mqar import IGNORE_INDEX, MAX_SLICES, SEED_STRIDE, _check_int
-from data.resumable import ResumableTrainData, ShuffledSampler, worker_init_fn
+from data.resumable import ResumableTrainData, worker_init_fn
 
 
 def check_depth_range(depth_min, depth_max) -> tuple[float, float]:
@@ -322,10 +322,7 @@ class SyntheticDataModule(ResumableTrainData, L.LightningDataModule):
             raise RuntimeError(
                 "call setup() or setup('fit') before train_dataloader() (Lightning's Trainer does it)"
             )
-        # The run's torch seed (train.py's seed=, through seed_everything) joins the data seed, so
-        # runs that differ only in seed= see the data in different orders, as with a shuffled DataLoader.
-        order = ShuffledSampler(len(self.train_set), (self.seed, torch.initial_seed()))
-        return self.resumable_loader(self.train_set, order, self.batch_size, self.num_workers)
+        return self.shuffled_loader(self.train_set)
 
     def val_dataloader(self) -> list[DataLoader]:
         """One DataLoader per validation slice, in ``slice_names`` order.

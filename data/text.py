@@ -429,9 +429,8 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
     def _loader(self, tokens: torch.Tensor, shuffle: bool) -> DataLoader:
         if tokens is None:
             raise RuntimeError("call setup() before asking for dataloaders (Lightning's Trainer does it)")
-        # Training: the run's torch seed (train.py's seed=) joins the data seed, as for the synthetic
-        # tasks, so runs that differ only in seed= draw other offsets and orders.
-        seed = (self.seed, torch.initial_seed()) if shuffle else self.seed
+        # Training: offsets and order seeded with the run's seed too (training_order_seed).
+        seed = self.training_order_seed() if shuffle else self.seed
         sampler = BlockSampler(tokens.shape[0], self.seqlen + 1, shuffle=shuffle, seed=seed)
         if shuffle:  # training: a stream of passes that a resumed fit continues
             return self.resumable_loader(
