@@ -534,7 +534,9 @@ def check_resume(
     current = resume_settings(hparams)
     # The checkpoint's keys: a checkpoint written before the seed was stored resumes with any seed=.
     for key, value in resume_settings(checkpoint["hyper_parameters"]).items():
-        if value != current.get(key) and key == TOKENIZER_SETTING:
+        if value == current.get(key):
+            continue
+        if key == TOKENIZER_SETTING:
             saved, now = (set((t or {}).get("vocab") or "") for t in (value, current.get(key)))
             raise ValueError(
                 f"resume={resume}: this run's corpus has another vocabulary than the checkpoint's (new "
@@ -542,11 +544,10 @@ def check_resume(
                 "token ids would mean other characters): data.path names another file than the checkpoint's "
                 "corpus, or the file was edited; resume on the checkpoint's corpus"
             )
-        if value != current.get(key):
-            raise ValueError(
-                f"resume={resume} was trained with {key}={value!r}, this run has {current.get(key)!r}; "
-                "resume with the checkpoint's settings (its run directory's .hydra/overrides.yaml lists them)"
-            )
+        raise ValueError(
+            f"resume={resume} was trained with {key}={value!r}, this run has {current.get(key)!r}; "
+            "resume with the checkpoint's settings (its run directory's .hydra/overrides.yaml lists them)"
+        )
     return str(Path(resume).resolve())
 
 
