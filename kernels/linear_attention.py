@@ -37,7 +37,8 @@ Forward otherwise, two launches:
 
 - ``linear_attention_state_kernel``: one program per (K tile, V tile, batch * head) runs over the
   chunks in order, keeps S in fp32 registers and writes every S_c (in the input dtype: it only
-  feeds tensor-core products, which would round it to that dtype anyway) and the final state (fp32).
+  feeds tensor-core products, which would round it to that dtype anyway; fp32 for fp16, see
+  Numerics) and the final state (fp32).
   Programs of the first V tile also write z_c (fp32) when normalising.
 - ``linear_attention_fwd_kernel``: one program per (V tile, chunk, batch * head), fully parallel:
   ``Q_c S_c`` and the masked ``Q_c K_c^T`` accumulated over K tiles on the tensor cores, then the
@@ -75,7 +76,11 @@ Numerics: products of 16-bit inputs are exact on the tensor cores and accumulate
 running states (and the final and initial-state gradients), the normaliser, its denominator and
 the decode step are fp32 (fp64 for fp64 inputs); the per-chunk states handed to the chunk kernels
 are stored in the input dtype, the rounding their tensor-core products would apply anyway, and so
-is the fused forward's z_c / max|z_c| for its q . z_c product (rescaled in fp32 after). fp32
+is the fused forward's z_c / max|z_c| for its q . z_c product (rescaled in fp32 after). The states
+grow linearly in T, beyond fp16's 65504: for fp16 inputs each is divided by a power of two that
+brings it into range before its fp16 rounding, and the product multiplied back in fp32 (exact, and
+a no-op for states already in range): per register tile in the fused forward (``_state_dot``), per
+(batch, head, chunk) for the stored states, which the scans write in fp32 (``chunk_states``). fp32
 inputs use IEEE fp32 products (TF32 would cost ~1e-3 relative error). Triton passes Python floats
 as fp32, so for fp64 inputs the scale arrives as two fp32 halves; every ``tl.dot`` names its accumulator
 dtype (``out_dtype=ACC``), which Triton 3.6 requires of fp64 accumulators.
@@ -231,6 +236,36 @@ def _own_copy(base, offs_t, offs_d, stride_t, stride_d, T, D_DIM, ACC: tl.conste
 
 
 @triton.jit
+def _fp16_range_scale(h_max):
+    """The power of two m by which a state with largest magnitude h_max (fp32 scalar) is divided
+    before its fp16 rounding: 1 for h_max <= 2^15, else the m that brings h_max into [2^14, 2^15),
+    read from h_max's exponent bits (no transcendental, whose rounding could miss by a binade)."""
+    binade = (h_max.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)  # <= h_max
+    return tl.where(h_max > 32768.0, binade * (1.0 / 16384.0), 1.0)
+
+
+@triton.jit
+def _state_dot(x, h, ACC: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``x @ h`` on the tensor cores for the fused forward's fp32 state h (registers), rounded to
+    x's dtype for the product.
+
+    States grow linearly in T, and fp16's 65504 would overflow them: for fp16, h is first divided
+    by a power of two m that brings max|h| into [2^14, 2^15) when it exceeds 2^15 (m = 1 otherwise,
+    the rounding of an in-range state unchanged), and the product is multiplied back by m in fp32.
+    Dividing and multiplying by a power of two is exact, so the result is what fp16 with fp32's
+    exponent range would give. (The chunk kernels get their states scaled by
+    :func:`chunk_states` instead: the same reduction and cast on a loaded fp32 tile, feeding a
+    ``tl.dot``, was miscompiled by Triton 3.6 on the H200, NaN and illegal addresses at K = 273.)
+    """
+    if x.dtype == tl.float16 and h.dtype != tl.float16:
+        m = _fp16_range_scale(tl.max(tl.max(tl.abs(h), 1), 0))
+        prod = tl.dot(x, (h / m).to(x.dtype), input_precision=DOT_PRECISION, out_dtype=ACC) * m
+    else:
+        prod = tl.dot(x, h.to(x.dtype), input_precision=DOT_PRECISION, out_dtype=ACC)
+    return prod
+
+
+@triton.jit
 def _chunk_program(num_heads, T, E_DIM, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
     """(E tile, chunk, batch, head, batch * H + head, row in the per-chunk buffers) of this program
     of a chunk kernel; grid (cdiv(E, BLOCK_E) * n_chunks, H, B). The E tiles of a chunk are adjacent
@@ -246,13 +281,15 @@ def _chunk_program(num_heads, T, E_DIM, BLOCK_T: tl.constexpr, BLOCK_E: tl.const
 
 @triton.jit
 def _chunk_products(
-    x_base, y_base, h_base, vec_base, stride_xt, stride_xd, stride_yt, stride_yd, stride_hd, stride_he,
-    offs_t, offs_e, T, D_DIM, E_DIM, HAS_VEC: tl.constexpr, ACC: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr
+    x_base, y_base, h_base, h_scale_ptr, vec_base, stride_xt, stride_xd, stride_yt, stride_yd, stride_hd,
+    stride_he, offs_t, offs_e, T, D_DIM, E_DIM, HAS_VEC: tl.constexpr, H_SCALED: tl.constexpr,
+    ACC: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_E: tl.constexpr
 ):
     """The three products of one chunk, accumulated over the contraction dim in BLOCK_D tiles.
 
-    X, Y: (T, D) rows offs_t of one head; H: a (D, E) state, columns offs_e; vec: (D,) or unused.
+    X, Y: (T, D) rows offs_t of one head; H: a (D, E) state, columns offs_e, times the scalar at
+    h_scale_ptr with H_SCALED (fp16's scaled states, see :func:`chunk_states`); vec: (D,) or unused.
     Returns ``inter = X H`` (BLOCK_T, BLOCK_E), ``intra = X Y^T`` (BLOCK_T, BLOCK_T) unmasked and
     ``xv = X vec`` (BLOCK_T,) (zeros without HAS_VEC), all in ACC. Rows >= T and columns >= D / E
     load as zeros. Y^T is loaded transposed through its strides (no tl.trans).
@@ -282,6 +319,8 @@ def _chunk_products(
         if HAS_VEC:
             vec = tl.load(vec_base + offs_d, mask=d_mask, other=0.0)
             xv += tl.sum(_own_copy(x_base, offs_t, offs_d, stride_xt, stride_xd, T, D_DIM, ACC) * vec[None, :], 1)
+    if H_SCALED:
+        inter = inter * tl.load(h_scale_ptr)
     return inter, intra, xv
 
 
@@ -323,7 +362,7 @@ def linear_attention_state_kernel(
     Reverse (X = q, Y = G, W = r (B*H, T), WP = r's hi / lo pair (B*H, T, 16) in X's dtype, read
     instead of W unless X is fp16): STATES[c] = dS_c = S_IN + scale sum_{c' > c} X_{c'}^T Y_{c'},
     S_OUT = dS_0; with HAS_Z, ZSTATES[c] = dz_c = Z_IN + scale sum_{t after chunk c} r_t q_t.
-    STATES (B*H, n_chunks, D, E) in the input dtype; ZSTATES (B*H, n_chunks, D), S_OUT (B*H, D, E),
+    STATES (B*H, n_chunks, D, E) in ``state_dtype``; ZSTATES (B*H, n_chunks, D), S_OUT (B*H, D, E),
     Z_OUT (B*H, D) in the accumulator dtype, all contiguous. S_IN / Z_IN: any strides, any float dtype.
     """
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
@@ -421,17 +460,18 @@ def linear_attention_state_kernel(
 @triton.autotune(configs=_FWD_CONFIGS, key=_CHUNK_KEY, prune_configs_by={"early_config_prune": _prune_configs})
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def linear_attention_fwd_kernel(
-    Q, K, V, STATES, ZSTATES, Out, DEN,
+    Q, K, V, STATES, SSCALES, ZSTATES, Out, DEN,
     stride_qb, stride_qt, stride_qh, stride_qd,
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_vb, stride_vt, stride_vh, stride_vd,
     stride_ob, stride_ot, stride_oh, stride_od,
     num_heads, T, D_DIM, E_DIM, scale, scale_lo, eps, D_BUCKET, E_BUCKET,
-    NORMALIZE: tl.constexpr, FP64: tl.constexpr,
+    NORMALIZE: tl.constexpr, H_SCALED: tl.constexpr, FP64: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """O_c = scale (Q_c S_c + (Q_c K_c^T * M) V_c) [/ den] for one (V tile, chunk, batch * head);
-    grid (cdiv(V, BLOCK_E) * n_chunks, H, B); D = K, E = V.
+    grid (cdiv(V, BLOCK_E) * n_chunks, H, B); D = K, E = V. S_c = STATES[c] (times SSCALES[c] with
+    H_SCALED: fp16, see :func:`chunk_states`; the backward's kernels read their states alike).
 
     With NORMALIZE, den = scale (rowsum(Q_c K_c^T * M) + Q_c z_c) + eps is also written to DEN
     (B*H, T) by the first V tile's programs.
@@ -444,8 +484,9 @@ def linear_attention_fwd_kernel(
 
     inter, scores, qz = _chunk_products(
         Q + batch * stride_qb + head * stride_qh, K + batch * stride_kb + head * stride_kh,
-        STATES + row * (D_DIM * E_DIM), ZSTATES + row * D_DIM, stride_qt, stride_qd, stride_kt, stride_kd,
-        E_DIM, 1, offs_t, offs_e, T, D_DIM, E_DIM, NORMALIZE, ACC, DOT_PRECISION, BLOCK_T, BLOCK_D, BLOCK_E
+        STATES + row * (D_DIM * E_DIM), SSCALES + row, ZSTATES + row * D_DIM, stride_qt, stride_qd, stride_kt,
+        stride_kd, E_DIM, 1, offs_t, offs_e, T, D_DIM, E_DIM, NORMALIZE, H_SCALED, ACC, DOT_PRECISION, BLOCK_T,
+        BLOCK_D, BLOCK_E
     )
     # Query t sees keys s <= t of its chunk; earlier chunks are in S_c.
     scores = tl.where(offs_t[:, None] >= offs_t[None, :], scores, 0.0)
@@ -552,7 +593,7 @@ def linear_attention_fused_fwd_kernel(
     S starts as S_IN plus SEG[bh, g'] for every earlier segment g' (z likewise), then for each chunk
     c of the segment: O_c = scale (Q_c S_c + (Q_c K_c^T * M) V_c) [/ den], S_{c+1} = S_c + K_c^T V_c.
     The last segment writes the final S_OUT (B*H, D, E) and Z_OUT (B*H, D) in the accumulator dtype.
-    With STORE_STATES, S_c (input dtype) and z_c (accumulator dtype) go to STATES (B*H, n_chunks,
+    With STORE_STATES, S_c (``state_dtype``) and z_c (accumulator dtype) go to STATES (B*H, n_chunks,
     D, E) / ZSTATES (B*H, n_chunks, D) for the backward; with NORMALIZE, den to DEN (B*H, T).
     """
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
@@ -613,11 +654,10 @@ def linear_attention_fused_fwd_kernel(
             v_base + offs_t[:, None] * stride_vt + offs_e[None, :] * stride_ve,
             mask=t_mask[:, None] & e_mask[None, :], other=0.0
         )
-        # S_c in the input dtype: the rounding the tensor-core product Q_c S_c applies anyway, and
-        # what the two-kernel path stores.
-        s_c = s.to(Q.dtype.element_ty)
+        # S_c as the state kernel of the two-kernel path writes it (``state_dtype``: fp32 for fp16).
         if STORE_STATES:
-            tl.store(STATES + (bh * n_chunks + chunk) * (D_DIM * E_DIM) + state_offs, s_c, mask=de_mask)
+            tl.store(STATES + (bh * n_chunks + chunk) * (D_DIM * E_DIM) + state_offs,
+                     s.to(STATES.dtype.element_ty), mask=de_mask)
             if NORMALIZE:
                 tl.store(ZSTATES + (bh * n_chunks + chunk) * D_DIM + offs_d, tl.sum(z_acc, 1), mask=z_first)
         scores = tl.dot(q, k_t, input_precision=DOT_PRECISION, out_dtype=ACC)
@@ -647,7 +687,7 @@ def linear_attention_fused_fwd_kernel(
             den = tl.where(t_mask, den, 1.0)  # padding rows (never stored) must not divide 0 by 0
             tl.store(DEN + bh * T + offs_t, den, mask=t_mask & (tl.zeros_like(offs_t) + pid_e == 0))
             z_acc += tl.dot(k_t, ones, input_precision=DOT_PRECISION, out_dtype=ACC)
-        o = tl.dot(q, s_c, input_precision=DOT_PRECISION, out_dtype=ACC)
+        o = _state_dot(q, s, ACC, DOT_PRECISION)
         o = _scaled(tl.dot(scores.to(v.dtype), v, o, input_precision=DOT_PRECISION, out_dtype=ACC), scale, scale_lo, FP64)
         if NORMALIZE:
             o = o / den[:, None]
@@ -719,13 +759,13 @@ def linear_attention_bwd_preprocess_kernel(
 @triton.autotune(configs=_BWD_CONFIGS, key=_CHUNK_KEY, prune_configs_by={"early_config_prune": _prune_configs})
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def linear_attention_bwd_dq_kernel(
-    G, V, K, STATES, ZSTATES, R, DQ,
+    G, V, K, STATES, SSCALES, ZSTATES, R, DQ,
     stride_gb, stride_gt, stride_gh, stride_gd,
     stride_vb, stride_vt, stride_vh, stride_vd,
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_dqb, stride_dqt, stride_dqh, stride_dqd,
     num_heads, T, D_DIM, E_DIM, scale, scale_lo, D_BUCKET, E_BUCKET,
-    NORMALIZE: tl.constexpr, FP64: tl.constexpr,
+    NORMALIZE: tl.constexpr, H_SCALED: tl.constexpr, FP64: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """dQ_c = scale (G_c S_c^T + ((G_c V_c^T + r 1^T) * M) K_c + r z_c^T) for one (K tile, chunk,
@@ -745,8 +785,8 @@ def linear_attention_bwd_dq_kernel(
     # S_c is stored (K, V): read as (V, K) = S_c^T through swapped strides.
     inter, dp, _ = _chunk_products(
         G + batch * stride_gb + head * stride_gh, V + batch * stride_vb + head * stride_vh,
-        STATES + row * (D_DIM * E_DIM), ZSTATES, stride_gt, stride_gd, stride_vt, stride_vd,
-        1, D_DIM, offs_t, offs_e, T, D_DIM, E_DIM, False, ACC, DOT_PRECISION, BLOCK_T, BLOCK_D, BLOCK_E
+        STATES + row * (D_DIM * E_DIM), SSCALES + row, ZSTATES, stride_gt, stride_gd, stride_vt, stride_vd,
+        1, D_DIM, offs_t, offs_e, T, D_DIM, E_DIM, False, H_SCALED, ACC, DOT_PRECISION, BLOCK_T, BLOCK_D, BLOCK_E
     )
     if NORMALIZE:
         r = tl.load(R + bh64 * T + offs_t, mask=t_mask, other=0.0)
@@ -770,13 +810,13 @@ def linear_attention_bwd_dq_kernel(
 @triton.autotune(configs=_BWD_CONFIGS, key=_CHUNK_KEY, prune_configs_by={"early_config_prune": _prune_configs})
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def linear_attention_bwd_dk_kernel(
-    V, G, Q, DSTATES, DZSTATES, R, DK,
+    V, G, Q, DSTATES, SSCALES, DZSTATES, R, DK,
     stride_vb, stride_vt, stride_vh, stride_vd,
     stride_gb, stride_gt, stride_gh, stride_gd,
     stride_qb, stride_qt, stride_qh, stride_qd,
     stride_dkb, stride_dkt, stride_dkh, stride_dkd,
     num_heads, T, D_DIM, E_DIM, scale, scale_lo, D_BUCKET, E_BUCKET,
-    NORMALIZE: tl.constexpr, FP64: tl.constexpr,
+    NORMALIZE: tl.constexpr, H_SCALED: tl.constexpr, FP64: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """dK_c = V_c dS_c^T + scale ((V_c G_c^T + 1 r^T) * M^T) Q_c + dz_c for one (K tile, chunk,
@@ -795,8 +835,8 @@ def linear_attention_bwd_dk_kernel(
     # (V G^T)[s, t] computed in this orientation rather than transposing G V^T (see the module notes).
     inter, dp_t, _ = _chunk_products(
         V + batch * stride_vb + head * stride_vh, G + batch * stride_gb + head * stride_gh,
-        DSTATES + row * (D_DIM * E_DIM), DZSTATES, stride_vt, stride_vd, stride_gt, stride_gd,
-        1, D_DIM, offs_t, offs_e, T, D_DIM, E_DIM, False, ACC, DOT_PRECISION, BLOCK_T, BLOCK_D, BLOCK_E
+        DSTATES + row * (D_DIM * E_DIM), SSCALES + row, DZSTATES, stride_vt, stride_vd, stride_gt, stride_gd,
+        1, D_DIM, offs_t, offs_e, T, D_DIM, E_DIM, False, H_SCALED, ACC, DOT_PRECISION, BLOCK_T, BLOCK_D, BLOCK_E
     )
     if NORMALIZE:
         r = tl.load(R + bh64 * T + offs_t, mask=t_mask, other=0.0)
@@ -819,13 +859,13 @@ def linear_attention_bwd_dk_kernel(
 @triton.autotune(configs=_BWD_CONFIGS, key=_CHUNK_KEY, prune_configs_by={"early_config_prune": _prune_configs})
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def linear_attention_bwd_dv_kernel(
-    K, Q, G, DSTATES, DV,
+    K, Q, G, DSTATES, SSCALES, DV,
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_qb, stride_qt, stride_qh, stride_qd,
     stride_gb, stride_gt, stride_gh, stride_gd,
     stride_dvb, stride_dvt, stride_dvh, stride_dvd,
     num_heads, T, D_DIM, E_DIM, scale, scale_lo, D_BUCKET, E_BUCKET,
-    NORMALIZE: tl.constexpr, FP64: tl.constexpr,
+    NORMALIZE: tl.constexpr, H_SCALED: tl.constexpr, FP64: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """dV_c = K_c dS_c + scale ((K_c Q_c^T) * M^T) G_c for one (V tile, chunk, batch * head);
@@ -839,8 +879,8 @@ def linear_attention_bwd_dv_kernel(
 
     inter, scores_t, _ = _chunk_products(
         K + batch * stride_kb + head * stride_kh, Q + batch * stride_qb + head * stride_qh,
-        DSTATES + row * (D_DIM * E_DIM), DSTATES, stride_kt, stride_kd, stride_qt, stride_qd,
-        E_DIM, 1, offs_t, offs_e, T, D_DIM, E_DIM, False, ACC, DOT_PRECISION, BLOCK_T, BLOCK_D, BLOCK_E
+        DSTATES + row * (D_DIM * E_DIM), SSCALES + row, DSTATES, stride_kt, stride_kd, stride_qt, stride_qd,
+        E_DIM, 1, offs_t, offs_e, T, D_DIM, E_DIM, False, H_SCALED, ACC, DOT_PRECISION, BLOCK_T, BLOCK_D, BLOCK_E
     )
     scores_t = _scaled(tl.where(offs_t[None, :] >= offs_t[:, None], scores_t, 0.0), scale, scale_lo, FP64)
     g = tl.load(
@@ -852,6 +892,27 @@ def linear_attention_bwd_dv_kernel(
         DV + batch * stride_dvb + head * stride_dvh + offs_t[:, None] * stride_dvt + offs_e[None, :] * stride_dvd,
         dv.to(DV.dtype.element_ty), mask=out_mask
     )
+
+
+@triton.jit(do_not_specialize=["n_elem"])
+def linear_attention_state_cast_kernel(S32, S16, SCALES, n_elem, BLOCK: tl.constexpr):
+    """fp16 copy of one per-chunk state for the chunk kernels; grid (B * H * n_chunks,).
+
+    S32 (rows, n_elem) fp32 contiguous, one (D, E) state a row; S16 the same shape in fp16 gets
+    S32 / m and SCALES (rows,) fp32 gets m, the row's :func:`_fp16_range_scale`. Two passes over
+    the row: its max, then the scaled copy (a row is at most D E 4 bytes, read again from L2).
+    """
+    row = tl.program_id(0).to(tl.int64) * n_elem
+    row_max = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(0, n_elem, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        row_max = tl.maximum(row_max, tl.abs(tl.load(S32 + row + offs, mask=offs < n_elem, other=0.0)))
+    m = _fp16_range_scale(tl.max(row_max, 0))
+    tl.store(SCALES + tl.program_id(0), m)
+    for i in range(0, n_elem, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        x = tl.load(S32 + row + offs, mask=offs < n_elem, other=0.0)
+        tl.store(S16 + row + offs, (x / m).to(tl.float16), mask=offs < n_elem)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -922,16 +983,53 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
 
 
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the scans write the per-chunk states S_c (and the backward's dS_c) in for inputs
+    of ``dtype``: the input dtype, whose rounding the tensor-core products apply anyway, except fp32
+    for fp16, whose 65504 range a state growing linearly in T outgrows (:func:`chunk_states` then
+    scales them into range). bf16 has fp32's range."""
+    return torch.float32 if dtype == torch.float16 else dtype
+
+
+def chunk_states(
+    states: torch.Tensor | None, dtype: torch.dtype
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The per-chunk states as the chunk kernels read them: (states, None), except for fp16 inputs
+    (and (None, None) for None: states not stored).
+
+    For ``dtype`` fp16, states (B, H, n_chunks, D, E) arrive in fp32 (:func:`state_dtype`) and leave
+    as fp16 ``S_c / m_c`` with scales m_c (B, H, n_chunks) fp32: the power of two that brings
+    max|S_c| into [2^14, 2^15) when it is above 2^15, else 1 (in-range states round as before). A
+    power of two makes the division and the kernels' multiplication of Q_c (S_c / m_c) by m_c exact:
+    the products are those of fp16 with fp32's exponent range. One scale per (batch, head, chunk)
+    is what every kernel's tiles share; a per-tile scale would need the same reduction and cast in
+    each kernel, on a loaded tile feeding ``tl.dot``, which Triton 3.6 miscompiled on the H200.
+    One launch of ``linear_attention_state_cast_kernel``: the states (contiguous) are read about
+    twice and written once in fp16.
+    """
+    if states is None or dtype != torch.float16:
+        return states, None
+    half = torch.empty(states.shape, dtype=torch.float16, device=states.device)
+    scales = torch.empty(states.shape[:3], dtype=torch.float32, device=states.device)
+    if scales.numel():
+        linear_attention_state_cast_kernel[(scales.numel(),)](
+            states, half, scales, states.shape[3] * states.shape[4], BLOCK=1024, num_warps=4
+        )
+    return half, scales
+
+
 def _scan(x, y, w, wp, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool, scale: float):
     """Launch the state scan over (B, T, H, D) x and (B, T, H, E) y; returns
-    (states (B, H, n_chunks, D, E) in x's dtype, zstates (B, H, n_chunks, D) or None,
+    (states (B, H, n_chunks, D, E) in ``state_dtype(x.dtype)``, zstates (B, H, n_chunks, D) or None,
     s_out (B, H, D, E), z_out (B, H, D) or None), the last three in the accumulator dtype."""
     batch, seqlen, num_heads, d_dim = x.shape
     e_dim = y.shape[3]
     acc = _compute_dtype(x.dtype)
     n_chunks = cdiv(seqlen, chunk)
     device = x.device
-    states = torch.empty((batch, num_heads, n_chunks, d_dim, e_dim), dtype=x.dtype, device=device)
+    states = torch.empty(
+        (batch, num_heads, n_chunks, d_dim, e_dim), dtype=state_dtype(x.dtype), device=device
+    )
     s_out = torch.empty((batch, num_heads, d_dim, e_dim), dtype=acc, device=device)
     zstates = z_out = None
     if normalize:
@@ -1001,8 +1099,8 @@ def num_segments(programs: int, n_chunks: int, num_sms: int) -> int:
 
 
 def _fused_forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, store_states: bool):
-    """The fused path of :func:`_forward` (same returns); states and zstates are None unless
-    ``store_states`` (only the backward reads them)."""
+    """The fused path of :func:`_forward` (same returns); states, sscales and zstates are None
+    unless ``store_states`` (only the backward reads them)."""
     batch, seqlen, num_heads, k_dim = q.shape
     v_dim = v.shape[3]
     acc = _compute_dtype(q.dtype)
@@ -1022,11 +1120,13 @@ def _fused_forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, 
     den = torch.empty((batch, num_heads, seqlen), dtype=acc, device=device) if normalize else None
     states = zstates = None
     if store_states:
-        states = torch.empty((batch, num_heads, n_chunks, k_dim, v_dim), dtype=q.dtype, device=device)
+        states = torch.empty(
+            (batch, num_heads, n_chunks, k_dim, v_dim), dtype=state_dtype(q.dtype), device=device
+        )
         if normalize:
             zstates = torch.empty((batch, num_heads, n_chunks, k_dim), dtype=acc, device=device)
     if batch * num_heads == 0:
-        return o, kv, z, states, zstates, den
+        return o, kv, z, *chunk_states(states, q.dtype), zstates, den
     seg = zseg = kv  # dummies when there is one segment (never read)
     dot_precision = _dot_precision(q.dtype)
     if n_seg > 1:
@@ -1051,12 +1151,12 @@ def _fused_forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, 
         FP64=fp64, DOT_PRECISION=dot_precision, BLOCK_T=chunk, BLOCK_D=_pad(k_dim), BLOCK_E=block_e,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    return o, kv, z, states, zstates, den
+    return o, kv, z, *chunk_states(states, q.dtype), zstates, den
 
 
 def _forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, store_states: bool):
     """o (B, T, H, V), final kv, final z (or None), and what the backward needs:
-    states, zstates (or None), den (B, H, T) (or None)."""
+    states and their scales (:func:`chunk_states`), zstates (or None), den (B, H, T) (or None)."""
     if uses_fused_forward(q.shape[3], v.shape[3]):
         return _fused_forward(q, k, v, kv0, z0, scale, normalize, eps, store_states)
     batch, seqlen, num_heads, k_dim = q.shape
@@ -1065,28 +1165,30 @@ def _forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, store_
     states, zstates, kv, z = _scan(
         k, v, None, None, kv0, z0, chunk=chunk, reverse=False, normalize=normalize, scale=1.0
     )
+    states, sscales = chunk_states(states, q.dtype)
     o = torch.empty((batch, seqlen, num_heads, v_dim), dtype=q.dtype, device=q.device)
     den = torch.empty((batch, num_heads, seqlen), dtype=kv.dtype, device=q.device) if normalize else None
     if o.numel() == 0:
-        return o, kv, z, states, zstates, den
+        return o, kv, z, states, sscales, zstates, den
     fp64 = kv.dtype == torch.float64
 
     def grid(meta):
         return (cdiv(v_dim, meta["BLOCK_E"]) * cdiv(seqlen, chunk), num_heads, batch)
 
     linear_attention_fwd_kernel[grid](
-        q, k, v, states, zstates if normalize else kv, o, den if normalize else kv,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        q, k, v, states, sscales if sscales is not None else kv, zstates if normalize else kv, o,
+        den if normalize else kv, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         num_heads, seqlen, k_dim, v_dim, *_scale_args(scale, fp64), eps, _pad(k_dim), _pad(v_dim),
-        NORMALIZE=normalize, FP64=fp64, DOT_PRECISION=_dot_precision(q.dtype),
+        NORMALIZE=normalize, H_SCALED=sscales is not None, FP64=fp64, DOT_PRECISION=_dot_precision(q.dtype),
         BLOCK_T=chunk,
     )  # fmt: skip
-    return o, kv, z, states, zstates, den
+    return o, kv, z, states, sscales, zstates, den
 
 
-def _backward(do, dkv, dz, q, k, v, o, states, zstates, den, scale: float, normalize: bool):
+def _backward(do, dkv, dz, q, k, v, o, states, sscales, zstates, den, scale: float, normalize: bool):
     """dq, dk, dv (input dtype) and the initial state's dkv0, dz0 (accumulator dtype; dz0 None
-    without normalize). do / dkv / dz: gradients of o and of the final state, each possibly None."""
+    without normalize). do / dkv / dz: gradients of o and of the final state, each possibly None;
+    the rest as :func:`_forward` returned them."""
     batch, seqlen, num_heads, k_dim = q.shape
     v_dim = v.shape[3]
     chunk = chunk_size(q.dtype)
@@ -1113,27 +1215,31 @@ def _backward(do, dkv, dz, q, k, v, o, states, zstates, den, scale: float, norma
     dstates, dzstates, dkv0, dz0 = _scan(
         q, g, r, rp, dkv, dz_in, chunk=chunk, reverse=True, normalize=normalize, scale=scale
     )
+    dstates, dscales = chunk_states(dstates, q.dtype)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     n_chunks = cdiv(seqlen, chunk)
     scale_args = _scale_args(scale, fp64)
-    meta = dict(NORMALIZE=normalize, FP64=fp64, DOT_PRECISION=_dot_precision(q.dtype), BLOCK_T=chunk)
+    meta = dict(NORMALIZE=normalize, H_SCALED=dscales is not None, FP64=fp64, BLOCK_T=chunk)
+    meta["DOT_PRECISION"] = _dot_precision(q.dtype)
     dummy = dkv0
+    if dscales is None:  # then sscales is None too (both fp16 only)
+        dscales = sscales = dummy
     # A launch per gradient that has elements (with K == 0 or V == 0 the other two still may).
     if dv.numel() > 0:
         linear_attention_bwd_dv_kernel[lambda m: (cdiv(v_dim, m["BLOCK_E"]) * n_chunks, num_heads, batch)](
-            k, q, g, dstates, dv, *k.stride(), *q.stride(), *g.stride(), *dv.stride(),
+            k, q, g, dstates, dscales, dv, *k.stride(), *q.stride(), *g.stride(), *dv.stride(),
             num_heads, seqlen, k_dim, v_dim, *scale_args, _pad(k_dim), _pad(v_dim), **meta,
         )  # fmt: skip
     if dk.numel() > 0:
         linear_attention_bwd_dk_kernel[lambda m: (cdiv(k_dim, m["BLOCK_E"]) * n_chunks, num_heads, batch)](
-            v, g, q, dstates, dzstates if normalize else dummy, r if normalize else dummy, dk,
+            v, g, q, dstates, dscales, dzstates if normalize else dummy, r if normalize else dummy, dk,
             *v.stride(), *g.stride(), *q.stride(), *dk.stride(),
             num_heads, seqlen, v_dim, k_dim, *scale_args, _pad(v_dim), _pad(k_dim), **meta,
         )  # fmt: skip
         linear_attention_bwd_dq_kernel[lambda m: (cdiv(k_dim, m["BLOCK_E"]) * n_chunks, num_heads, batch)](
-            g, v, k, states, zstates if normalize else dummy, r if normalize else dummy, dq,
+            g, v, k, states, sscales, zstates if normalize else dummy, r if normalize else dummy, dq,
             *g.stride(), *v.stride(), *k.stride(), *dq.stride(),
             num_heads, seqlen, v_dim, k_dim, *scale_args, _pad(v_dim), _pad(k_dim), **meta,
         )  # fmt: skip
@@ -1146,8 +1252,10 @@ class _LinearAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, kv0, z0, scale, normalize, eps, store_states):
         with device_guard(q):
-            o, kv, z, states, zstates, den = _forward(q, k, v, kv0, z0, scale, normalize, eps, store_states)
-        ctx.save_for_backward(q, k, v, o if normalize else None, states, zstates, den)
+            o, kv, z, states, sscales, zstates, den = _forward(
+                q, k, v, kv0, z0, scale, normalize, eps, store_states
+            )
+        ctx.save_for_backward(q, k, v, o if normalize else None, states, sscales, zstates, den)
         ctx.scale, ctx.normalize = scale, normalize
         ctx.state_dtypes = (kv0.dtype if kv0 is not None else None, z0.dtype if z0 is not None else None)
         # Unused outputs (the final state, or o when only the state is used) arrive as None.
@@ -1157,10 +1265,10 @@ class _LinearAttentionFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, do, dkv, dz):
-        q, k, v, o, states, zstates, den = ctx.saved_tensors
+        q, k, v, o, states, sscales, zstates, den = ctx.saved_tensors
         with device_guard(q):
             dq, dk, dv, dkv0, dz0 = _backward(
-                do, dkv, dz, q, k, v, o, states, zstates, den, ctx.scale, ctx.normalize
+                do, dkv, dz, q, k, v, o, states, sscales, zstates, den, ctx.scale, ctx.normalize
             )
         kv0_dtype, z0_dtype = ctx.state_dtypes
         dkv0 = dkv0.to(kv0_dtype) if ctx.needs_input_grad[3] else None
@@ -1204,10 +1312,10 @@ def linear_attention(
 
     Any K, V >= 1 (tiled; padded to powers of two with masks) and any T >= 0. Accumulation, the
     running state and the returned states are fp32 (fp64 for fp64 inputs); 16-bit products run on
-    the tensor cores, so the per-chunk states they multiply are rounded to the input dtype: with
-    fp16 inputs a state entry beyond fp16's range (65504) overflows to inf and the outputs turn
-    inf / NaN (bf16 has fp32's range; fla's chunked kernels round alike). The normaliser z is
-    rescaled before its rounding, so only S limits fp16.
+    the tensor cores, so the per-chunk states they multiply are rounded to the input dtype. With
+    fp16 inputs the states (S and z) are scaled by powers of two into fp16's range before that
+    rounding, so they may grow past 65504; the in-chunk scores ``q_t . k_s`` (before ``scale``),
+    the outputs and the gradients must still fit fp16, as in any fp16 attention.
 
     Returns:
         o (B, T, H, V) in q's dtype, or (o, final_state) with output_final_state; the state is kv

@@ -292,15 +292,27 @@ def state_gradient_bounds(q, k, z0, do, o_ref, dstate, normalize, scale):
     return bounds
 
 
-def assert_linear_accuracy(q, k, v, initial_state, *, normalize, scale=None, check_grads=True):
-    """Kernel vs float64 reference, bounded by the naive same-dtype error (module docstring)."""
+def assert_linear_accuracy(
+    q, k, v, initial_state, *, normalize, scale=None, check_grads=True, do=None, dstate=None, kernel=None
+):
+    """Kernel vs float64 reference, bounded by the naive same-dtype error (module docstring).
+
+    do (B, T, H, V) and dstate = (dkv, dz) are the gradients of the output and the final state
+    (random when None); ``kernel(q, k, v, initial_state, do, dstate)`` returns the outputs of
+    :func:`run` to check (the Triton kernel's when None).
+    """
     dtype = q.dtype
     batch, _, num_heads, k_dim = q.shape
     v_dim = v.shape[3]
-    do = torch.randn(v.shape, device=q.device).to(dtype)
-    dstate = (torch.randn(batch, num_heads, k_dim, v_dim, device=q.device),
-              torch.randn(batch, num_heads, k_dim, device=q.device))  # fmt: skip
-    got = run("triton", q, k, v, initial_state, do, dstate, normalize=normalize, scale=scale)
+    if do is None:
+        do = torch.randn(v.shape, device=q.device).to(dtype)
+    if dstate is None:
+        dstate = (torch.randn(batch, num_heads, k_dim, v_dim, device=q.device),
+                  torch.randn(batch, num_heads, k_dim, device=q.device))  # fmt: skip
+    if kernel is None:
+        got = run("triton", q, k, v, initial_state, do, dstate, normalize=normalize, scale=scale)
+    else:
+        got = kernel(q, k, v, initial_state, do, dstate)
     state64 = None
     if initial_state is not None:
         state64 = tuple(s.double() for s in initial_state) if normalize else initial_state.double()
@@ -408,6 +420,74 @@ def test_normaliser_beyond_the_fp16_range():
     assert torch.isfinite(got).all()
     err = (got.double() - want)[0, :, 0].abs()
     assert (err <= bound).all(), f"max error {err.max():.3g} beyond the rounding bound (max {bound.max():.3g})"
+
+
+def test_chunk_states_scales_fp16_states_into_range():
+    # (B=1, H=2, n_chunks=3, D=5, E=7) fp32 states from 1e-3 to 1e9 in magnitude: each (b, h, chunk)
+    # state's scale is 1 when it fits fp16 (max <= 2^15), else the power of two that puts its max
+    # in [2^14, 2^15); the fp16 copy times its scale is the state rounded to fp16's precision.
+    magnitudes = torch.tensor([1e-3, 1e2, 3e4, 4e4, 1e6, 1e9], device=DEVICE).view(1, 2, 3, 1, 1)
+    states = torch.randn(1, 2, 3, 5, 7, device=DEVICE) * magnitudes
+    half, scales = la.chunk_states(states, torch.float16)
+    assert half.dtype == torch.float16 and half.shape == states.shape and scales.shape == (1, 2, 3)
+    amax = states.abs().amax(dim=(-2, -1))
+    mantissa, _ = torch.frexp(scales)
+    assert (mantissa == 0.5).all(), "scales must be powers of two"
+    assert (scales[amax <= 2**15] == 1).all()
+    scaled_max = amax / scales
+    assert ((scaled_max >= 2**14) | (amax <= 2**15)).all() and (scaled_max < 2**15 + 1).all()
+    back = half.double() * scales.double()[..., None, None]
+    err = (back - states.double()).abs()
+    assert (err <= 2.0**-11 * states.double().abs() + 2.0**-24 * scales.double()[..., None, None]).all()
+    same, no_scales = la.chunk_states(states, torch.bfloat16)
+    assert same is states and no_scales is None
+    assert la.chunk_states(None, torch.float16) == (None, None)
+
+
+# (grown, normalize, K): which per-chunk states pass fp16's range -- the forward's S_c ("S", in the
+# fused forward at K <= 128 and in the state kernel beyond) or the reverse scan's dS_c ("dS").
+BEYOND_FP16 = [("S", True, 16), ("S", False, 16), ("S", True, 144), ("dS", True, 16), ("dS", False, 16)]
+
+
+@pytest.mark.parametrize(
+    "grown,normalize,k_dim",
+    BEYOND_FP16,
+    ids=[f"{g}-{'norm' if n else 'raw'}-K{k}" for g, n, k in BEYOND_FP16],
+)
+def test_states_beyond_the_fp16_range(grown, normalize, k_dim):
+    # Linear attention is linear in (v, S_0) and in (dO, dS_N, dz_N): scaling v and kv0 by alpha,
+    # dO and dkv by beta and dz by alpha beta (powers of two, exact in fp16) scales o and kv by
+    # alpha, dv and dkv0 by beta, dq, dk and dz0 by alpha beta, and leaves z. The kernel on the
+    # scaled inputs, whose states pass 65504, scaled back, must meet the accuracy rule of the
+    # in-range problem (the naive fp16 form of the scaled one overflows).
+    q, k, v, state = make_inputs(1, 40, 1, k_dim, 16, torch.float16, normalize=normalize, init=True)
+    do = torch.randn(v.shape, device=DEVICE).to(torch.float16)
+    dkv, dz = torch.randn(1, 1, k_dim, 16, device=DEVICE), torch.randn(1, 1, k_dim, device=DEVICE)
+    # Every scaled output must still fit fp16 (the float64 reference's magnitudes were checked):
+    # where S grows, dq and dk grow by alpha beta (beta < 1) and the raw o = scale q S needs small
+    # q; where dS grows, dk = V dS^T + dz_c and dv = K dS by beta: small k, v, dO and dz beside dkv.
+    if grown == "S":
+        alpha, beta = 2.0**13, 2.0**-6
+        if not normalize:
+            q = q / 16
+    else:
+        alpha, beta = 1.0, 2.0**15
+        k, v, do, dz = k / 64, v / 64, do / 256, dz / 64
+    big = {}
+
+    def scaled_kernel(q, k, v, state, do, dstate):
+        kv0, z0 = state if normalize else (state, None)
+        dkv, dz = dstate
+        big_state = (kv0 * alpha, z0) if normalize else kv0 * alpha
+        big_dstate = (dkv * beta, dz * alpha * beta)
+        got = run("triton", q, k, v * alpha, big_state, do * beta, big_dstate, normalize=normalize)
+        big["kv"], big["dkv0"] = got[1], got[6]
+        factors = (alpha, alpha, 1.0, alpha * beta, alpha * beta, beta, beta, alpha * beta)
+        return tuple(None if x is None else x / f for x, f in zip(got, factors, strict=True))
+
+    assert_linear_accuracy(q, k, v, state, normalize=normalize, do=do, dstate=(dkv, dz), kernel=scaled_kernel)
+    grew = big["kv"] if grown == "S" else big["dkv0"]
+    assert grew.abs().max() > 65504, f"the test's {grown} stayed within fp16's range: {grew.abs().max():.3g}"
 
 
 def test_scale_and_eps_arguments():
@@ -646,8 +726,11 @@ def test_zero_feature_dims_forward_and_backward(normalize, k_dim, v_dim):
     # K == 0 (every term of dV has a factor of K: zero) and V == 0 (no output element reaches the
     # normaliser), with an initial state: outputs and every gradient as the float64 reference's.
     q, k, v, state = make_inputs(2, 21, 2, k_dim, v_dim, F64, normalize=normalize, init=True)
-    do = torch.randn(v.shape, dtype=F64)
-    dstate = (torch.randn(2, 2, k_dim, v_dim, dtype=F64), torch.randn(2, 2, k_dim, dtype=F64))
+    do = torch.randn(v.shape, dtype=F64, device=DEVICE)
+    dstate = (
+        torch.randn(2, 2, k_dim, v_dim, dtype=F64, device=DEVICE),
+        torch.randn(2, 2, k_dim, dtype=F64, device=DEVICE),
+    )
     got = run("triton", q, k, v, state, do, dstate, normalize=normalize, scale=1.0)
     ref = run("reference", q, k, v, state, do, dstate, normalize=normalize, scale=1.0)
     for name, x, r in zip(NAMES, got, ref, strict=True):
