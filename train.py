@@ -28,7 +28,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,10 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Quote, QuotedString
+from hydra.errors import HydraException
+from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer
 from omegaconf import DictConfig, OmegaConf
 
 import data as datasets_lib
@@ -81,6 +84,11 @@ RESUME_EXEMPT_DATA_KEYS = (
     "monitor",
     "monitor_mode",
 )
+
+# The data.* keys whose null stands for values the data module derives from the other settings
+# (test_configs: the default evaluation slices): check_resume compares them as the module resolves
+# them (resolve_defaults), so that a list written out equal to the default is the same setting.
+RESOLVED_DATA_KEYS = ("test_configs",)
 
 # resume_settings' name of a text run's tokenizer (its character vocabulary, from the corpus).
 TOKENIZER_SETTING = "tokenizer"
@@ -158,10 +166,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             "which this run would overwrite; give a new hydra.run.dir, or resume=<that run>/checkpoints/"
             "last.ckpt to continue it (in a new directory)"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
     run_name = f"{run_dir.name}"
-    L.seed_everything(cfg.seed, workers=True)
 
+    # The data (drawn from its own seeded generators, not the global random state) and this run's
+    # settings come before the seeding, so that a refused resume is the first line the run prints
+    # (not after Lightning's "Seed set to ...").
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     dm = datasets_lib.build_datamodule(
         data_cfg["name"], **{k: v for k, v in data_cfg.items() if k not in DATA_META_KEYS}
@@ -173,23 +182,26 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     slice_seqlens = slice_lengths(dm, slice_names, int(data_cfg["seqlen"]))
     check_early_stopping(cfg.get("early_stopping"), slice_names)
     check_monitor(data_cfg.get("monitor"), data_cfg.get("monitor_mode"), slice_names)
-    lit = LitLM(
-        model=model_config,
-        optim=OmegaConf.to_container(cfg.optim, resolve=True),
-        data={**data_cfg, **({"path": absolute_paths(data_cfg["path"])} if data_cfg.get("path") else {})},
-        slice_names=slice_names,
-        tokenizer_config=tokenizer.to_config() if tokenizer is not None else None,
-        run_seed=cfg.seed,
-    )
-    check_learned_positions(lit.model, max([int(data_cfg["seqlen"]), *slice_seqlens.values()]))
+    hparams = {
+        "model": model_config,
+        "optim": OmegaConf.to_container(cfg.optim, resolve=True),
+        "data": {**data_cfg, **({"path": absolute_paths(data_cfg["path"])} if data_cfg.get("path") else {})},
+        "slice_names": slice_names,
+        "tokenizer_config": tokenizer.to_config() if tokenizer is not None else None,
+        "run_seed": cfg.seed,
+    }
     max_time = cfg.trainer.get("max_time")
     resume = check_resume(
         cfg.get("resume"),
-        dict(lit.hparams),
+        hparams,
         cfg.trainer.get("max_steps"),
         cfg.trainer.get("max_epochs"),
         OmegaConf.to_container(max_time) if OmegaConf.is_config(max_time) else max_time,
     )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    L.seed_everything(cfg.seed, workers=True)
+    lit = LitLM(**hparams)
+    check_learned_positions(lit.model, max([int(data_cfg["seqlen"]), *slice_seqlens.values()]))
 
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     # best.ckpt: the callback, on each validation that improves the monitor. last.ckpt: written
@@ -205,7 +217,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         enable_version_counter=False,
     )
     loggers = _loggers(cfg, run_dir, run_name)
-    callbacks = [checkpoint_cb] + ([LearningRateMonitor(logging_interval="step")] if loggers else [])
+    callbacks = [checkpoint_cb, WorldSizeRecord()]
+    callbacks += [LearningRateMonitor(logging_interval="step")] if loggers else []
     if cfg.get("early_stopping"):
         callbacks.append(EarlyStopping(**OmegaConf.to_container(cfg.early_stopping, resolve=True)))
     trainer = L.Trainer(
@@ -215,6 +228,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         callbacks=callbacks,
         plugins=[AtomicCheckpointIO()],
     )
+    # The process count is known once the Trainer has resolved trainer.devices and num_nodes.
+    check_resume_world_size(resume, trainer.world_size)
     try:
         if trainer.is_global_zero:
             log.info(
@@ -459,6 +474,47 @@ def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
     return {name: list(value) if isinstance(value, tuple) else value for name, value in settings.items()}
 
 
+def resolve_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` (:func:`resume_settings`) with each :data:`RESOLVED_DATA_KEYS` value as the data
+    module resolves it, e.g. ``data.test_configs=null`` as the default slices it stands for,
+    normalised as an explicit list is: what :func:`check_resume` compares, so that a value and the
+    default it stands for are equal while any other difference stays one. Settings the data module
+    refuses (a checkpoint of another mixerlab version) are returned as given.
+    """
+    data = {key.removeprefix("data."): value for key, value in settings.items() if key.startswith("data.")}
+    module = datasets_lib.DATAMODULES.get(data.pop("name", None))
+    keys = [key for key in RESOLVED_DATA_KEYS if key in data]
+    if module is None or not keys:
+        return dict(settings)
+    try:
+        resolved = module(**data)  # derives its settings only: no data is generated before setup()
+    except (TypeError, ValueError):
+        return dict(settings)
+    return {**settings, **{f"data.{key}": getattr(resolved, key) for key in keys}}
+
+
+def override_value(value: Any) -> str:
+    """``value`` as a Hydra command-line override writes it, so that a message's ``key=value`` can be
+    pasted back: ``true`` / ``false``, ``null``, lists as ``[a,b]``, mappings as ``{k:v}``, numbers
+    as Python writes them, and a string bare where Hydra reads it back as that string, else quoted
+    (``'1'``, ``'true'``, ``'a,b'``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{override_value(k)}:{override_value(v)}" for k, v in value.items()) + "}"
+    if not isinstance(value, str):
+        return str(value)
+    try:
+        bare = OverridesParser.create().parse_override(f"key={value}").value() == value
+    except HydraException:
+        bare = False
+    return value if bare else QuotedString(text=value, quote=Quote.single).with_quotes()
+
+
 def check_resume(
     resume: str | None,
     hparams: Mapping[str, Any],
@@ -487,9 +543,11 @@ def check_resume(
             diverged run stays NaN), or one without the trainer state to resume
             (a weights-only file); ValueError: the checkpoint was trained with other settings than
             this run's -- another data task or ``data.*`` value (except
-            :data:`RESUME_EXEMPT_DATA_KEYS`; ``data.path`` as the file it names), a text corpus of
-            another vocabulary, model, ``optim.*`` value or ``seed`` (compared when the checkpoint
-            stores one) -- naming the first differing key with both values (the
+            :data:`RESUME_EXEMPT_DATA_KEYS`; ``data.path`` as the file it names; a default such as
+            ``data.test_configs=null`` as the values it stands for, :func:`resolve_defaults`), a
+            text corpus of another vocabulary, model, ``optim.*`` value or ``seed`` (compared when
+            the checkpoint stores one) -- naming the first differing key with both values as they
+            were given, in Hydra's override form (:func:`override_value`) (the
             continued run would train on other batches, in another order or with another
             optimizer than the run it continues), or the checkpoint already reached ``max_steps`` or
             ``max_epochs``, or has trained for ``max_time`` (Lightning would train nothing and the
@@ -528,27 +586,83 @@ def check_resume(
             spent = timedelta(seconds=round(timer.time_elapsed()))
             raise ValueError(
                 f"resume={resume} has already trained for {spent} (Lightning's timer counts it), and "
-                f"trainer.max_time={max_time}: nothing is left to train; give the total time, e.g. "
-                f"+trainer.max_time={_days_hms(spent + timedelta(minutes=30))} for 30 more minutes"
+                f"trainer.max_time={override_value(max_time)}: nothing is left to train; give the total "
+                f"time, e.g. +trainer.max_time={_days_hms(spent + timedelta(minutes=30))} for 30 more minutes"
             )
     current = resume_settings(hparams)
+    saved = resume_settings(checkpoint["hyper_parameters"])
+    # Compared as resolved (a default and the value it stands for are one setting), named as given.
     # The checkpoint's keys: a checkpoint written before the seed was stored resumes with any seed=.
-    for key, value in resume_settings(checkpoint["hyper_parameters"]).items():
-        if value == current.get(key):
+    resolved = resolve_defaults(current)
+    for key, value in resolve_defaults(saved).items():
+        if value == resolved.get(key):
             continue
         if key == TOKENIZER_SETTING:
-            saved, now = (set((t or {}).get("vocab") or "") for t in (value, current.get(key)))
+            was, now = (set((t or {}).get("vocab") or "") for t in (value, current.get(key)))
             raise ValueError(
                 f"resume={resume}: this run's corpus has another vocabulary than the checkpoint's (new "
-                f"characters {''.join(sorted(now - saved))!r}, missing {''.join(sorted(saved - now))!r}; the "
+                f"characters {''.join(sorted(now - was))!r}, missing {''.join(sorted(was - now))!r}; the "
                 "token ids would mean other characters): data.path names another file than the checkpoint's "
                 "corpus, or the file was edited; resume on the checkpoint's corpus"
             )
         raise ValueError(
-            f"resume={resume} was trained with {key}={value!r}, this run has {current.get(key)!r}; "
-            "resume with the checkpoint's settings (its run directory's .hydra/overrides.yaml lists them)"
+            f"resume={resume} was trained with {key}={override_value(saved[key])}, this run has "
+            f"{override_value(current.get(key))}; resume with the checkpoint's settings (its run directory's "
+            ".hydra/overrides.yaml lists them)"
         )
     return str(Path(resume).resolve())
+
+
+class WorldSizeRecord(Callback):
+    """Stores the run's process count (``trainer.world_size``) and ``trainer.num_nodes`` in its
+    checkpoints, as this callback's state (``checkpoint["callbacks"]["WorldSizeRecord"]``), for
+    :func:`check_resume_world_size`. Checkpoints written before it hold none."""
+
+    def __init__(self) -> None:
+        self.processes: dict[str, int] = {}
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Note the process count of the Trainer this callback runs in."""
+        self.processes = {"world_size": trainer.world_size, "num_nodes": trainer.num_nodes}
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"world_size": int, "num_nodes": int}`` (empty, so not stored, before :meth:`setup`)."""
+        return dict(self.processes)
+
+
+def check_resume_world_size(resume: str | None, world_size: int) -> None:
+    """Refuse to resume a checkpoint on another number of processes than it was trained on.
+
+    Under DDP each optimizer step averages the gradients of ``data.batch_size`` examples per
+    process. The training stream (:mod:`data.resumable`) continues the same order of examples on
+    any process count, but cuts it into steps of ``batch_size x processes`` examples (and drops
+    another remainder at the end of each pass), so on another count the continued run would take
+    other steps than the run it continues. Apart from :func:`check_resume` because the count is
+    known only once the Trainer has resolved ``trainer.devices`` and ``trainer.num_nodes``.
+
+    Args:
+        resume: the checkpoint (:func:`check_resume`'s path), or None (a new run: nothing to check).
+        world_size: this run's ``trainer.world_size``.
+
+    Raises:
+        ValueError: the checkpoint stores (:class:`WorldSizeRecord`) another process count, naming
+            both and the settings that give the checkpoint's. A checkpoint written before the count
+            was stored resumes on any.
+    """
+    if resume is None:
+        return
+    # Memory-mapped: check_resume has read and checked the whole file; this reads its small entries.
+    checkpoint = torch.load(resume, map_location="cpu", weights_only=True, mmap=True)
+    saved = checkpoint.get("callbacks", {}).get(WorldSizeRecord.__qualname__, {})
+    if saved.get("world_size") in (None, world_size):
+        return
+    nodes = saved["num_nodes"]
+    devices = f"trainer.devices={saved['world_size'] // nodes} trainer.num_nodes={nodes}"
+    raise ValueError(
+        f"resume={resume} was trained on {saved['world_size']} process(es) ({devices}), this run has "
+        f"{world_size}: each optimizer step trains on data.batch_size examples per process, so the "
+        f"continued run would take other steps than the run it continues; resume with {devices}"
+    )
 
 
 def discard_unfinished_batch(trainer: L.Trainer) -> None:
@@ -751,21 +865,34 @@ def _write_train_records(
     write_records(run_dir / "results" / "train.json", records)
 
 
-def remove_unused_run_dir(run_dir: Path) -> bool:
+def remove_unused_run_dir(run_dir: Path, workdir_entries: Collection[str] | None = None) -> bool:
     """Delete ``run_dir`` when it holds only what Hydra makes before the task runs (``.hydra/``
     and an empty ``train.log``): a run refused by a settings error would otherwise leave one such
     folder per attempt under outputs/. Anything else in it keeps it. Its parent goes too when that
-    is left empty and is named like Hydra's date folder (``YYYY-MM-DD``). Returns whether
-    ``run_dir`` was removed.
+    is left empty and is named like Hydra's date folder (``YYYY-MM-DD``), and so does every empty
+    folder above it that this run made (Hydra makes the missing parents of its run directory): one
+    inside the working directory whose top folder there is not among ``workdir_entries``, the
+    working directory's entries before Hydra ran (None: unknown, no such folder is removed).
+    Returns whether ``run_dir`` was removed.
     """
     if not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} - {".hydra", "train.log"}:
         return False
     log_file = run_dir / "train.log"
     if log_file.exists() and log_file.stat().st_size:
         return False
+    run_dir = run_dir.resolve()
     shutil.rmtree(run_dir)
-    parent = run_dir.parent
-    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", parent.name) and not any(parent.iterdir()):
+    workdir = Path.cwd().resolve()
+    for parent in run_dir.parents:
+        made_by_this_run = (
+            workdir_entries is not None
+            and parent.is_relative_to(workdir)
+            and parent != workdir
+            and parent.relative_to(workdir).parts[0] not in workdir_entries
+        )
+        date_folder = parent == run_dir.parent and re.fullmatch(r"\d{4}-\d{2}-\d{2}", parent.name)
+        if not (made_by_this_run or date_folder) or any(parent.iterdir()):
+            break
         parent.rmdir()
     return True
 
@@ -773,9 +900,9 @@ def remove_unused_run_dir(run_dir: Path) -> bool:
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
     """Command-line entry point: compose with Hydra, then :func:`train`. A run refused by a settings
-    error, or stopped by Ctrl+C before training, removes the run directory Hydra made for it
-    (:func:`remove_unused_run_dir`); a failed write (full disk) is one line naming the file
-    (:func:`eval.cli.user_errors`)."""
+    error, or stopped by Ctrl+C before training, removes the run directory Hydra made for it and
+    the empty folders made with it, such as a new outputs/ (:func:`remove_unused_run_dir`); a
+    failed write (full disk) is one line naming the file (:func:`eval.cli.user_errors`)."""
     torch.set_flush_denormal(True)
     os.environ.setdefault("WANDB_SILENT", "true")
     try:
@@ -784,11 +911,16 @@ def main(cfg: DictConfig) -> None:
     except SystemExit as exc:
         # user_errors: a settings error, or Ctrl+C outside training's own handling (which saves)
         if exc.code in (2, INTERRUPTED):
-            remove_unused_run_dir(Path(HydraConfig.get().runtime.output_dir))
+            remove_unused_run_dir(Path(HydraConfig.get().runtime.output_dir), WORKDIR_ENTRIES)
         raise
     if result["interrupted"]:
         raise SystemExit(1)
 
 
+# The working directory's entries before Hydra made the run directory (and outputs/, when missing),
+# taken when train.py runs as a script: main removes only the empty folders this run made.
+WORKDIR_ENTRIES: frozenset[str] | None = None
+
 if __name__ == "__main__":
+    WORKDIR_ENTRIES = frozenset(os.listdir())
     main()

@@ -137,7 +137,7 @@ def read_checkpoint(path: str | os.PathLike, arg: str | None = None) -> dict[str
             ``state_dict``), or its weights hold NaN or inf (:func:`check_finite_weights`).
     """
     path = Path(path)
-    # A run resumes from its last.ckpt (a best.ckpt saved at a mid-run validation logs its steps one low).
+    # A run resumes from its last.ckpt (a best.ckpt resumes too, on the uninterrupted run's steps).
     name = "last.ckpt" if arg == "resume" else "best.ckpt"
     example = (
         f"a .ckpt file written by train.py, e.g. outputs/<date>/<time>-<mixer>-<data>/checkpoints/{name}"

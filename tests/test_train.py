@@ -184,7 +184,7 @@ def test_text_training_stores_its_tokenizer(tmp_path, monkeypatch):
     resumed = run_train(tmp_path / "resumed", [*resume, "data.path=../corpus.txt"])
     assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 21
     with pytest.raises(
-        ValueError, match=re.escape(f"data.path='{corpus}', this run has '{elsewhere / 'corpus.txt'}'")
+        ValueError, match=re.escape(f"data.path={corpus}, this run has {elsewhere / 'corpus.txt'};")
     ):
         run_train(tmp_path / "other", [*resume, "data.path=corpus.txt"])
     # Another text at the corpus' own path, whose vocabulary would give the token ids other
@@ -403,6 +403,20 @@ def test_train_cli_reports_a_mistyped_setting_in_one_line(tmp_path):
     assert not list(tmp_path.glob("outputs/*"))  # the run directory Hydra made and its date folder are removed
 
 
+def test_train_cli_refuses_a_mismatched_resume_first_and_leaves_no_folder(jamba_run, tmp_path):
+    # Found by a review: the refusal came after Lightning's "Seed set to 0", and a run started in a
+    # folder without outputs/ left an empty outputs/ behind (Hydra makes the run directory's parents).
+    settings = [a for a in TINY if not a.startswith("trainer.max_steps=")] + MQAR_TINY + JAMBA_RESUME
+    args = [str(REPO_ROOT / "train.py"), *settings, f"resume={jamba_run['last_ckpt']}"]
+    result = cli([*args, "data.random_non_queries=false"], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stdout == "" and result.stderr == (
+        f"error: resume={jamba_run['last_ckpt']} was trained with data.random_non_queries=true, this run "
+        "has false; resume with the checkpoint's settings (its run directory's .hydra/overrides.yaml lists them)\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_train_cli_reports_an_uncreatable_run_dir_in_one_line(tmp_path):
     # Found by a fresh-clone check: Hydra failed to create it in a chained traceback.
     blocker = tmp_path / "a-file"
@@ -439,6 +453,31 @@ def test_remove_unused_run_dir_keeps_anything_with_content(tmp_path):
     make("2026-12-02/10-00-01"), make("2026-12-02/10-00-02", extra="checkpoints")
     assert train_module.remove_unused_run_dir(day / "10-00-01") and day.exists()
     assert train_module.remove_unused_run_dir(make("runs/10-00-03")) and other.is_dir()
+
+
+def test_remove_unused_run_dir_removes_the_folders_made_for_the_run(tmp_path, monkeypatch):
+    """A refused run started in a folder without outputs/ left an empty outputs/ (Hydra makes the
+    missing parents of the run directory). The empty folders the run made go with it; folders
+    that were in the working directory before it stay, empty or not."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "full" / "old-run").mkdir(parents=True)
+    before = frozenset(os.listdir())
+
+    def make(name):
+        run = tmp_path / name
+        (run / ".hydra").mkdir(parents=True)
+        (run / "train.log").write_text("")
+        return run
+
+    for name in ("outputs/2026-12-02/10-00-00", "runs/a/b", "kept/run", "full/run"):
+        assert train_module.remove_unused_run_dir(make(name), before)
+    assert sorted(os.listdir()) == ["full", "kept"]
+    assert os.listdir("kept") == [] and os.listdir("full") == ["old-run"]
+    # A folder that holds another run stays.
+    make("outputs/2026-12-02/10-00-01")
+    assert train_module.remove_unused_run_dir(make("outputs/2026-12-02/10-00-02"), before)
+    assert os.listdir("outputs/2026-12-02") == ["10-00-01"]
 
 
 @pytest.mark.parametrize("to", ["process", "group"])
@@ -705,6 +744,16 @@ def assert_same_training(resumed: dict, full: dict, first_step: int) -> None:
     assert all(torch.equal(weights[k], expected[k]) for k in expected)
 
 
+def schedule(run_dir: str, first_step: int = 0) -> list[tuple[int, str]]:
+    """(logged step, tokens trained) of each training row and (logged step, "val") of each
+    validation in a run's CSV log, from logged step ``first_step`` on."""
+    return [
+        (int(row["step"]), row["train/tokens"] or "val")
+        for row in metrics_rows(run_dir)
+        if (row["train/tokens"] or row["val/acc"]) and int(row["step"]) >= first_step
+    ]
+
+
 def test_a_session_stopped_mid_epoch_resumes_on_the_uninterrupted_batches(tmp_path, monkeypatch):
     # A long run cut into sessions: the first stops at step 10 as trainer.max_time stops it (Lightning's
     # Timer sets trainer.should_stop after a step), mid-epoch (20 batches an epoch: 640 examples,
@@ -729,6 +778,24 @@ def test_a_session_stopped_mid_epoch_resumes_on_the_uninterrupted_batches(tmp_pa
     assert_same_training(resumed, full, first_step=10)
 
 
+def test_a_resume_from_a_mid_run_best_checkpoint_logs_the_uninterrupted_steps(tmp_path):
+    # Reported by a review: a resume from a best.ckpt saved at a mid-epoch validation logged its
+    # steps one low. Lightning saves that checkpoint before it counts the step for its loggers (its
+    # _batches_that_stepped is one below global_step); resumed, it first finishes that step's end,
+    # counting it without validating again, so the resumed run logs, validates and trains on the
+    # uninterrupted run's steps.
+    settings = ["model.n_layers=2", "trainer.max_steps=12", "trainer.val_check_interval=4"]
+    full = run_train(tmp_path / "full", settings)
+    part = run_train(tmp_path / "part", [*settings, "trainer.max_steps=6"])
+    best = read_checkpoint(part["best_ckpt"])
+    assert best["global_step"] == 4
+    assert best["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] == 3
+    resumed = run_train(tmp_path / "resumed", [*settings, f"resume={part['best_ckpt']}"])
+
+    assert schedule(resumed["run_dir"]) == schedule(full["run_dir"], first_step=4)
+    assert_same_training(resumed, full, first_step=4)
+
+
 def test_resume_refuses_a_checkpoint_that_used_up_max_time(tmp_path):
     # Lightning's Timer counts the checkpoint's training time: resumed with the run's own
     # +trainer.max_time, the run trained nothing, wrote a new run directory and said only that no
@@ -739,7 +806,7 @@ def test_resume_refuses_a_checkpoint_that_used_up_max_time(tmp_path):
     message = r"has already trained for 0:00:0\d \(Lightning's timer counts it\), and trainer.max_time=00:00:00:00"
     with pytest.raises(ValueError, match=message):
         train_module.check_resume(part["last_ckpt"], saved, max_steps=10, max_time="00:00:00:00")
-    with pytest.raises(ValueError, match=r"trainer.max_time=\{'seconds': 0\}: nothing is left to train"):
+    with pytest.raises(ValueError, match=r"trainer.max_time=\{seconds:0\}: nothing is left to train"):
         train_module.check_resume(part["last_ckpt"], saved, max_steps=10, max_time={"seconds": 0})
     resolved = str(Path(part["last_ckpt"]).resolve())
     assert train_module.check_resume(part["last_ckpt"], saved, max_steps=10, max_time="00:00:10:00") == resolved
@@ -785,15 +852,21 @@ JAMBA_RESUME = ["mixer=hybrid_jamba", "trainer.max_steps=21"]
     [
         ("data.seqlen=32", "data.seqlen=64, this run has 32"),
         ("data.seed=1", "data.seed=0, this run has 1"),
-        ("data=copy", "data.name='mqar', this run has 'copy'"),
+        ("data=copy", "data.name=mqar, this run has copy"),
         ("optim.lr=0.001", "optim.lr=0.003, this run has 0.001"),
         ("seed=1", "seed=0, this run has 1"),
+        ("data.random_non_queries=false", "data.random_non_queries=true, this run has false"),
+        (
+            "data.test_configs=[{seqlen:64,num_kv_pairs:4}]",
+            "data.test_configs=null, this run has [{seqlen:64,num_kv_pairs:4}]",
+        ),
     ],
 )
 def test_resume_refuses_other_data_optim_or_seed_settings(jamba_run, tmp_path, override, message):
     """A resume given other data, optimizer or seed= settings was accepted and trained on other
     batches (the order is a function of data.seed and seed=) or with another optimizer than the run
-    it claimed to continue; it is refused up front, naming the key and both values."""
+    it claimed to continue; it is refused up front, naming the key and both values, as Hydra
+    overrides write them (they printed as Python values: True, None, 'copy')."""
     settings = [*JAMBA_RESUME, f"resume={jamba_run['last_ckpt']}", override]
     expected = f"was trained with {message}; resume with the checkpoint's settings"
     with pytest.raises(ValueError, match=re.escape(expected) + ".*overrides.yaml"):
@@ -814,6 +887,65 @@ def test_resume_accepts_other_loader_and_selection_settings(jamba_run, tmp_path)
     state = read_checkpoint(resumed["last_ckpt"])
     assert state["global_step"] == 21 and state["hyper_parameters"]["data"]["num_workers"] == 1
     assert set(changed) == set(train_module.RESUME_EXEMPT_DATA_KEYS)  # every exempt key is tested
+
+
+# jamba_run's (MQAR's default) evaluation slices, written out.
+DEFAULT_MQAR_SLICES = "[{seqlen:64,num_kv_pairs:4},{seqlen:128,num_kv_pairs:8},{seqlen:256,num_kv_pairs:16}]"
+
+
+def test_resume_accepts_a_default_written_out(jamba_run, tmp_path):
+    """data.test_configs written out equal to the default slices that the checkpoint's null stands
+    for was refused as another setting; a value and the default it stands for are one setting now,
+    either way round (another list is still refused:
+    test_resume_refuses_other_data_optim_or_seed_settings)."""
+    checkpoint = read_checkpoint(jamba_run["last_ckpt"])
+    hparams = checkpoint["hyper_parameters"]
+    assert hparams["data"]["test_configs"] is None
+    resumed = run_train(
+        tmp_path / "resumed",
+        [*JAMBA_RESUME, f"resume={jamba_run['last_ckpt']}", f"data.test_configs={DEFAULT_MQAR_SLICES}"],
+    )
+    assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 21
+    # The checkpoint holding the list, this run the default.
+    resolved_path = str(Path(resumed["last_ckpt"]).resolve())
+    assert train_module.check_resume(resumed["last_ckpt"], hparams, max_steps=22) == resolved_path
+    # A synthetic task's slices, normalised (a copy slice's seqlen defaults to 2 * max_len + 3).
+    copy = {"model": hparams["model"], "data": {"name": "copy", "test_configs": None}}
+    written = [{"min_len": 1, "max_len": 20, "seqlen": 48}, {"min_len": 21, "max_len": 40},
+               {"min_len": 41, "max_len": 80}]  # fmt: skip
+    resolved = [
+        train_module.resolve_defaults(train_module.resume_settings(h))
+        for h in (copy, {**copy, "data": {"name": "copy", "test_configs": written}})
+    ]
+    assert resolved[0] == resolved[1]
+
+
+def test_resume_refuses_another_process_count(jamba_run, tmp_path):
+    """DDP splits each step's examples over the processes: the training stream continues the same
+    order on any count, but in steps of data.batch_size x processes examples, so a resume on
+    another trainer.devices or num_nodes trained other steps than the run it continued. Checkpoints
+    store the run's process count; one written before that resumes on any."""
+    assert read_checkpoint(jamba_run["last_ckpt"])["callbacks"]["WorldSizeRecord"] == {
+        "world_size": 1,
+        "num_nodes": 1,
+    }
+    message = (
+        "was trained on 1 process(es) (trainer.devices=1 trainer.num_nodes=1), this run has 2: each "
+        "optimizer step trains on data.batch_size examples per process"
+    )
+    fix = "resume with trainer.devices=1 trainer.num_nodes=1"
+    with pytest.raises(ValueError, match=re.escape(message) + ".*" + fix):
+        run_train(
+            tmp_path,
+            [*JAMBA_RESUME, f"resume={jamba_run['last_ckpt']}", "trainer.strategy=ddp", "trainer.devices=2"],
+        )
+    assert not (tmp_path / "checkpoints").exists()
+    checkpoint = read_checkpoint(jamba_run["last_ckpt"])
+    del checkpoint["callbacks"]["WorldSizeRecord"]
+    old = tmp_path / "old.ckpt"
+    torch.save(checkpoint, old)
+    assert train_module.check_resume_world_size(str(old), 2) is None
+    assert train_module.check_resume_world_size(jamba_run["last_ckpt"], 1) is None
 
 
 def test_a_checkpoint_without_its_seed_still_resumes_and_loads(jamba_run, tmp_path):
@@ -848,14 +980,6 @@ def test_a_run_interrupted_mid_step_resumes_on_the_uninterrupted_schedule(tmp_pa
         if self.global_step == 6:
             raise KeyboardInterrupt
         return training_step(self, batch, batch_idx)
-
-    def schedule(run_dir, first_step=0):
-        # (logged step, tokens trained) of each training row and (logged step, "val") of each validation
-        return [
-            (int(row["step"]), row["train/tokens"] or "val")
-            for row in metrics_rows(run_dir)
-            if (row["train/tokens"] or row["val/acc"]) and int(row["step"]) >= first_step
-        ]
 
     monkeypatch.setattr(LitLM, "on_validation_epoch_end", record_validation)
     # As in test_last_checkpoint_holds_the_final_weights_and_best_the_best: train.py's logger, heard
