@@ -383,15 +383,30 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
         self.num_val_chars: int | None = None
 
     def setup(self, stage: str | None = None) -> None:
-        """Load, split and tokenize the corpus (once; later calls return at once).
+        """Load, split and tokenize the corpus (once; later calls only check), and check that the
+        splits ``stage`` uses hold a block: validation always, training too for ``fit`` (or None).
 
         Raises:
             FileNotFoundError: ``path`` does not exist.
-            ValueError: a split holds fewer tokens than the blocks need (the message gives the
-                largest seqlen that fits).
+            ValueError: a split this stage uses holds fewer tokens than its blocks need (naming the
+                split, its token count and the count needed).
         """
-        if self.train_tokens is not None:
-            return
+        if self.train_tokens is None:
+            self._load()
+        block_len = self.seqlen + 1
+        # Training needs one full block at every offset in [0, block_len): 2 * block_len - 1 tokens.
+        parts = [("validation", self.val_tokens, block_len)]
+        if stage in (None, "fit"):
+            parts.insert(0, ("training", self.train_tokens, 2 * block_len - 1))
+        for part, tokens, needed in parts:
+            if tokens.shape[0] < needed:
+                raise ValueError(
+                    f"the {part} split has {tokens.shape[0]} tokens, fewer than the {needed} that "
+                    f"seqlen={self.seqlen} needs; use a longer corpus or a smaller seqlen"
+                )
+
+    def _load(self) -> None:
+        """Read, split and tokenize the corpus into this module's tokenizer and token tensors."""
         text = _load_text(
             self.path,
             self.dataset_name,
@@ -407,18 +422,6 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
         split_at = int(len(text) * self.train_fraction)
         train_tokens = torch.tensor(tokenizer.encode(text[:split_at]), dtype=torch.int64)
         val_tokens = torch.tensor(tokenizer.encode(text[split_at:]), dtype=torch.int64)
-
-        block_len = self.seqlen + 1
-        # Training needs one full block at every offset in [0, block_len): 2 * block_len - 1 tokens.
-        for part, tokens, needed in (
-            ("training", train_tokens, 2 * block_len - 1),
-            ("validation", val_tokens, block_len),
-        ):
-            if tokens.shape[0] < needed:
-                raise ValueError(
-                    f"the {part} split has {tokens.shape[0]} tokens, fewer than the {needed} that "
-                    f"seqlen={self.seqlen} needs; use a longer corpus or a smaller seqlen"
-                )
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size
         self.num_train_chars = split_at

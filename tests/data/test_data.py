@@ -591,8 +591,17 @@ def test_text_errors(corpus, tmp_path):
         TextDataModule(path=tmp_path, seqlen=8).setup()
     with pytest.raises(ValueError, match="train_fraction must be a number in \\(0, 1\\), got 'abc'"):
         TextDataModule(path=path, train_fraction="abc")
-    with pytest.raises(ValueError, match="smaller seqlen"):
+    with pytest.raises(ValueError, match="the validation split has 200 tokens, fewer than the 257 .* seqlen"):
         TextDataModule(path=path, seqlen=256).setup()
+    # Both splits too short: training names the training split, an evaluation (stage "validate"),
+    # which reads only the validation split, that one.
+    with pytest.raises(ValueError, match="the training split has 1800 tokens, fewer than the 2001"):
+        TextDataModule(path=path, seqlen=1000).setup()
+    short = TextDataModule(path=path, seqlen=1000)
+    with pytest.raises(ValueError, match="the validation split has .* smaller seqlen"):
+        short.setup("validate")
+    with pytest.raises(ValueError, match="the training split has"):
+        short.setup("fit")  # loaded once, still checked
     with pytest.raises(ValueError, match="unknown tokenizer"):
         TextDataModule(path=path, tokenizer="bpe").setup()
     with pytest.raises(RuntimeError, match="setup"):
