@@ -881,8 +881,10 @@ def remove_unused_run_dir(run_dir: Path, workdir_entries: Collection[str] | None
     if log_file.exists() and log_file.stat().st_size:
         return False
     run_dir = run_dir.resolve()
-    shutil.rmtree(run_dir)
     workdir = Path.cwd().resolve()
+    if workdir == run_dir or workdir.is_relative_to(run_dir):
+        return False  # hydra.run.dir=. (or above): never the folder the user works in
+    shutil.rmtree(run_dir)
     for parent in run_dir.parents:
         made_by_this_run = (
             workdir_entries is not None

@@ -474,6 +474,12 @@ def test_remove_unused_run_dir_removes_the_folders_made_for_the_run(tmp_path, mo
         assert train_module.remove_unused_run_dir(make(name), before)
     assert sorted(os.listdir()) == ["full", "kept"]
     assert os.listdir("kept") == [] and os.listdir("full") == ["old-run"]
+    # The working directory itself (hydra.run.dir=.) is never removed.
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / "train.log").write_text("")
+    assert not train_module.remove_unused_run_dir(tmp_path, before) and tmp_path.is_dir()
+    (tmp_path / "train.log").unlink()
+    (tmp_path / ".hydra").rmdir()
     # A folder that holds another run stays.
     make("outputs/2026-12-02/10-00-01")
     assert train_module.remove_unused_run_dir(make("outputs/2026-12-02/10-00-02"), before)
