@@ -257,7 +257,7 @@ def _state_dot(x, h, ACC: tl.constexpr, DOT_PRECISION: tl.constexpr):
     :func:`chunk_states` instead: the same reduction and cast on a loaded fp32 tile, feeding a
     ``tl.dot``, was miscompiled by Triton 3.6 on the H200, NaN and illegal addresses at K = 273.)
     """
-    if x.dtype == tl.float16 and h.dtype != tl.float16:
+    if x.dtype == tl.float16:
         m = _fp16_range_scale(tl.max(tl.max(tl.abs(h), 1), 0))
         prod = tl.dot(x, (h / m).to(x.dtype), input_precision=DOT_PRECISION, out_dtype=ACC) * m
     else:
