@@ -7,6 +7,8 @@ import functools
 import os
 
 import torch
+from triton import knobs
+from triton.runtime import driver
 
 # Triton passes Python floats to kernels as fp32 scalars.
 FP32_MAX = torch.finfo(torch.float32).max
@@ -126,3 +128,78 @@ def split_fp64(x: float) -> tuple[float, float]:
     range is inf)."""
     hi = float(torch.tensor(x, dtype=torch.float32))
     return hi, x - hi
+
+
+def launch_hooks_installed() -> bool:
+    """Whether a Triton launch hook is set (``triton.knobs.runtime.launch_enter_hook`` /
+    ``launch_exit_hook``, which profilers such as Proton install): :class:`CompiledLaunch` calls no
+    hook and passes no launch metadata, so callers take the ordinary launch while one is. Recent
+    Triton keeps each hook as a ``HookChain``, set when its list of calls is not empty; older
+    Triton as a function or None."""
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        calls = getattr(hook, "calls", None)
+        if hook is not None and (calls or not isinstance(calls, list)):
+            return True
+    return False
+
+
+class CompiledLaunch:
+    """One Triton launch replayed through the compiled kernel that an ordinary launch returned.
+
+    ``JITFunction.run`` binds and specializes every argument on every call (the dtype and 16-byte
+    alignment of each pointer, the type of each scalar), then looks the result up in its kernel
+    cache: on the H200 machine about half of an eager ``flash_decode`` call's ~90 µs of host time
+    across its two launches (cProfile, 2026-12-03, ``benchmarks/results/2026-12-03-nvidia-h200-host-time.json``).
+    An eager decode loop repeats the same shapes, so the op caches this object per call signature and
+    passes new tensors straight to the compiled kernel's launcher, which is what
+    ``CompiledKernel.__getitem__(grid)(*args)`` does too, minus its per-call stream lookup.
+
+    Correctness rests on the caller's cache key: it must determine every non-tensor argument and
+    every tensor's dtype, device and ``data_ptr() % 16 == 0``, the whole of Triton's specialization,
+    so that the replayed kernel is the one ``JITFunction.run`` would pick. Replays pass no launch
+    metadata: callers check :func:`launch_hooks_installed` first.
+
+    Args (of :meth:`build`):
+        kernel: the ``triton.jit`` function launched.
+        compiled: what ``kernel[grid](*args, **kwargs)`` returned (a ``CompiledKernel``).
+        grid: the launch grid, 1 to 3 ints.
+        args: the positional arguments, the ``num_tensors`` tensors first.
+        kwargs: the remaining kernel parameters (constexprs) by name, plus launch options
+            (``num_warps``, ``num_stages``), which the compiled kernel already holds.
+        num_tensors: how many leading positional arguments change between replays.
+    """
+
+    def __init__(self, launcher, function, packed_metadata, grid: tuple[int, int, int], fixed: tuple, device, stream):
+        self._launcher = launcher
+        self._function = function
+        self._packed_metadata = packed_metadata
+        self._grid = grid
+        self._fixed = fixed
+        self._device = device
+        self._stream = stream
+
+    @classmethod
+    def build(cls, kernel, compiled, grid, args: tuple, kwargs: dict, num_tensors: int) -> CompiledLaunch | None:
+        """The replay of ``kernel[grid](*args, **kwargs)``, or None where this Triton cannot replay it
+        (the interpreter returns no compiled kernel; a parameter left to its default value; another
+        ``CompiledKernel`` layout). The arguments are ordered as the kernel's parameters, constexprs
+        included, which is how ``JITFunction.run`` hands them to the launcher."""
+        names = [param.name for param in getattr(kernel, "params", ())]
+        try:
+            launcher, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+            values = list(args) + [kwargs[name] for name in names[len(args) :]]
+        except (AttributeError, KeyError):
+            return None
+        if not names or len(values) != len(names) or not 1 <= len(grid) <= 3:
+            return None
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        device = args[0].device.index
+        return cls(launcher, function, packed, grid, tuple(values[num_tensors:]), device, driver.active.get_current_stream)
+
+    def __call__(self, *tensors: torch.Tensor) -> None:
+        """Launch on the current stream of the kernel's device with ``tensors`` in place of the first
+        ``num_tensors`` arguments (which must match the build's in dtype, device and alignment)."""
+        self._launcher(
+            *self._grid, self._stream(self._device), self._function, self._packed_metadata,
+            None, None, None, *tensors, *self._fixed,
+        )  # fmt: skip

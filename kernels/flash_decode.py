@@ -58,6 +58,7 @@ Limits of this backend beyond the reference's: head_dim in [1, 256]; all tensors
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -68,10 +69,12 @@ from triton.runtime import driver
 
 from kernels._host import INTERPRET as _INTERPRET
 from kernels._host import (
+    CompiledLaunch,
     check_device,
     check_fp32_scalars,
     check_no_grad,
     device_guard,
+    launch_hooks_installed,
     next_power_of_2,
     sm_count,
     split_fp64,
@@ -393,6 +396,84 @@ def flash_decode_combine_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
+# Cached launches of recent call signatures; a decode loop uses one or two (the mixers' caches keep
+# their shapes), so a small bound only stops a sweep over many shapes from holding them all.
+_MAX_PLANS = 64
+_PLANS: dict[tuple, _DecodePlan] = {}
+
+
+def _plan_key(q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits, check_values) -> tuple | None:
+    """Everything a :func:`flash_decode` call's checks, tile choice and launches depend on except the
+    tensors' addresses: the arguments with their types, and each tensor's shape, strides, dtype,
+    device and 16-byte alignment (Triton's pointer specialization). None where no plan applies:
+    ``check_values`` not False (its device sync costs far more than the launches), or an input that
+    is not a plain strided tensor, or q off CUDA (the ordinary path checks them and raises)."""
+    if check_values is not False:
+        return None
+    tensors = (q, k_cache, v_cache, block_table, seqlens)
+    if any(type(t) is not torch.Tensor or t.layout is not torch.strided for t in tensors) or not q.is_cuda:
+        return None
+    # One flat tuple (a decode step builds it on every call); the devices are in it, so a mix of
+    # devices never matches a stored plan (the ordinary path refuses it and stores none).
+    return (
+        type(window), window, type(scale), scale, type(num_splits), num_splits,
+        q.shape, q.stride(), q.dtype, q.device, q.data_ptr() % 16 == 0,
+        k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr() % 16 == 0,
+        v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, v_cache.data_ptr() % 16 == 0,
+        block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
+        block_table.data_ptr() % 16 == 0,
+        seqlens.shape, seqlens.stride(), seqlens.dtype, seqlens.device, seqlens.data_ptr() % 16 == 0,
+    )  # fmt: skip
+
+
+def _remember(key: tuple, plan: _DecodePlan) -> None:
+    """Store a plan, dropping the oldest beyond ``_MAX_PLANS``."""
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[key] = plan
+
+
+class _DecodePlan:
+    """The launches of one :func:`flash_decode` call signature (:func:`_plan_key`), replayed by later
+    eager calls with their own tensors: the argument checks, the split and tile choice and Triton's
+    argument binding ran once, for the first call (:class:`kernels._host.CompiledLaunch`). The output
+    and the fp32 workspace are fresh allocations on every call, as on the ordinary path.
+
+    Args:
+        out: the first call's (B, Hq, D) output, for its shape, dtype and device.
+        workspace: its flat partial-output workspace (rows * (D + 2) accumulator-dtype elements: the
+            partial outputs, then m, then l), or None for one split.
+        split_launch / combine_launch: the two launches (no combine for one split).
+    """
+
+    def __init__(self, out, workspace, split_launch, combine_launch):
+        self.out_shape, self.dtype, self.device = out.shape, out.dtype, out.device
+        self.workspace = None if workspace is None else (workspace.numel(), workspace.dtype)
+        if workspace is not None:
+            batch, num_heads, head_dim = out.shape
+            rows = workspace.numel() // (head_dim + 2)
+            self.m_start, self.l_start = rows * head_dim, rows * (head_dim + 1)
+        self.split_launch, self.combine_launch = split_launch, combine_launch
+
+    def __call__(self, q, k_cache, v_cache, block_table, seqlens) -> torch.Tensor | None:
+        """(B, Hq, D) output of the replayed launches, or None (nothing launched) when the allocator
+        returned an address without the 16-byte alignment the kernels were specialized for."""
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        if self.workspace is None:
+            workspace = m_part = l_part = out
+        else:
+            workspace = torch.empty(self.workspace[0], dtype=self.workspace[1], device=self.device)
+            m_part, l_part = workspace[self.m_start :], workspace[self.l_start :]
+        if (out.data_ptr() | workspace.data_ptr()) % 16:
+            return None
+        # The launcher launches on the current device's context: switch only when q lives elsewhere.
+        with contextlib.nullcontext() if torch.cuda.current_device() == self.device.index else device_guard(q):
+            self.split_launch(q, k_cache, v_cache, block_table, seqlens, out, workspace, m_part, l_part)
+            if self.combine_launch is not None:
+                self.combine_launch(workspace, m_part, l_part, out)
+        return out
+
+
 def flash_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -447,6 +528,15 @@ def flash_decode(
         range, batch or KV heads above 65535, devices other than CUDA, or CPU inputs without
         ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
+    # An eager decode loop repeats one call signature: replay its launches (see _DecodePlan).
+    key = _plan_key(q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits, check_values)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is not None and not launch_hooks_installed():
+        check_no_grad("flash_decode", q=q, k_cache=k_cache, v_cache=v_cache)
+        out = plan(q, k_cache, v_cache, block_table, seqlens)
+        if out is not None:
+            return out
+
     # The reference's validation: same checks, order and messages.
     batch, num_heads, num_kv_heads, head_dim, _, block_size, max_blocks, scale = _check_decode_args(
         q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits, check_values
@@ -499,23 +589,42 @@ def flash_decode(
     else:  # one split writes the output itself; the workspace pointers are unused
         o_part = m_part = l_part = out
 
+    tensors = (q, k_cache, v_cache, block_table, seqlens)
+    split_grid = (batch, num_kv_heads, num_splits)
+    split_args = (
+        *tensors, out, o_part, m_part, l_part,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(),
+        *block_table.stride(), seqlens.stride(0), *out.stride(),
+        group, block_size, window or 0, num_splits, qk_scale, qk_scale_lo, max_blocks * block_size,
+    )  # fmt: skip
+    split_kwargs = dict(
+        HAS_WINDOW=window is not None, SPLIT=split, FP64=fp64,
+        # fp32 inputs: IEEE fp32 products (TF32 would cost ~1e-3 relative error); 16-bit inputs
+        # multiply exactly in the tensor cores either way.
+        DOT_PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_G=max(16, next_power_of_2(group)),
+        BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    combine_grid = (num_heads, batch)
+    combine_args = (o_part, m_part, l_part, out, *out.stride(), num_splits)
+    combine_kwargs = dict(
+        FP64=fp64, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=min(next_power_of_2(num_splits), COMBINE_BLOCK_S)
+    )
     with device_guard(q):
-        flash_decode_split_kernel[(batch, num_kv_heads, num_splits)](
-            q, k_cache, v_cache, block_table, seqlens, out, o_part, m_part, l_part,
-            *q.stride(), *k_cache.stride(), *v_cache.stride(),
-            *block_table.stride(), seqlens.stride(0), *out.stride(),
-            group, block_size, window or 0, num_splits, qk_scale, qk_scale_lo, max_blocks * block_size,
-            HAS_WINDOW=window is not None, SPLIT=split, FP64=fp64,
-            # fp32 inputs: IEEE fp32 products (TF32 would cost ~1e-3 relative error); 16-bit inputs
-            # multiply exactly in the tensor cores either way.
-            DOT_PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_G=max(16, next_power_of_2(group)),
-            BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
-        )  # fmt: skip
+        split_kernel = flash_decode_split_kernel[split_grid](*split_args, **split_kwargs)
         if split:
-            flash_decode_combine_kernel[(num_heads, batch)](
-                o_part, m_part, l_part, out, *out.stride(), num_splits,
-                FP64=fp64, HEAD_DIM=head_dim, BLOCK_D=block_d,
-                BLOCK_S=min(next_power_of_2(num_splits), COMBINE_BLOCK_S),
-            )  # fmt: skip
+            combine_kernel = flash_decode_combine_kernel[combine_grid](*combine_args, **combine_kwargs)
+    if key is not None:
+        split_launch = CompiledLaunch.build(
+            flash_decode_split_kernel, split_kernel, split_grid, split_args, split_kwargs, len(tensors) + 4
+        )
+        combine_launch = (
+            CompiledLaunch.build(flash_decode_combine_kernel, combine_kernel, combine_grid, combine_args,
+                                 combine_kwargs, 4)
+            if split else None
+        )  # fmt: skip
+        # The replay allocates its own output and workspace; it needs them aligned as these were.
+        aligned = (out.data_ptr() | o_part.data_ptr()) % 16 == 0
+        if aligned and split_launch is not None and (combine_launch is not None or not split):
+            _remember(key, _DecodePlan(out, o_part if split else None, split_launch, combine_launch))
     return out

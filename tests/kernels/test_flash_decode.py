@@ -146,6 +146,15 @@ def assert_decode_accuracy(q, k_cache, v_cache, block_table, seqlens, *, window,
     )
     empty = seqlens == 0
     assert torch.equal(out[empty], torch.zeros_like(out[empty]))
+    if q.is_cuda:
+        # An eager decode loop's calls (check_values=False): the first stores the signature's plan,
+        # the second replays its compiled launches; both launch what the checked call launched.
+        for _ in range(2):
+            again = kernels.flash_decode(
+                q, k_cache, v_cache, block_table, seqlens, window=window, scale=scale, num_splits=num_splits,
+                check_values=False, backend="triton",
+            )  # fmt: skip
+            assert torch.equal(again, out)
     if dtype == F64:
         torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
         return
@@ -430,6 +439,128 @@ def test_backend_specific_errors():
         for check_values in (True, False):
             with pytest.raises(ValueError, match="runs on CUDA .* got meta"):
                 kernels.flash_decode(*metas, check_values=check_values, backend="triton")
+
+
+# ----------------------------------------------------------------------------------------------
+# Replayed launches (an eager decode loop's calls with check_values=False)
+# ----------------------------------------------------------------------------------------------
+
+
+class _Param:
+    def __init__(self, name):
+        self.name = name
+
+
+class _Kernel:
+    """A stand-in for a triton.jit function: its parameters in order."""
+
+    params = [_Param(name) for name in ("X", "Y", "n", "BLOCK", "FLAG")]
+
+
+class _Compiled:
+    """A stand-in for the CompiledKernel a launch returns: records what its launcher receives."""
+
+    function, packed_metadata = "function", "packed"
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+
+def test_compiled_launch_passes_arguments_in_parameter_order(monkeypatch):
+    """The replay hands the launcher what JITFunction.run does: grid padded to 3, the current stream
+    of the kernel's device, function and metadata, no hooks, then every parameter in the kernel's
+    order (the new tensors first, the fixed scalars and constexprs after; launch options dropped)."""
+    from types import SimpleNamespace
+
+    from kernels import _host
+
+    streams = []
+    monkeypatch.setattr(
+        _host, "driver", SimpleNamespace(active=SimpleNamespace(get_current_stream=lambda d: streams.append(d) or 7))
+    )
+    x, y, x2, y2 = _t(2), _t(3), _t(2), _t(3)
+    compiled = _Compiled()
+    launch = _host.CompiledLaunch.build(
+        _Kernel, compiled, (4, 2), (x, y, 5), {"FLAG": True, "BLOCK": 16, "num_warps": 4}, num_tensors=2
+    )
+    launch(x2, y2)
+    assert streams == [x.device.index]
+    (call,) = compiled.calls
+    assert call[:9] == (4, 2, 1, 7, "function", "packed", None, None, None)
+    assert call[9] is x2 and call[10] is y2 and call[11:] == (5, 16, True)
+    # Nothing to replay: the interpreter's launch returns no compiled kernel; a parameter left to its
+    # default is not known to the replay.
+    assert _host.CompiledLaunch.build(_Kernel, None, (1,), (x, y, 5), {"FLAG": 1, "BLOCK": 16}, 2) is None
+    assert _host.CompiledLaunch.build(_Kernel, compiled, (1,), (x, y, 5), {"BLOCK": 16}, 2) is None
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim,window,num_splits,dtype,layout",
+    [
+        (32, 8, 128, None, None, torch.bfloat16, "contiguous"),  # many splits: split + combine
+        (6, 2, 80, 100, 1, torch.float32, "strided"),  # one split: the split kernel alone
+        (3, 1, 64, 17, 5, torch.float16, "contiguous"),
+    ],
+)
+def test_gpu_replayed_launches(num_heads, num_kv_heads, head_dim, window, num_splits, dtype, layout, monkeypatch):
+    """A signature's second call replays its plan on new tensors: the same bits as the checked
+    (ordinary) call on those tensors, a new plan for another alignment, gradients refused, a launch
+    hook honoured, and the replay captured in a CUDA graph reads the graph's inputs."""
+    from triton import knobs
+
+    kw = dict(window=window, num_splits=num_splits, backend="triton")
+    seqlens = [1000, 17, 0, 65]
+
+    def fresh():  # same shapes and strides each time; new values and a new page order
+        return list(make_paged(seqlens, num_heads, num_kv_heads, head_dim, 16, dtype, layout=layout))
+
+    first, second = fresh(), fresh()
+    # The ordinary path checks its arguments; a replay does not: count the checks.
+    checks = []
+    check_decode_args = fd._check_decode_args
+    monkeypatch.setattr(fd, "_check_decode_args", lambda *a: checks.append(1) or check_decode_args(*a))
+    fd._PLANS.clear()
+    kernels.flash_decode(*first, check_values=False, **kw)
+    assert len(fd._PLANS) == 1 and len(checks) == 1
+    got = kernels.flash_decode(*second, check_values=False, **kw)
+    assert len(checks) == 1, "the second call of a signature must replay the first call's plan"
+    assert torch.equal(got, kernels.flash_decode(*second, **kw))
+
+    # q at an address that is not 16-byte aligned: Triton specializes on alignment, so another plan.
+    q = second[0]
+    shifted = torch.empty(q.numel() + 1, dtype=dtype, device=q.device)[1:].view(q.shape).copy_(q)
+    if layout == "contiguous":
+        assert shifted.stride() == q.stride() and shifted.data_ptr() % 16
+        assert torch.equal(kernels.flash_decode(shifted, *second[1:], check_values=False, **kw), got)
+        assert len(fd._PLANS) == 2
+
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        kernels.flash_decode(q.clone().requires_grad_(), *second[1:], check_values=False, **kw)
+
+    seen, calls = [], len(checks)
+    assert not fd.launch_hooks_installed()
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", seen.append)
+    assert fd.launch_hooks_installed()
+    assert torch.equal(kernels.flash_decode(*second, check_values=False, **kw), got)
+    assert seen and len(checks) == calls + 1, "with a launch hook the ordinary launch (which calls it) must run"
+    monkeypatch.undo()
+
+    # As LanguageModel.generate does: one eager step stores the plan, the capture replays it.
+    static = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t) for t in second]
+    kernels.flash_decode(*static, check_values=False, **kw)
+    assert fd._plan_key(*static, window, None, num_splits, False) in fd._PLANS
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed = kernels.flash_decode(*static, check_values=False, **kw)
+    for t, new in zip(static, first, strict=True):
+        t.copy_(new)
+    graph.replay()
+    assert torch.equal(graphed, kernels.flash_decode(*first, **kw))
 
 
 # ----------------------------------------------------------------------------------------------
