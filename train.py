@@ -12,13 +12,15 @@ Ctrl+C or SIGTERM (``kill``, ``timeout``, a scheduler) shuts down as Lightning d
 then still saves ``last.ckpt`` and writes the records of its best checkpoint, marked
 ``interrupted``, and exits with status 1 (single-process runs; DDP runs just stop). Ctrl+C before
 training (while the modules import, the config is composed or the data prepared) ends it with one
-line and status 130, its run directory removed when it holds only Hydra's files; a failed write
-(full disk) is one line naming the file.
+line and status 130; such a run, and one refused by a settings error, removes what Hydra made for
+it (its run directory, when that holds only Hydra's files), never a folder that was there before; a
+failed write (full disk) is one line naming the file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import math
@@ -28,7 +30,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Quote, QuotedString
 from hydra.errors import HydraException
+from hydra.experimental.callback import Callback as HydraCallback
+from hydra.types import RunMode
 from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer
 from omegaconf import DictConfig, OmegaConf
 
@@ -92,6 +96,15 @@ RESOLVED_DATA_KEYS = ("test_configs",)
 
 # resume_settings' name of a text run's tokenizer (its character vocabulary, from the corpus).
 TOKENIZER_SETTING = "tokenizer"
+
+# resume_settings' names of the model config's keys that the mixer group sets, as the overrides that
+# give them (the others are model.<key>); its name is the mixer group chosen (mixer=hybrid_jamba).
+MIXER_SETTINGS = {
+    "name": "mixer",
+    "pattern": "mixer.pattern",
+    "mixer_settings": "mixer.settings",
+    "shared_block": "mixer.shared_block",
+}
 
 
 def build_model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
@@ -172,10 +185,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # settings come before the seeding, so that a refused resume is the first line the run prints
     # (not after Lightning's "Seed set to ...").
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    dm = datasets_lib.build_datamodule(
-        data_cfg["name"], **{k: v for k, v in data_cfg.items() if k not in DATA_META_KEYS}
-    )
-    dm.setup("fit")
+    try:
+        dm = datasets_lib.build_datamodule(
+            data_cfg["name"], **{k: v for k, v in data_cfg.items() if k not in DATA_META_KEYS}
+        )
+        dm.setup("fit")
+    except (TypeError, ValueError) as err:
+        raise type(err)(name_data_setting(str(err), data_cfg)) from err
     model_config = build_model_config(cfg, dm.vocab_size)
     tokenizer = getattr(dm, "tokenizer", None)
     slice_names = list(getattr(dm, "slice_names", ["val"]))
@@ -190,20 +206,21 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "tokenizer_config": tokenizer.to_config() if tokenizer is not None else None,
         "run_seed": cfg.seed,
     }
-    max_time = cfg.trainer.get("max_time")
+    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    world_size = configured_world_size(trainer_cfg)
     resume = check_resume(
         cfg.get("resume"),
         hparams,
-        cfg.trainer.get("max_steps"),
-        cfg.trainer.get("max_epochs"),
-        OmegaConf.to_container(max_time) if OmegaConf.is_config(max_time) else max_time,
+        trainer_cfg.get("max_steps"),
+        trainer_cfg.get("max_epochs"),
+        trainer_cfg.get("max_time"),
+        world_size,
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
     lit = LitLM(**hparams)
     check_learned_positions(lit.model, max([int(data_cfg["seqlen"]), *slice_seqlens.values()]))
 
-    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     # best.ckpt: the callback, on each validation that improves the monitor. last.ckpt: written
     # after fit (below), because Lightning's save_last only refreshes it together with a new best,
     # so it would hold the best weights rather than the final ones.
@@ -228,8 +245,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         callbacks=callbacks,
         plugins=[AtomicCheckpointIO()],
     )
-    # The process count is known once the Trainer has resolved trainer.devices and num_nodes.
-    check_resume_world_size(resume, trainer.world_size)
+    if world_size is None:
+        # trainer.devices left to Lightning (auto, -1): the count is known once the Trainer resolved it.
+        check_resume_world_size(cfg.get("resume"), trainer.world_size)
     try:
         if trainer.is_global_zero:
             log.info(
@@ -414,6 +432,28 @@ def check_monitor(monitor: Any, mode: Any, slice_names: list[str]) -> None:
         )
 
 
+def name_data_setting(message: str, data_cfg: Mapping[str, Any]) -> str:
+    """A data module's error ``message`` with ``data.`` before the setting it starts with, so that it
+    names the override (``test_configs[0].seqlen must be >= 4`` -> ``data.test_configs[0].seqlen ...``):
+    the modules name their own arguments. Any other message is returned as it is."""
+    key = re.match(r"\w+", message)
+    return f"data.{message}" if key is not None and key.group() in data_cfg else message
+
+
+def configured_world_size(trainer_cfg: Mapping[str, Any]) -> int | None:
+    """The process count (``trainer.devices`` x ``trainer.num_nodes``) when the config states it: a
+    device count >= 1 or a list of device ids, on a node count >= 1. None when Lightning derives it
+    from the machine (``auto``, ``-1``, a string) or the values are invalid (Lightning refuses them)."""
+    devices, nodes = trainer_cfg.get("devices"), trainer_cfg.get("num_nodes", 1)
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        return None
+    if isinstance(devices, list) and devices:
+        return len(devices) * nodes
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1:
+        return devices * nodes
+    return None
+
+
 def _days_hms(span: timedelta) -> str:
     """``span`` as Lightning's ``DD:HH:MM:SS`` duration."""
     seconds = int(span.total_seconds())
@@ -436,7 +476,8 @@ def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of a run that a resume of it must keep, in the order :func:`check_resume` names
     a difference: ``data.name``, the other ``data.*`` keys (sorted, without
     :data:`RESUME_EXEMPT_DATA_KEYS`; ``data.path`` resolved to absolute paths), a text run's
-    tokenizer, the model config's keys (``model <key>``, completed by :class:`ModelConfig`),
+    tokenizer, the model config's keys (completed by :class:`ModelConfig`; the mixer first, then
+    sorted; named by their overrides, ``model.<key>`` or :data:`MIXER_SETTINGS`),
     ``optim.*`` (completed with :data:`models.lit.DEFAULT_OPTIM`) and ``seed`` (only where
     ``hparams`` holds one).
 
@@ -460,6 +501,7 @@ def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
         data["path"] = absolute_paths(data["path"])
     data_keys = sorted(set(data) - set(RESUME_EXEMPT_DATA_KEYS), key=lambda k: (k != "name", k))
     model = ModelConfig.from_dict(hparams["model"]).to_dict()
+    model_keys = sorted(model, key=lambda k: (k != "name", k))  # the mixer first: the likeliest difference
     optim = {**DEFAULT_OPTIM, **(hparams.get("optim") or {})}
     tokenizer = hparams.get("tokenizer_config")
     settings = {
@@ -467,7 +509,7 @@ def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
         # A text run's vocabulary comes from its corpus: another one (the file edited, or another
         # file at the same relative path) would silently map the token ids to other characters.
         **({TOKENIZER_SETTING: tokenizer} if tokenizer is not None else {}),
-        **{f"model {k}": model[k] for k in sorted(model)},
+        **{MIXER_SETTINGS.get(k, f"model.{k}"): model[k] for k in model_keys},
         **{f"optim.{k}": optim[k] for k in sorted(optim)},
         **({"seed": hparams["run_seed"]} if hparams.get("run_seed") is not None else {}),
     }
@@ -477,9 +519,10 @@ def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
 def resolve_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
     """``settings`` (:func:`resume_settings`) with each :data:`RESOLVED_DATA_KEYS` value as the data
     module resolves it, e.g. ``data.test_configs=null`` as the default slices it stands for,
-    normalised as an explicit list is: what :func:`check_resume` compares, so that a value and the
-    default it stands for are equal while any other difference stays one. Settings the data module
-    refuses (a checkpoint of another mixerlab version) are returned as given.
+    normalised as an explicit list is, in the form a config writes it (MQAR's slices as
+    ``{seqlen, num_kv_pairs}`` mappings): what :func:`check_resume` compares, so that a value and the
+    default it stands for are equal while any other difference stays one, and shows. Settings the
+    data module refuses (a checkpoint of another mixerlab version) are returned as given.
     """
     data = {key.removeprefix("data."): value for key, value in settings.items() if key.startswith("data.")}
     module = datasets_lib.DATAMODULES.get(data.pop("name", None))
@@ -490,14 +533,18 @@ def resolve_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
         resolved = module(**data)  # derives its settings only: no data is generated before setup()
     except (TypeError, ValueError):
         return dict(settings)
-    return {**settings, **{f"data.{key}": getattr(resolved, key) for key in keys}}
+    values = {key: getattr(resolved, key) for key in keys}
+    if isinstance(resolved, datasets_lib.MQARDataModule):  # its slices are (seqlen, num_kv_pairs) pairs
+        values["test_configs"] = [{"seqlen": t, "num_kv_pairs": kv} for t, kv in values["test_configs"]]
+    return {**settings, **{f"data.{key}": value for key, value in values.items()}}
 
 
 def override_value(value: Any) -> str:
     """``value`` as a Hydra command-line override writes it, so that a message's ``key=value`` can be
     pasted back: ``true`` / ``false``, ``null``, lists as ``[a,b]``, mappings as ``{k:v}``, numbers
-    as Python writes them, and a string bare where Hydra reads it back as that string, else quoted
-    (``'1'``, ``'true'``, ``'a,b'``)."""
+    as Python writes them, and a string bare where Hydra reads it back as that string and it holds
+    no whitespace (where a shell splits its argument), else quoted (``'1'``, ``'true'``, ``'a,b'``,
+    ``'my runs/last.ckpt'``)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -512,7 +559,9 @@ def override_value(value: Any) -> str:
         bare = OverridesParser.create().parse_override(f"key={value}").value() == value
     except HydraException:
         bare = False
-    return value if bare else QuotedString(text=value, quote=Quote.single).with_quotes()
+    if bare and not any(c.isspace() for c in value):
+        return value
+    return QuotedString(text=value, quote=Quote.single).with_quotes()
 
 
 def check_resume(
@@ -521,6 +570,7 @@ def check_resume(
     max_steps: int | None = None,
     max_epochs: int | None = None,
     max_time: str | dict[str, int] | None = None,
+    world_size: int | None = None,
 ) -> str | None:
     """The checkpoint path to continue from (``resume=``), checked before training starts.
 
@@ -533,6 +583,9 @@ def check_resume(
         max_epochs: this run's ``trainer.max_epochs`` (-1 or None: no epoch limit).
         max_time: this run's ``trainer.max_time`` (``"DD:HH:MM:SS"`` or a timedelta's keywords;
             None: no time limit). Lightning's Timer counts the checkpoint's training time in it.
+        world_size: this run's process count where the config states it
+            (:func:`configured_world_size`), compared with the checkpoint's
+            (:func:`refuse_another_world_size`); None: not compared here.
 
     Returns:
         The path as an absolute string, or None.
@@ -546,32 +599,35 @@ def check_resume(
             :data:`RESUME_EXEMPT_DATA_KEYS`; ``data.path`` as the file it names; a default such as
             ``data.test_configs=null`` as the values it stands for, :func:`resolve_defaults`), a
             text corpus of another vocabulary, model, ``optim.*`` value or ``seed`` (compared when
-            the checkpoint stores one) -- naming the first differing key with both values as they
-            were given, in Hydra's override form (:func:`override_value`) (the
-            continued run would train on other batches, in another order or with another
-            optimizer than the run it continues), or the checkpoint already reached ``max_steps`` or
+            the checkpoint stores one) -- naming the first differing key with both values (a
+            default as the values it stands for), in Hydra's override form (:func:`override_value`)
+            (the continued run would train on other batches, in another order or with another
+            optimizer than the run it continues), or on another process count than ``world_size``,
+            or the checkpoint already reached ``max_steps`` or
             ``max_epochs``, or has trained for ``max_time`` (Lightning would train nothing and the
-            new run would repeat the old one's results).
+            new run would repeat the old one's results). The messages name the checkpoint as given,
+            ``resume=<path>`` in Hydra's override form.
     """
     if resume is None:
         return None
     checkpoint = read_checkpoint(resume, arg="resume")
+    given = f"resume={override_value(resume)}"
     if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
         raise ValueError(
-            f"resume={resume} holds no trainer state (optimizer, loops) to continue from; give a "
+            f"{given} holds no trainer state (optimizer, loops) to continue from; give a "
             "checkpoint written by train.py (checkpoints/last.ckpt or best.ckpt)"
         )
     step = int(checkpoint.get("global_step", 0))
     if max_steps is not None and max_steps != -1 and step >= max_steps:
         raise ValueError(
-            f"resume={resume} is already at step {step}, and trainer.max_steps={max_steps}: nothing is "
+            f"{given} is already at step {step}, and trainer.max_steps={max_steps}: nothing is "
             f"left to train; raise trainer.max_steps to continue (e.g. trainer.max_steps={2 * step})"
         )
     # Lightning stops at max_epochs by the epochs its fit loop has processed (FitLoop.done).
     epochs = checkpoint["loops"].get("fit_loop", {}).get("epoch_progress", {}).get("current", {}).get("processed")
     if max_epochs is not None and max_epochs != -1 and isinstance(epochs, int) and epochs >= max_epochs:
         raise ValueError(
-            f"resume={resume} has already trained {epochs} epoch(s), and trainer.max_epochs={max_epochs}: "
+            f"{given} has already trained {epochs} epoch(s), and trainer.max_epochs={max_epochs}: "
             f"nothing is left to train; raise trainer.max_epochs to continue (e.g. "
             f"trainer.max_epochs={2 * epochs})"
         )
@@ -585,13 +641,13 @@ def check_resume(
         if timer.time_remaining() <= 0:
             spent = timedelta(seconds=round(timer.time_elapsed()))
             raise ValueError(
-                f"resume={resume} has already trained for {spent} (Lightning's timer counts it), and "
+                f"{given} has already trained for {spent} (Lightning's timer counts it), and "
                 f"trainer.max_time={override_value(max_time)}: nothing is left to train; give the total "
                 f"time, e.g. +trainer.max_time={_days_hms(spent + timedelta(minutes=30))} for 30 more minutes"
             )
     current = resume_settings(hparams)
     saved = resume_settings(checkpoint["hyper_parameters"])
-    # Compared as resolved (a default and the value it stands for are one setting), named as given.
+    # Compared and named as resolved: a default and the value it stands for are one setting.
     # The checkpoint's keys: a checkpoint written before the seed was stored resumes with any seed=.
     resolved = resolve_defaults(current)
     for key, value in resolve_defaults(saved).items():
@@ -600,16 +656,18 @@ def check_resume(
         if key == TOKENIZER_SETTING:
             was, now = (set((t or {}).get("vocab") or "") for t in (value, current.get(key)))
             raise ValueError(
-                f"resume={resume}: this run's corpus has another vocabulary than the checkpoint's (new "
+                f"{given}: this run's corpus has another vocabulary than the checkpoint's (new "
                 f"characters {''.join(sorted(now - was))!r}, missing {''.join(sorted(was - now))!r}; the "
                 "token ids would mean other characters): data.path names another file than the checkpoint's "
                 "corpus, or the file was edited; resume on the checkpoint's corpus"
             )
         raise ValueError(
-            f"resume={resume} was trained with {key}={override_value(saved[key])}, this run has "
-            f"{override_value(current.get(key))}; resume with the checkpoint's settings (its run directory's "
-            ".hydra/overrides.yaml lists them)"
+            f"{given} was trained with {key}={override_value(value)}, this run has "
+            f"{override_value(resolved.get(key))}; resume with the checkpoint's settings (its run "
+            "directory's .hydra/overrides.yaml lists them)"
         )
+    if world_size is not None:
+        refuse_another_world_size(checkpoint, resume, world_size)
     return str(Path(resume).resolve())
 
 
@@ -630,39 +688,59 @@ class WorldSizeRecord(Callback):
         return dict(self.processes)
 
 
-def check_resume_world_size(resume: str | None, world_size: int) -> None:
-    """Refuse to resume a checkpoint on another number of processes than it was trained on.
+def refuse_another_world_size(checkpoint: Mapping[str, Any], resume: str, world_size: int) -> None:
+    """Refuse to resume ``checkpoint`` (read from ``resume``, the path as given) on another number of
+    processes than it was trained on, as its :class:`WorldSizeRecord` stores it.
 
     Under DDP each optimizer step averages the gradients of ``data.batch_size`` examples per
     process. The training stream (:mod:`data.resumable`) continues the same order of examples on
     any process count, but cuts it into steps of ``batch_size x processes`` examples (and drops
     another remainder at the end of each pass), so on another count the continued run would take
-    other steps than the run it continues. Apart from :func:`check_resume` because the count is
-    known only once the Trainer has resolved ``trainer.devices`` and ``trainer.num_nodes``.
-
-    Args:
-        resume: the checkpoint (:func:`check_resume`'s path), or None (a new run: nothing to check).
-        world_size: this run's ``trainer.world_size``.
+    other steps than the run it continues. A checkpoint written before the count was stored resumes
+    on any.
 
     Raises:
-        ValueError: the checkpoint stores (:class:`WorldSizeRecord`) another process count, naming
-            both and the settings that give the checkpoint's. A checkpoint written before the count
-            was stored resumes on any.
+        ValueError: another process count, naming both and the ``trainer.devices`` /
+            ``trainer.num_nodes`` pair that gives the checkpoint's; or a corrupt record (a key
+            missing, not integers, a count below 1), naming the checkpoint.
+    """
+    given = f"resume={override_value(resume)}"
+    record = checkpoint.get("callbacks", {}).get(WorldSizeRecord.__qualname__)
+    if record is None:
+        return
+    counts = [record.get(key) if isinstance(record, Mapping) else None for key in ("world_size", "num_nodes")]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts):
+        raise ValueError(
+            f"{given}: the checkpoint is corrupt (its {WorldSizeRecord.__qualname__} entry, the process "
+            f"count it was trained on, is {record!r}, not the integers world_size >= 1 and num_nodes >= 1); "
+            "resume from an intact copy of it or from another checkpoint of the run"
+        )
+    saved, nodes = counts
+    if saved == world_size:
+        return
+    if saved % nodes:  # a count no real run stores (Lightning runs as many devices on every node)
+        nodes = 1
+    raise ValueError(
+        f"{given} was trained on {saved} process(es), this run has {world_size}: each optimizer step "
+        "trains on data.batch_size examples per process, so the continued run would take other steps "
+        f"than the run it continues; resume with trainer.devices={saved // nodes} trainer.num_nodes={nodes}"
+    )
+
+
+def check_resume_world_size(resume: str | None, world_size: int) -> None:
+    """:func:`refuse_another_world_size` for the checkpoint at ``resume`` (the path as given; None:
+    a new run, nothing to check): for a run whose process count is known only once the Trainer has
+    resolved ``trainer.devices`` (``auto``, ``-1``); :func:`check_resume` checks a count the config
+    states.
+
+    Raises:
+        ValueError: as :func:`refuse_another_world_size`.
     """
     if resume is None:
         return
     # Memory-mapped: check_resume has read and checked the whole file; this reads its small entries.
     checkpoint = torch.load(resume, map_location="cpu", weights_only=True, mmap=True)
-    saved = checkpoint.get("callbacks", {}).get(WorldSizeRecord.__qualname__, {})
-    if saved.get("world_size") in (None, world_size):
-        return
-    nodes = saved["num_nodes"]
-    devices = f"trainer.devices={saved['world_size'] // nodes} trainer.num_nodes={nodes}"
-    raise ValueError(
-        f"resume={resume} was trained on {saved['world_size']} process(es) ({devices}), this run has "
-        f"{world_size}: each optimizer step trains on data.batch_size examples per process, so the "
-        f"continued run would take other steps than the run it continues; resume with {devices}"
-    )
+    refuse_another_world_size(checkpoint, resume, world_size)
 
 
 def discard_unfinished_batch(trainer: L.Trainer) -> None:
@@ -865,46 +943,113 @@ def _write_train_records(
     write_records(run_dir / "results" / "train.json", records)
 
 
-def remove_unused_run_dir(run_dir: Path, workdir_entries: Collection[str] | None = None) -> bool:
-    """Delete ``run_dir`` when it holds only what Hydra makes before the task runs (``.hydra/``
+# What Hydra writes before the task runs: into the run directory, and into a sweep's directory (-m).
+HYDRA_RUN_FILES = (".hydra", "train.log")
+HYDRA_SWEEP_FILES = ("multirun.yaml",)
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldersBefore:
+    """What existed of a folder's path before Hydra made the folder: ``deepest``, its deepest folder
+    that existed (the folder itself when it existed), and ``entries``, the names in ``deepest`` then.
+    Whatever lies below ``deepest`` under another name was made after, by the run."""
+
+    deepest: Path
+    entries: frozenset[str]
+
+    @classmethod
+    def of(cls, folder: str | os.PathLike) -> FoldersBefore:
+        """The record of ``folder`` (relative to the working directory) now.
+
+        Raises:
+            OSError: ``deepest`` cannot be listed.
+        """
+        folder = Path(folder).resolve()
+        deepest = next(p for p in (folder, *folder.parents) if p.is_dir())
+        return cls(deepest, frozenset(os.listdir(deepest)))
+
+    def made_after(self, path: Path) -> bool:
+        """Whether ``path`` (absolute, symbolic links resolved) was not there when the record was taken."""
+        return (
+            path != self.deepest
+            and path.is_relative_to(self.deepest)
+            and path.relative_to(self.deepest).parts[0] not in self.entries
+        )
+
+
+def remove_unused_run_dir(run_dir: Path, before: FoldersBefore | None, sweep_dir: Path | None = None) -> bool:
+    """Remove what a run made when it holds only what Hydra writes before the task runs (``.hydra/``
     and an empty ``train.log``): a run refused by a settings error would otherwise leave one such
-    folder per attempt under outputs/. Anything else in it keeps it. Its parent goes too when that
-    is left empty and is named like Hydra's date folder (``YYYY-MM-DD``), and so does every empty
-    folder above it that this run made (Hydra makes the missing parents of its run directory): one
-    inside the working directory whose top folder there is not among ``workdir_entries``, the
-    working directory's entries before Hydra ran (None: unknown, no such folder is removed).
-    Returns whether ``run_dir`` was removed.
+    folder per attempt under outputs/. Anything else in ``run_dir`` keeps it whole.
+
+    Removed is what ``before`` (taken of ``run_dir``, or of ``sweep_dir`` for a job of ``-m``, before
+    Hydra made it; None: unknown, nothing is removed) says this run made: Hydra's files in
+    ``run_dir``, then ``run_dir`` and each folder above it while the run made it and it is left
+    empty (Hydra makes the missing parents, such as a new outputs/ and its date folder), the sweep's
+    ``multirun.yaml`` with its folder. A folder that was there before stays, empty or not.
+
+    Returns:
+        Whether ``run_dir`` was removed.
     """
-    if not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} - {".hydra", "train.log"}:
+    run_dir = run_dir.resolve()
+    if before is None or not run_dir.is_dir():
         return False
     log_file = run_dir / "train.log"
     if log_file.exists() and log_file.stat().st_size:
         return False
-    run_dir = run_dir.resolve()
-    workdir = Path.cwd().resolve()
-    if workdir == run_dir or workdir.is_relative_to(run_dir):
-        return False  # hydra.run.dir=. (or above): never the folder the user works in
-    shutil.rmtree(run_dir)
-    for parent in run_dir.parents:
-        made_by_this_run = (
-            workdir_entries is not None
-            and parent.is_relative_to(workdir)
-            and parent != workdir
-            and parent.relative_to(workdir).parts[0] not in workdir_entries
-        )
-        date_folder = parent == run_dir.parent and re.fullmatch(r"\d{4}-\d{2}-\d{2}", parent.name)
-        if not (made_by_this_run or date_folder) or any(parent.iterdir()):
+    sweep_dir = sweep_dir.resolve() if sweep_dir is not None else None
+    folder, hydra_files = run_dir, HYDRA_RUN_FILES
+    while not {p.name for p in folder.iterdir()} - set(hydra_files):
+        for path in (folder / name for name in hydra_files):
+            if path.is_dir() and before.made_after(path):
+                shutil.rmtree(path)
+            elif path.exists() and before.made_after(path):
+                path.unlink()
+        if not before.made_after(folder):
             break
-        parent.rmdir()
-    return True
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: another job of the sweep has written into it since
+            break
+        folder = folder.parent
+        hydra_files = HYDRA_SWEEP_FILES if folder == sweep_dir else ()
+    return not run_dir.exists()
+
+
+class RecordRunFolders(HydraCallback):
+    """Hydra callback (``hydra.callbacks`` of ``conf/train.yaml``): takes :data:`RUN_FOLDERS_BEFORE`,
+    what existed of the run directory (of the sweep directory under ``-m``) before Hydra makes it, so
+    that a refused run removes only what it made (:func:`remove_unused_run_dir`)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Record ``hydra.run.dir``."""
+        _record_folders_before(config.hydra.run.dir)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Record ``hydra.sweep.dir``."""
+        _record_folders_before(config.hydra.sweep.dir)
+
+
+def _record_folders_before(folder: str) -> None:
+    """Set :data:`RUN_FOLDERS_BEFORE` to the record of ``folder`` (None where it cannot be taken)."""
+    global RUN_FOLDERS_BEFORE
+    try:
+        RUN_FOLDERS_BEFORE = FoldersBefore.of(folder)
+    except OSError:  # a folder that cannot be listed: what the run makes there stays
+        RUN_FOLDERS_BEFORE = None
+
+
+# What existed of this process' run (or sweep) directory before Hydra made it (RecordRunFolders).
+RUN_FOLDERS_BEFORE: FoldersBefore | None = None
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
     """Command-line entry point: compose with Hydra, then :func:`train`. A run refused by a settings
-    error, or stopped by Ctrl+C before training, removes the run directory Hydra made for it and
-    the empty folders made with it, such as a new outputs/ (:func:`remove_unused_run_dir`); a
-    failed write (full disk) is one line naming the file (:func:`eval.cli.user_errors`)."""
+    error, or stopped by Ctrl+C before training, removes what Hydra made for it: its run directory,
+    and the empty folders made with it, such as a new outputs/, or a refused job's new sweep folder
+    (:func:`remove_unused_run_dir`), never a folder that was there before; a failed write (full
+    disk) is one line naming the file (:func:`eval.cli.user_errors`)."""
     torch.set_flush_denormal(True)
     os.environ.setdefault("WANDB_SILENT", "true")
     try:
@@ -913,16 +1058,15 @@ def main(cfg: DictConfig) -> None:
     except SystemExit as exc:
         # user_errors: a settings error, or Ctrl+C outside training's own handling (which saves)
         if exc.code in (2, INTERRUPTED):
-            remove_unused_run_dir(Path(HydraConfig.get().runtime.output_dir), WORKDIR_ENTRIES)
+            hydra_cfg = HydraConfig.get()
+            sweep_dir = Path(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
+            remove_unused_run_dir(Path(hydra_cfg.runtime.output_dir), RUN_FOLDERS_BEFORE, sweep_dir)
         raise
     if result["interrupted"]:
         raise SystemExit(1)
 
 
-# The working directory's entries before Hydra made the run directory (and outputs/, when missing),
-# taken when train.py runs as a script: main removes only the empty folders this run made.
-WORKDIR_ENTRIES: frozenset[str] | None = None
-
 if __name__ == "__main__":
-    WORKDIR_ENTRIES = frozenset(os.listdir())
+    # conf/train.yaml's hydra.callbacks name train.RecordRunFolders: this module, not a second copy of it.
+    sys.modules.setdefault("train", sys.modules[__name__])
     main()

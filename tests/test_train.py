@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -417,6 +418,56 @@ def test_train_cli_refuses_a_mismatched_resume_first_and_leaves_no_folder(jamba_
     assert list(tmp_path.iterdir()) == []
 
 
+# A refused run's folders: (where it runs, the folders made before it, relative to tmp_path; the
+# cwd is tmp_path / "work").
+REFUSED_RUN_FOLDERS = {
+    "premade run dir": (["hydra.run.dir=my_run"], ["work/my_run"]),
+    "premade absolute nested run dir": (
+        ["hydra.run.dir={tmp_path}/elsewhere/outer/run"], ["elsewhere/outer/run"]
+    ),
+    "new sweep": (["-m"], []),
+    "premade sweep dir": (["-m", "hydra.sweep.dir=my_sweep"], ["work/my_sweep"]),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED_RUN_FOLDERS)
+def test_a_refused_run_removes_only_the_folders_it_made(jamba_run, tmp_path, case):
+    """Found by a new-user check: a refused run deleted a run folder the user had made (it held only
+    Hydra's files by then), and a refused -m job left multirun/<date>/<time>/multirun.yaml behind.
+    A refused run now removes what it made, and nothing that was there before."""
+    args, premade = REFUSED_RUN_FOLDERS[case]
+    (tmp_path / "work").mkdir()
+    for folder in premade:
+        (tmp_path / folder).mkdir(parents=True)
+    before = sorted(tmp_path.rglob("*"))
+    settings = [a for a in TINY if not a.startswith("trainer.max_steps=")] + MQAR_TINY + JAMBA_RESUME
+    args = [str(REPO_ROOT / "train.py"), *(a.format(tmp_path=tmp_path) for a in args), *settings]
+    result = cli([*args, f"resume={jamba_run['last_ckpt']}", "data.seed=1"], cwd=tmp_path / "work")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.endswith(
+        "was trained with data.seed=0, this run has 1; resume with the checkpoint's settings (its run "
+        "directory's .hydra/overrides.yaml lists them)\n"
+    )
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_train_cli_refuses_another_process_count_first(jamba_run, tmp_path):
+    """The process-count refusal came after Lightning's first lines ("Seed set to 0", "GPU
+    available: ...") and named the checkpoint by its absolute path where the user gave a relative
+    one; it now comes first, like the other settings refusals, naming the checkpoint as typed."""
+    settings = [a for a in TINY if not a.startswith("trainer.max_steps=")] + MQAR_TINY + JAMBA_RESUME
+    resume = os.path.relpath(jamba_run["last_ckpt"], tmp_path)
+    args = [str(REPO_ROOT / "train.py"), *settings, f"resume={resume}"]
+    result = cli([*args, "trainer.strategy=ddp", "trainer.devices=2"], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stdout == "" and result.stderr == (
+        f"error: resume={resume} was trained on 1 process(es), this run has 2: each optimizer step trains "
+        "on data.batch_size examples per process, so the continued run would take other steps than the run "
+        "it continues; resume with trainer.devices=1 trainer.num_nodes=1\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_train_cli_reports_an_uncreatable_run_dir_in_one_line(tmp_path):
     # Found by a fresh-clone check: Hydra failed to create it in a chained traceback.
     blocker = tmp_path / "a-file"
@@ -432,58 +483,102 @@ def test_train_cli_reports_an_uncreatable_run_dir_in_one_line(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
-def test_remove_unused_run_dir_keeps_anything_with_content(tmp_path):
-    def make(name, log="", extra=None):
-        run = tmp_path / name
-        (run / ".hydra").mkdir(parents=True)
-        (run / ".hydra" / "config.yaml").write_text("seed: 0\n")
-        (run / "train.log").write_text(log)
-        if extra:
-            (run / extra).mkdir()
-        return run
+def make_run_dir(path: Path, log: str = "", extra: str | None = None) -> train_module.FoldersBefore:
+    """Make ``path`` as Hydra makes a run directory (``.hydra/``, ``train.log`` holding ``log``), plus
+    a folder ``extra``; return the record of what existed of it before (what train.py's Hydra
+    callback notes)."""
+    before = train_module.FoldersBefore.of(path)
+    (path / ".hydra").mkdir(parents=True, exist_ok=True)
+    (path / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (path / "train.log").write_text(log)
+    if extra:
+        (path / extra).mkdir()
+    return before
 
-    assert train_module.remove_unused_run_dir(make("fresh")) and not (tmp_path / "fresh").exists()
-    kept = [make("logged", log="[INFO] model: ...\n"), make("trained", extra="checkpoints")]
-    assert not any(train_module.remove_unused_run_dir(run) for run in kept)
+
+def test_remove_unused_run_dir_keeps_anything_with_content(tmp_path):
+    fresh = tmp_path / "fresh"
+    assert train_module.remove_unused_run_dir(fresh, make_run_dir(fresh)) and not fresh.exists()
+    kept = {tmp_path / "logged": "[INFO] model: ...\n", tmp_path / "trained": ""}
+    befores = {run: make_run_dir(run, log, extra=None if log else "checkpoints") for run, log in kept.items()}
+    assert not any(train_module.remove_unused_run_dir(run, before) for run, before in befores.items())
     assert all((run / ".hydra" / "config.yaml").exists() for run in kept)
-    assert not train_module.remove_unused_run_dir(tmp_path / "missing")
-    # Hydra's date folder goes with its last run; one with other runs, or not named like a date, stays.
-    day, other = tmp_path / "2026-12-02", tmp_path / "runs"
-    assert train_module.remove_unused_run_dir(make("2026-12-02/10-00-00")) and not day.exists()
-    make("2026-12-02/10-00-01"), make("2026-12-02/10-00-02", extra="checkpoints")
-    assert train_module.remove_unused_run_dir(day / "10-00-01") and day.exists()
-    assert train_module.remove_unused_run_dir(make("runs/10-00-03")) and other.is_dir()
+    missing = tmp_path / "missing"
+    assert not train_module.remove_unused_run_dir(missing, train_module.FoldersBefore.of(missing))
+    # Without the record (what existed before is unknown) nothing is removed.
+    unknown = tmp_path / "unknown"
+    make_run_dir(unknown)
+    assert not train_module.remove_unused_run_dir(unknown, None)
+    assert sorted(p.name for p in unknown.iterdir()) == [".hydra", "train.log"]
 
 
 def test_remove_unused_run_dir_removes_the_folders_made_for_the_run(tmp_path, monkeypatch):
     """A refused run started in a folder without outputs/ left an empty outputs/ (Hydra makes the
     missing parents of the run directory). The empty folders the run made go with it; folders
-    that were in the working directory before it stay, empty or not."""
+    that were there before it stay, empty or not."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "kept").mkdir()
     (tmp_path / "full" / "old-run").mkdir(parents=True)
-    before = frozenset(os.listdir())
-
-    def make(name):
-        run = tmp_path / name
-        (run / ".hydra").mkdir(parents=True)
-        (run / "train.log").write_text("")
-        return run
-
     for name in ("outputs/2026-12-02/10-00-00", "runs/a/b", "kept/run", "full/run"):
-        assert train_module.remove_unused_run_dir(make(name), before)
+        assert train_module.remove_unused_run_dir(Path(name), make_run_dir(Path(name)))
     assert sorted(os.listdir()) == ["full", "kept"]
     assert os.listdir("kept") == [] and os.listdir("full") == ["old-run"]
-    # The working directory itself (hydra.run.dir=.) is never removed.
-    (tmp_path / ".hydra").mkdir()
-    (tmp_path / "train.log").write_text("")
-    assert not train_module.remove_unused_run_dir(tmp_path, before) and tmp_path.is_dir()
-    (tmp_path / "train.log").unlink()
-    (tmp_path / ".hydra").rmdir()
     # A folder that holds another run stays.
-    make("outputs/2026-12-02/10-00-01")
-    assert train_module.remove_unused_run_dir(make("outputs/2026-12-02/10-00-02"), before)
+    make_run_dir(Path("outputs/2026-12-02/10-00-01"))
+    run = Path("outputs/2026-12-02/10-00-02")
+    assert train_module.remove_unused_run_dir(run, make_run_dir(run))
     assert os.listdir("outputs/2026-12-02") == ["10-00-01"]
+
+
+def test_remove_unused_run_dir_keeps_the_folders_that_existed_before(tmp_path, monkeypatch):
+    """A refused run deleted a run folder the user had made (hydra.run.dir=my_run, a nested or
+    absolute path): it held only Hydra's files by then. Only what the run made goes: Hydra's files
+    in a folder that existed, the folder itself and its new parents when the run made them."""
+    monkeypatch.chdir(tmp_path)
+    for folder in ("my_run", "outer/inner/run", "outputs/2026-12-02"):
+        Path(folder).mkdir(parents=True)
+    for run in (Path("my_run"), tmp_path / "outer" / "inner" / "run"):
+        assert not train_module.remove_unused_run_dir(run, make_run_dir(run))
+    run = Path("outputs/2026-12-02/10-00-00")
+    assert train_module.remove_unused_run_dir(run, make_run_dir(run))
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "my_run", "outer", "outer/inner", "outer/inner/run", "outputs", "outputs/2026-12-02",
+    ]  # fmt: skip
+    # The working directory itself (hydra.run.dir=.) stays.
+    monkeypatch.chdir(tmp_path / "my_run")
+    assert not train_module.remove_unused_run_dir(Path("."), make_run_dir(Path(".")))
+    assert os.listdir() == [] and Path.cwd() == tmp_path / "my_run"
+    # So do Hydra's files that were there before (an earlier run's .hydra/ and empty train.log).
+    make_run_dir(Path("."))
+    assert not train_module.remove_unused_run_dir(Path("."), make_run_dir(Path(".")))
+    assert sorted(os.listdir()) == [".hydra", "train.log"]
+
+
+def sweep_job(sweep: Path, job: str = "0-attention-mqar") -> train_module.FoldersBefore:
+    """Make a -m job's folders as Hydra does: ``sweep`` holding ``multirun.yaml`` and the job's run
+    directory; return the record of what existed of ``sweep`` before (Hydra's multirun start)."""
+    before = train_module.FoldersBefore.of(sweep)
+    make_run_dir(sweep / job)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    return before
+
+
+def test_remove_unused_run_dir_removes_a_refused_sweeps_folders(tmp_path, monkeypatch):
+    """A refused -m job left multirun/<date>/<time>/multirun.yaml behind."""
+    monkeypatch.chdir(tmp_path)
+    sweep = Path("multirun/2026-12-02/10-00-00")
+    before = sweep_job(sweep)
+    assert train_module.remove_unused_run_dir(sweep / "0-attention-mqar", before, sweep)
+    assert os.listdir() == []
+    # A sweep folder the user made stays (empty); one holding another job's run keeps its multirun.yaml.
+    Path("my_sweep").mkdir()
+    before = sweep_job(Path("my_sweep"))
+    assert train_module.remove_unused_run_dir(Path("my_sweep/0-attention-mqar"), before, Path("my_sweep"))
+    assert os.listdir() == ["my_sweep"] and os.listdir("my_sweep") == []
+    before = sweep_job(sweep)
+    make_run_dir(sweep / "1-mamba-mqar", extra="checkpoints")
+    assert train_module.remove_unused_run_dir(sweep / "0-attention-mqar", before, sweep)
+    assert sorted(os.listdir(sweep)) == ["1-mamba-mqar", "multirun.yaml"]
 
 
 @pytest.mark.parametrize("to", ["process", "group"])
@@ -590,6 +685,10 @@ def test_an_interrupt_before_the_first_step_saves_nothing(tmp_path, monkeypatch,
         ("data.monitor_mode=maxx", ValueError, "data.monitor_mode must be min or max, got 'maxx'"),
         ("data.monitor=val/accc", ValueError, "data.monitor='val/accc': monitor one of the metrics this run"),
         ("data.monitor=val/loss", ValueError, "would keep the highest-loss checkpoint as best.ckpt"),
+        # The data module's errors name the data.* setting (they named test_configs[0], seqlen).
+        ("data.test_configs=[{seqlen:2,num_kv_pairs:1}]", ValueError, "data.test_configs[0].seqlen must be >= 4"),
+        ("data.test_configs=[{seqlen:64}]", ValueError, "data.test_configs[0] must be a mapping with"),
+        ("data.seqlen=7", ValueError, "data.seqlen must be even (queries sit at even offsets), got 7"),
     ],
 )
 def test_bad_trainer_and_optim_settings_fail_before_training(tmp_path, override, error, message):
@@ -823,7 +922,7 @@ def test_resume_rejects_missing_weights_only_and_mismatched_checkpoints(tmp_path
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         run_train(tmp_path / "a", [f"resume={tmp_path / 'nope.ckpt'}"])
     part = run_train(tmp_path / "part", ["trainer.max_steps=2", "trainer.val_check_interval=2"])
-    with pytest.raises(ValueError, match=r"model d_model=32.*this run has 64.*overrides.yaml"):
+    with pytest.raises(ValueError, match=r"model\.d_model=32.*this run has 64.*overrides.yaml"):
         run_train(tmp_path / "b", [f"resume={part['last_ckpt']}", "model.d_model=64"])
     weights_only = tmp_path / "weights.ckpt"
     state = read_checkpoint(part["last_ckpt"])
@@ -851,6 +950,8 @@ def test_resume_rejects_missing_weights_only_and_mismatched_checkpoints(tmp_path
 
 # jamba_run resumed: its mixer, and a step limit past its 20 steps.
 JAMBA_RESUME = ["mixer=hybrid_jamba", "trainer.max_steps=21"]
+# jamba_run's (MQAR's default) evaluation slices, written out.
+DEFAULT_MQAR_SLICES = "[{seqlen:64,num_kv_pairs:4},{seqlen:128,num_kv_pairs:8},{seqlen:256,num_kv_pairs:16}]"
 
 
 @pytest.mark.parametrize(
@@ -862,17 +963,20 @@ JAMBA_RESUME = ["mixer=hybrid_jamba", "trainer.max_steps=21"]
         ("optim.lr=0.001", "optim.lr=0.003, this run has 0.001"),
         ("seed=1", "seed=0, this run has 1"),
         ("data.random_non_queries=false", "data.random_non_queries=true, this run has false"),
+        # The checkpoint's null is shown as the slices it stands for (it showed as null).
         (
             "data.test_configs=[{seqlen:64,num_kv_pairs:4}]",
-            "data.test_configs=null, this run has [{seqlen:64,num_kv_pairs:4}]",
+            f"data.test_configs={DEFAULT_MQAR_SLICES}, this run has [{{seqlen:64,num_kv_pairs:4}}]",
         ),
+        ("model.d_model=16", "model.d_model=32, this run has 16"),
     ],
 )
 def test_resume_refuses_other_data_optim_or_seed_settings(jamba_run, tmp_path, override, message):
     """A resume given other data, optimizer or seed= settings was accepted and trained on other
     batches (the order is a function of data.seed and seed=) or with another optimizer than the run
     it claimed to continue; it is refused up front, naming the key and both values, as Hydra
-    overrides write them (they printed as Python values: True, None, 'copy')."""
+    overrides write them (they printed as Python values: True, None, 'copy'; model keys as
+    `model d_model`)."""
     settings = [*JAMBA_RESUME, f"resume={jamba_run['last_ckpt']}", override]
     expected = f"was trained with {message}; resume with the checkpoint's settings"
     with pytest.raises(ValueError, match=re.escape(expected) + ".*overrides.yaml"):
@@ -893,10 +997,6 @@ def test_resume_accepts_other_loader_and_selection_settings(jamba_run, tmp_path)
     state = read_checkpoint(resumed["last_ckpt"])
     assert state["global_step"] == 21 and state["hyper_parameters"]["data"]["num_workers"] == 1
     assert set(changed) == set(train_module.RESUME_EXEMPT_DATA_KEYS)  # every exempt key is tested
-
-
-# jamba_run's (MQAR's default) evaluation slices, written out.
-DEFAULT_MQAR_SLICES = "[{seqlen:64,num_kv_pairs:4},{seqlen:128,num_kv_pairs:8},{seqlen:256,num_kv_pairs:16}]"
 
 
 def test_resume_accepts_a_default_written_out(jamba_run, tmp_path):
@@ -936,8 +1036,8 @@ def test_resume_refuses_another_process_count(jamba_run, tmp_path):
         "num_nodes": 1,
     }
     message = (
-        "was trained on 1 process(es) (trainer.devices=1 trainer.num_nodes=1), this run has 2: each "
-        "optimizer step trains on data.batch_size examples per process"
+        "was trained on 1 process(es), this run has 2: each optimizer step trains on data.batch_size "
+        "examples per process"
     )
     fix = "resume with trainer.devices=1 trainer.num_nodes=1"
     with pytest.raises(ValueError, match=re.escape(message) + ".*" + fix):
@@ -952,6 +1052,57 @@ def test_resume_refuses_another_process_count(jamba_run, tmp_path):
     torch.save(checkpoint, old)
     assert train_module.check_resume_world_size(str(old), 2) is None
     assert train_module.check_resume_world_size(jamba_run["last_ckpt"], 1) is None
+
+
+def test_resume_refuses_a_corrupt_process_count_record_clearly(jamba_run, tmp_path):
+    """A hand-edited WorldSizeRecord entry (a key missing, a wrong type, a count below 1) failed in a
+    traceback (KeyError, ZeroDivisionError); it is an error naming the checkpoint as corrupt. A
+    count its num_nodes does not divide got a hint of devices x nodes giving another count."""
+    checkpoint = read_checkpoint(jamba_run["last_ckpt"])
+    saved = checkpoint["hyper_parameters"]
+    edits = {
+        "missing": {"world_size": 1},
+        "text": {"world_size": "1", "num_nodes": 1},
+        "no_nodes": {"world_size": 1, "num_nodes": 0},
+        "negative": {"world_size": -2, "num_nodes": 1},
+        "list": [1, 1],
+    }
+    for name, record in edits.items():
+        path = tmp_path / f"{name}.ckpt"
+        torch.save({**checkpoint, "callbacks": {**checkpoint["callbacks"], "WorldSizeRecord": record}}, path)
+        message = re.escape(f"resume={path}: the checkpoint is corrupt (its WorldSizeRecord entry, ")
+        with pytest.raises(ValueError, match=message + ".*another checkpoint of the run"):
+            train_module.check_resume(str(path), saved, max_steps=21, world_size=1)
+        with pytest.raises(ValueError, match=message):
+            train_module.check_resume_world_size(str(path), 1)
+    path = tmp_path / "odd.ckpt"
+    record = {"world_size": 3, "num_nodes": 2}
+    torch.save({**checkpoint, "callbacks": {**checkpoint["callbacks"], "WorldSizeRecord": record}}, path)
+    message = re.escape("was trained on 3 process(es), this run has 1: ")
+    with pytest.raises(ValueError, match=message + ".*resume with trainer.devices=3 trainer.num_nodes=1$"):
+        train_module.check_resume_world_size(str(path), 1)
+
+
+def test_resume_refusals_paste_back_as_overrides(jamba_run, tmp_path):
+    """Found by a new-user check: resume= printed a path Hydra reads otherwise bare (a comma makes a
+    sweep, a space splits the shell's argument), and the model's keys as `model d_model=32`. The mixer,
+    the likeliest difference, is named first, as the choice that selects it (mixer=hybrid_jamba)."""
+    hparams = read_checkpoint(jamba_run["last_ckpt"])["hyper_parameters"]
+    width = {**hparams, "model": {**hparams["model"], "d_model": 16}}
+    mixer = {**hparams, "model": {**width["model"], "name": "attention"}}
+    refusals = [  # (this run's hparams, world_size, max_steps, the message after resume=...)
+        (width, None, 21, "was trained with model.d_model=32, this run has 16;"),
+        (mixer, None, 21, "was trained with mixer=hybrid_jamba, this run has attention;"),
+        (hparams, 2, 21, "was trained on 1 process(es), this run has 2:"),
+        (hparams, None, 20, "is already at step 20"),
+    ]
+    for folder in ("runs, v2", "my runs"):
+        (tmp_path / folder).mkdir()
+        path = tmp_path / folder / "last.ckpt"
+        shutil.copy(jamba_run["last_ckpt"], path)
+        for settings, world_size, max_steps, message in refusals:
+            with pytest.raises(ValueError, match=re.escape(f"resume='{path}' {message}")):
+                train_module.check_resume(str(path), settings, max_steps=max_steps, world_size=world_size)
 
 
 def test_a_checkpoint_without_its_seed_still_resumes_and_loads(jamba_run, tmp_path):
