@@ -617,6 +617,14 @@ def check_resume(
             f"{given} holds no trainer state (optimizer, loops) to continue from; give a "
             "checkpoint written by train.py (checkpoints/last.ckpt or best.ckpt)"
         )
+    # Read as mappings below (the Timer's and WorldSizeRecord's states, the fit loop's progress).
+    for entry in ("callbacks", "loops"):
+        if not isinstance(checkpoint.get(entry, {}), Mapping):
+            raise ValueError(
+                f"{given}: the checkpoint is corrupt (its {entry} entry is a "
+                f"{type(checkpoint[entry]).__name__}, not a mapping); resume from an intact copy of it or "
+                "from another checkpoint of the run"
+            )
     step = int(checkpoint.get("global_step", 0))
     if max_steps is not None and max_steps != -1 and step >= max_steps:
         raise ValueError(

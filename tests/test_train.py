@@ -1055,8 +1055,9 @@ def test_resume_refuses_another_process_count(jamba_run, tmp_path):
 
 
 def test_resume_refuses_a_corrupt_process_count_record_clearly(jamba_run, tmp_path):
-    """A hand-edited WorldSizeRecord entry (a key missing, a wrong type, a count below 1) failed in a
-    traceback (KeyError, ZeroDivisionError); it is an error naming the checkpoint as corrupt. A
+    """A hand-edited WorldSizeRecord entry (a key missing, a wrong type, a count below 1), or a whole
+    callbacks / loops entry, failed in a traceback (KeyError, ZeroDivisionError, AttributeError); it is
+    an error naming the checkpoint as corrupt. A
     count its num_nodes does not divide got a hint of devices x nodes giving another count."""
     checkpoint = read_checkpoint(jamba_run["last_ckpt"])
     saved = checkpoint["hyper_parameters"]
@@ -1075,6 +1076,13 @@ def test_resume_refuses_a_corrupt_process_count_record_clearly(jamba_run, tmp_pa
             train_module.check_resume(str(path), saved, max_steps=21, world_size=1)
         with pytest.raises(ValueError, match=message):
             train_module.check_resume_world_size(str(path), 1)
+    # The whole callbacks (or loops) entry hand-edited: a traceback from the Timer's lookup before.
+    for entry in ("callbacks", "loops"):
+        path = tmp_path / f"{entry}.ckpt"
+        torch.save({**checkpoint, entry: [1, 2]}, path)
+        message = re.escape(f"resume={path}: the checkpoint is corrupt (its {entry} entry is a list, not a mapping)")
+        with pytest.raises(ValueError, match=message):
+            train_module.check_resume(str(path), saved, max_steps=21, max_time="00:01:00:00", world_size=1)
     path = tmp_path / "odd.ckpt"
     record = {"world_size": 3, "num_nodes": 2}
     torch.save({**checkpoint, "callbacks": {**checkpoint["callbacks"], "WorldSizeRecord": record}}, path)
