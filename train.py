@@ -191,7 +191,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         )
         dm.setup("fit")
     except (TypeError, ValueError) as err:
-        raise type(err)(name_data_setting(str(err), data_cfg)) from err
+        message = name_data_setting(str(err), data_cfg)
+        # Only the plain types are rebuilt from a message (UnicodeDecodeError's constructor takes five
+        # arguments): any other error, or one not naming a setting, goes on as it was raised.
+        if message == str(err) or type(err) not in (TypeError, ValueError):
+            raise
+        raise type(err)(message) from err
     model_config = build_model_config(cfg, dm.vocab_size)
     tokenizer = getattr(dm, "tokenizer", None)
     slice_names = list(getattr(dm, "slice_names", ["val"]))

@@ -700,6 +700,22 @@ def test_bad_trainer_and_optim_settings_fail_before_training(tmp_path, override,
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_a_data_error_of_another_type_is_raised_as_it_was(tmp_path, monkeypatch):
+    """The data module's errors gain a data. prefix by being rebuilt from their message; an error
+    whose constructor takes more than a message (UnicodeDecodeError: five arguments) was turned into a
+    TypeError about that constructor. It goes on unchanged."""
+    error = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+    def refuse(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(train_module.datasets_lib, "build_datamodule", refuse)
+    cfg = compose_train(TINY + MQAR_TINY + [f"run_dir={tmp_path / 'run'}"])
+    with pytest.raises(UnicodeDecodeError) as raised:
+        train_module.train(cfg)
+    assert raised.value is error
+
+
 def test_a_stop_signal_during_the_final_evaluation_waits_for_it(capsys):
     # The final save and evaluation finish; the signal then ends the process with status 1.
     before = signal.getsignal(signal.SIGTERM)
