@@ -440,6 +440,15 @@ def _remember(key: tuple, plan: _DecodePlan) -> None:
     _PLANS[key] = plan
 
 
+def _split_workspace(rows: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+    """The split kernel's fp32 (fp64 for fp64) workspace, one flat allocation (an eager step is
+    host-bound at small batch): the (B, Hq, num_splits, D) partial outputs, then the (B, Hq,
+    num_splits) m and l, indexed by the kernels' row; ``rows = B * Hq * num_splits``. Returns the
+    allocation (the partial outputs at its start) and the views of m and l."""
+    o_part = torch.empty(rows * (head_dim + 2), dtype=dtype, device=device)
+    return o_part, o_part[rows * head_dim :], o_part[rows * (head_dim + 1) :]
+
+
 class _DecodePlan:
     """The launches of one :func:`flash_decode` call signature (:func:`_plan_key`), replayed by later
     eager calls with their own tensors: the argument checks, the split and tile choice and Triton's
@@ -448,29 +457,24 @@ class _DecodePlan:
 
     Args:
         out: the first call's (B, Hq, D) output, for its shape, dtype and device.
-        workspace: its flat partial-output workspace (rows * (D + 2) accumulator-dtype elements: the
-            partial outputs, then m, then l), or None for one split.
+        rows: its workspace rows (B * Hq * num_splits, :func:`_split_workspace`), or 0 for one split.
+        acc_dtype: the workspace's dtype.
         split_launch / combine_launch: the two launches (no combine for one split).
     """
 
-    def __init__(self, out, workspace, split_launch, combine_launch):
+    def __init__(self, out, rows, acc_dtype, split_launch, combine_launch):
         self.out_shape, self.dtype, self.device = out.shape, out.dtype, out.device
-        self.workspace = None if workspace is None else (workspace.numel(), workspace.dtype)
-        if workspace is not None:
-            head_dim = out.shape[-1]
-            rows = workspace.numel() // (head_dim + 2)
-            self.m_start, self.l_start = rows * head_dim, rows * (head_dim + 1)
+        self.rows, self.acc_dtype = rows, acc_dtype
         self.split_launch, self.combine_launch = split_launch, combine_launch
 
     def __call__(self, q, k_cache, v_cache, block_table, seqlens) -> torch.Tensor | None:
         """(B, Hq, D) output of the replayed launches, or None (nothing launched) when the allocator
         returned an address without the 16-byte alignment the kernels were specialized for."""
         out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
-        if self.workspace is None:
-            workspace = m_part = l_part = out
+        if self.rows:
+            workspace, m_part, l_part = _split_workspace(self.rows, self.out_shape[-1], self.acc_dtype, self.device)
         else:
-            workspace = torch.empty(self.workspace[0], dtype=self.workspace[1], device=self.device)
-            m_part, l_part = workspace[self.m_start :], workspace[self.l_start :]
+            workspace = m_part = l_part = out
         if (out.data_ptr() | workspace.data_ptr()) % 16:
             return None
         # The launcher launches on the current device's context: switch only when q lives elsewhere.
@@ -588,12 +592,8 @@ def flash_decode(
     split = num_splits > 1
     acc_dtype = torch.float64 if fp64 else torch.float32
     if split:
-        # One flat allocation (an eager step is host-bound at small batch): the (B, Hq, num_splits,
-        # D) partial outputs, then the (B, Hq, num_splits) m and l, indexed by the kernels' row.
         rows = batch * num_heads * num_splits
-        o_part = torch.empty(rows * (head_dim + 2), dtype=acc_dtype, device=q.device)
-        m_part = o_part[rows * head_dim :]
-        l_part = o_part[rows * (head_dim + 1) :]
+        o_part, m_part, l_part = _split_workspace(rows, head_dim, acc_dtype, q.device)
     else:  # one split writes the output itself; the workspace pointers are unused
         o_part = m_part = l_part = out
 
@@ -634,5 +634,5 @@ def flash_decode(
         # The replay allocates its own output and workspace; it needs them aligned as these were.
         aligned = (out.data_ptr() | o_part.data_ptr()) % 16 == 0
         if aligned and split_launch is not None and (combine_launch is not None or not split):
-            _remember(key, _DecodePlan(out, o_part if split else None, split_launch, combine_launch))
+            _remember(key, _DecodePlan(out, rows if split else 0, acc_dtype, split_launch, combine_launch))
     return out
