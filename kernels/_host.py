@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 
 import torch
@@ -203,3 +204,137 @@ class CompiledLaunch:
             *self._grid, self._stream(self._device), self._function, self._packed_metadata,
             None, None, None, *tensors, *self._fixed,
         )  # fmt: skip
+
+
+class LaunchPlans:
+    """The replayable launches of one decode-step op, by call signature (at most ``max_plans``,
+    oldest dropped first: a decode loop uses one or two, a sweep over shapes should not hold them all).
+
+    An op keys every eager call with :meth:`key`, looks the key up with :meth:`get` and, on a hit,
+    replays the stored plan (a :class:`CompiledLaunch` plus the op's fresh outputs) instead of its
+    argument checks, tile choice and ``JITFunction.run``. Only a call that passed every check on the
+    ordinary path and launched stores a plan (:meth:`remember`), so a key must determine everything
+    those checks, the tile choice and the launch depend on except the tensors' addresses; a check
+    that reads addresses (states written in place that share memory with another tensor, see
+    :class:`WrittenApart`) must be redone by the replay, which falls back to the ordinary path.
+
+    Attributes:
+        device_types: the device types whose calls get a key (CUDA: the interpreter returns no
+            compiled kernel to replay); tests widen it to replay fake compiled kernels on CPU.
+    """
+
+    device_types: tuple[str, ...] = ("cuda",)
+
+    def __init__(self, max_plans: int = 64):
+        self.max_plans = max_plans
+        self._plans: dict[tuple, object] = {}
+
+    def key(self, scalars: tuple, *tensors: torch.Tensor | None) -> tuple | None:
+        """The call signature of a call with non-tensor arguments ``scalars`` and tensors ``tensors``
+        (the first one not None): each scalar's type and value (and a float zero's sign: -0.0 == 0.0,
+        but a kernel sees the sign), then each tensor's shape, strides, dtype, device and
+        ``data_ptr() % 16 == 0`` (Triton's pointer specialization), None for an absent one; one
+        flat tuple (built on every eager call).
+
+        None where no plan applies: a scalar other than None / bool / int / float (the op's checks
+        refuse it, or it might not hash), a tensor that is not a plain strided ``torch.Tensor``, the
+        first tensor on a device type outside ``device_types``, or grad mode with a tensor that
+        requires grad (the decode steps have no backward and refuse it: the ordinary path raises).
+        """
+        key = []
+        for x in scalars:
+            kind = type(x)
+            if kind is float:
+                key += (kind, x, x == 0.0 and math.copysign(1.0, x))
+            elif kind is bool or kind is int or x is None:
+                key += (kind, x)
+            else:
+                return None
+        grad = torch.is_grad_enabled()
+        for t in tensors:
+            if t is None:
+                key.append(None)
+            elif type(t) is not torch.Tensor or t.layout is not torch.strided or (grad and t.requires_grad):
+                return None
+            else:
+                key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+        if tensors[0].device.type not in self.device_types:
+            return None
+        return tuple(key)
+
+    def get(self, key: tuple | None):
+        """The plan stored under ``key``, or None: no key, no plan, or a launch hook installed
+        (:func:`launch_hooks_installed`: a replay calls no hook, so the ordinary launch runs)."""
+        plan = self._plans.get(key) if key is not None else None
+        if plan is None or launch_hooks_installed():
+            return None
+        return plan
+
+    def remember(self, key: tuple, plan) -> None:
+        """Store a plan, dropping the oldest beyond ``max_plans``."""
+        if key not in self._plans and len(self._plans) >= self.max_plans:
+            self._plans.pop(next(iter(self._plans)))
+        self._plans[key] = plan
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def __contains__(self, key) -> bool:
+        return key in self._plans
+
+
+def byte_extent(t: torch.Tensor | None) -> int:
+    """Bytes from ``t.data_ptr()`` that a tensor's elements can touch (0 for None or an empty one),
+    the span of :func:`kernels.reference._byte_span`."""
+    if t is None or not t.numel():
+        return 0
+    last = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True))
+    return (last + 1) * t.element_size()
+
+
+class WrittenApart:
+    """A replay's stand-in for the checks that a step's states written in place share no memory with
+    each other nor with the tensors it reads (:func:`kernels.reference._check_updated_in_place`,
+    :func:`kernels.reference._check_read_apart`): those compare byte spans within one storage, which
+    are the tensors' address spans less the storage's base, so tensors whose address spans are
+    disjoint pass them. Conservative: any overlap of address spans (an error, or memory aliased
+    across storages) returns False and the op takes its ordinary path, whose checks decide.
+
+    Args:
+        tensors: the build's tensors (None for absent ones), for their spans (fixed by the plan key).
+        written: the indices of the states written in place.
+    """
+
+    def __init__(self, tensors: tuple, written: tuple[int, ...]):
+        extents = [byte_extent(t) for t in tensors]
+        self._pairs = tuple(
+            (i, extents[i], j, extents[j])
+            for i in written
+            for j in range(len(tensors))
+            if j != i and not (j in written and j < i) and extents[i] and extents[j]
+        )
+        self._used = tuple(i for i, extent in enumerate(extents) if extent)
+
+    def __call__(self, tensors: tuple) -> bool:
+        """Whether no written state's address span overlaps another tensor's."""
+        if not self._pairs:
+            return True
+        ptrs = [0] * len(tensors)
+        for i in self._used:
+            ptrs[i] = tensors[i].data_ptr()
+        for i, extent_i, j, extent_j in self._pairs:
+            if ptrs[i] < ptrs[j] + extent_j and ptrs[j] < ptrs[i] + extent_i:
+                return False
+        return True
+
+
+def replay_guard(device: torch.device):
+    """The device context of a replayed launch on ``device``: the launcher launches on the current
+    device's context, so switch only when a CUDA device is not the current one (a no-op context
+    otherwise, as on the CPU)."""
+    if device.type != "cuda" or torch.cuda.current_device() == device.index:
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)

@@ -88,6 +88,10 @@ dtype (``out_dtype=ACC``), which Triton 3.6 requires of fp64 accumulators.
 Decode, ``linear_attention_step_kernel``: one program per (batch, head) streams its (K, V) state
 through registers in K tiles, adds ``k v^T``, writes it back in place and reduces ``q . S`` on the
 way (and ``z += k``, ``q . z`` when normalising): each state byte is read and written once.
+An eager decode step is host-bound (on the H200 machine ~83 µs of host time a call against a few
+µs of launch, most of it the argument checks and ``JITFunction.run``'s binding), so a call whose
+signature was seen before replays that call's compiled launch (``_StepPlan``, as
+:mod:`kernels.flash_decode` does).
 """
 
 from __future__ import annotations
@@ -99,12 +103,16 @@ from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
 from kernels._host import (
+    CompiledLaunch,
+    LaunchPlans,
+    WrittenApart,
     cdiv,
     check_device,
     check_fp32_scalars,
     check_no_grad,
     device_guard,
     next_power_of_2,
+    replay_guard,
     sm_count,
     split_fp64,
     strides,
@@ -1352,6 +1360,51 @@ def linear_attention(
     return o, ((kv, z) if normalize else kv)
 
 
+# Replayable launches of recent linear_attention_step call signatures (_step_key).
+_STEP_PLANS = LaunchPlans()
+
+
+def _step_key(q, k, v, state, z_state, scale, eps) -> tuple | None:
+    """Everything a :func:`linear_attention_step` call's checks, tile choice and launch depend on
+    except the tensors' addresses (:meth:`kernels._host.LaunchPlans.key`): scale and eps with their
+    types, and q, k, v, state and z_state (or its absence) with their shapes, strides, dtypes,
+    devices and 16-byte alignment. None where no plan applies (see there)."""
+    return _STEP_PLANS.key((scale, eps), q, k, v, state, z_state)
+
+
+class _StepPlan:
+    """The launch of one :func:`linear_attention_step` call signature (:func:`_step_key`), replayed
+    by later eager calls with their own tensors: the argument checks, the tile choice and Triton's
+    argument binding ran once, for the first call (:class:`kernels._host.CompiledLaunch`). The
+    output is a fresh allocation on every call, as on the ordinary path; the states are updated in
+    place by the same kernel.
+
+    Args:
+        tensors: the first call's (q, k, v, state, z_state), for the spans the overlap checks need.
+        out: its (B, H, V) output, for its shape and alignment.
+        launch: the step kernel's launch.
+    """
+
+    def __init__(self, tensors, out, launch):
+        self.out_shape, self.device, self.launch = out.shape, out.device, launch
+        self.out_aligned = out.data_ptr() % 16 == 0
+        # The address check of _check_updated_in_place / _check_read_apart: state and z_state.
+        self.apart = WrittenApart(tensors, written=(3, 4))
+
+    def __call__(self, q, k, v, state, z_state) -> torch.Tensor | None:
+        """(B, H, V) output of the replayed launch, or None (nothing launched) when a state's address
+        span overlaps another tensor's (the ordinary path's checks decide) or the allocator returned
+        an output of another 16-byte alignment than the one the kernel was specialized for."""
+        if not self.apart((q, k, v, state, z_state)):
+            return None
+        out = q.new_empty(self.out_shape)
+        if (out.data_ptr() % 16 == 0) is not self.out_aligned:
+            return None
+        with replay_guard(self.device):
+            self.launch(q, k, v, state, state if z_state is None else z_state, out)
+        return out
+
+
 def linear_attention_step(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1382,6 +1435,11 @@ def linear_attention_step(
     Computes in float32 (float64 when q or the state is float64); each state element is read and
     written once. Not differentiable (a decode-time op, like the reference's in-place update).
 
+    An eager step is host-bound: a CUDA call whose signature (scale, eps, and every tensor's shape,
+    strides, dtype, device and 16-byte alignment) an earlier call that succeeded had replays that
+    call's compiled launch on its own tensors, skipping the checks whose outcome the signature fixes
+    (``_StepPlan``); the ordinary path runs while a Triton launch hook is installed.
+
     Returns:
         (B, H, V) in q's dtype.
 
@@ -1394,6 +1452,14 @@ def linear_attention_step(
         scale or eps beyond fp32's range, devices other than CUDA, or CPU tensors without
         ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
+    # An eager decode loop repeats one call signature: replay its launch (see _StepPlan).
+    key = _step_key(q, k, v, state, z_state, scale, eps)
+    plan = _STEP_PLANS.get(key)
+    if plan is not None:
+        out = plan(q, k, v, state, z_state)
+        if out is not None:
+            return out
+
     scale = _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps)
     check_no_grad("linear_attention_step", q=q, k=k, v=v)
     check_device("linear_attention_step", q, k, v, state, z_state)  # one device: checked above
@@ -1408,12 +1474,18 @@ def linear_attention_step(
     block_e = max(1, next_power_of_2(v_dim))
     # (BLOCK_D, BLOCK_E) tiles of at most 4096 elements: 32 fp32 registers a thread at 4 warps.
     block_d = min(next_power_of_2(k_dim), max(1, 4096 // block_e))
+    tensors = (q, k, v, state, z_state if z_state is not None else state, out)
+    grid = (batch * num_heads,)
+    args = (
+        *tensors,
+        *q.stride(), *k.stride(), *v.stride(), *state.stride(), *strides(z_state, 3),
+        num_heads, k_dim, v_dim, *_scale_args(float(scale), fp64), float(eps),
+    )  # fmt: skip
+    kwargs = dict(HAS_Z=z_state is not None, FP64=fp64, BLOCK_D=block_d, BLOCK_E=block_e, num_warps=4)
     with device_guard(q):
-        linear_attention_step_kernel[(batch * num_heads,)](
-            q, k, v, state, z_state if z_state is not None else state, out,
-            *q.stride(), *k.stride(), *v.stride(), *state.stride(), *strides(z_state, 3),
-            num_heads, k_dim, v_dim, *_scale_args(float(scale), fp64), float(eps),
-            HAS_Z=z_state is not None, FP64=fp64, BLOCK_D=block_d,
-            BLOCK_E=block_e, num_warps=4,
-        )  # fmt: skip
+        compiled = linear_attention_step_kernel[grid](*args, **kwargs)
+    if key is not None:
+        launch = CompiledLaunch.build(linear_attention_step_kernel, compiled, grid, args, kwargs, len(tensors))
+        if launch is not None:
+            _STEP_PLANS.remember(key, _StepPlan((q, k, v, state, z_state), out, launch))
     return out

@@ -76,6 +76,9 @@ reruns the kernel, so the atomic buffers are zeroed before each of its trial run
 Decode, ``selective_state_update_kernel``: one program per (channel block, group, batch) reads its
 ``(BLOCK_D, N)`` state tile once (16-byte accesses along N), applies one step, writes it back in
 place and reduces ``C . h``; the state bytes dominate, so it runs at memory speed.
+An eager decode step is host-bound (the argument checks and ``JITFunction.run``'s binding cost far
+more host time than the launch), so a call whose signature was seen before replays that call's
+compiled launch (``_StepPlan``, as :mod:`kernels.flash_decode` does).
 
 Numerics: accumulation in fp32 (fp64 for fp64 inputs, which are supported for completeness and
 use ``exp``); softplus as torch's (identity above 20, else ``log1p(exp(v))`` with log1p by
@@ -97,7 +100,19 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import cdiv, check_device, check_no_grad, device_guard, next_power_of_2, sm_count, strides
+from kernels._host import (
+    CompiledLaunch,
+    LaunchPlans,
+    WrittenApart,
+    cdiv,
+    check_device,
+    check_no_grad,
+    device_guard,
+    next_power_of_2,
+    replay_guard,
+    sm_count,
+    strides,
+)
 from kernels.reference import (
     _check_selective_scan_args,
     _check_selective_state_update_args,
@@ -1161,6 +1176,58 @@ def selective_scan(
     return (y, last) if return_last_state else y
 
 
+# Replayable launches of recent selective_state_update call signatures (_step_key).
+_STEP_PLANS = LaunchPlans()
+
+
+def _step_key(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus) -> tuple | None:
+    """Everything a :func:`selective_state_update` call's checks, tile choice and launch depend on
+    except the tensors' addresses (:meth:`kernels._host.LaunchPlans.key`): dt_softplus with its type,
+    and every tensor (or its absence) with its shape, strides, dtype, device and 16-byte alignment.
+    None where no plan applies (see there)."""
+    return _STEP_PLANS.key((dt_softplus,), state, x, dt, A, B, C, D, z, dt_bias)
+
+
+def _aligned(*tensors: torch.Tensor) -> tuple[bool, ...]:
+    return tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+class _StepPlan:
+    """The launch of one :func:`selective_state_update` call signature (:func:`_step_key`), replayed
+    by later eager calls with their own tensors: the argument checks, the tile choice and Triton's
+    argument binding ran once, for the first call (:class:`kernels._host.CompiledLaunch`). B and C
+    are cast to the compute dtype and y allocated on every call, as on the ordinary path; the state
+    is updated in place by the same kernel.
+
+    Args:
+        tensors: the first call's (state, x, dt, A, B, C, D, z, dt_bias), for the spans the overlap
+            check needs.
+        Bg, Cg: its B and C as launched (compute dtype, group dim), for their dtype and alignment.
+        y: its (batch, dim) output, for its shape and alignment.
+        launch: the step kernel's launch.
+    """
+
+    def __init__(self, tensors, Bg, Cg, y, launch):
+        self.dtype, self.y_shape, self.device, self.launch = Bg.dtype, y.shape, y.device, launch
+        self.aligned = _aligned(Bg, Cg, y)
+        # The address check of _check_read_apart: nothing read may share the state's memory.
+        self.apart = WrittenApart(tensors, written=(0,))
+
+    def __call__(self, state, x, dt, A, B, C, D, z, dt_bias) -> torch.Tensor | None:
+        """y of the replayed launch, or None (nothing launched) when the state's address span
+        overlaps another tensor's (the ordinary path's checks decide) or a fresh tensor (y, a cast
+        B or C) has another 16-byte alignment than the one the kernel was specialized for."""
+        if not self.apart((state, x, dt, A, B, C, D, z, dt_bias)):
+            return None
+        Bg, Cg = _grouped(B, self.dtype, 3), _grouped(C, self.dtype, 3)
+        y = x.new_empty(self.y_shape)
+        if _aligned(Bg, Cg, y) != self.aligned:
+            return None
+        with replay_guard(self.device):
+            self.launch(state, x, dt, A, Bg, Cg, D, z, dt_bias, y)
+        return y
+
+
 def selective_state_update(
     state: torch.Tensor,
     x: torch.Tensor,
@@ -1193,6 +1260,11 @@ def selective_state_update(
     Computes in float32 (float64 when x or state is float64). Not differentiable: it is the
     inference (decode) path.
 
+    An eager step is host-bound: a CUDA call whose signature (dt_softplus, and every tensor's
+    presence, shape, strides, dtype, device and 16-byte alignment) an earlier call that succeeded had
+    replays that call's compiled launch on its own tensors, skipping the checks whose outcome the
+    signature fixes (``_StepPlan``); the ordinary path runs while a Triton launch hook is installed.
+
     Returns:
         y (batch, dim) in x's dtype.
 
@@ -1204,6 +1276,14 @@ def selective_state_update(
         ones under it), and RuntimeError when called with grad mode on and an input that requires
         grad (use torch.no_grad(), or backend='reference').
     """
+    # An eager decode loop repeats one call signature: replay its launch (see _StepPlan).
+    key = _step_key(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    plan = _STEP_PLANS.get(key)
+    if plan is not None:
+        y = plan(state, x, dt, A, B, C, D, z, dt_bias)
+        if y is not None:
+            return y
+
     batch, dim, d_state, groups = _check_selective_state_update_args(
         state, x, dt, A, B, C, D, z, dt_bias, dt_softplus
     )
@@ -1221,13 +1301,22 @@ def selective_state_update(
         max(1, DECODE_BLOCK_ELEMENTS // block_n),
         INTERPRET_BLOCK_D if _INTERPRET else DECODE_BLOCK_ELEMENTS,
     )
+    tensors = (state, x, dt, A, Bg, Cg, D, z, dt_bias, y)
+    grid = (cdiv(P, block_d), groups, batch)
+    args = (
+        *tensors,
+        *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *Bg.stride(), *Cg.stride(),
+        *strides(D, 1), *strides(dt_bias, 1), *strides(z, 2),
+        dim, P, d_state,
+    )  # fmt: skip
+    kwargs = dict(
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus),
+        FP64=dtype == torch.float64, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=DECODE_WARPS,
+    )  # fmt: skip
     with device_guard(x):
-        selective_state_update_kernel[(cdiv(P, block_d), groups, batch)](
-            state, x, dt, A, Bg, Cg, D, z, dt_bias, y,
-            *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *Bg.stride(), *Cg.stride(),
-            *strides(D, 1), *strides(dt_bias, 1), *strides(z, 2),
-            dim, P, d_state,
-            HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus),
-            FP64=dtype == torch.float64, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=DECODE_WARPS,
-        )  # fmt: skip
+        compiled = selective_state_update_kernel[grid](*args, **kwargs)
+    if key is not None:
+        launch = CompiledLaunch.build(selective_state_update_kernel, compiled, grid, args, kwargs, len(tensors))
+        if launch is not None:
+            _STEP_PLANS.remember(key, _StepPlan((state, x, dt, A, B, C, D, z, dt_bias), Bg, Cg, y, launch))
     return y

@@ -923,6 +923,181 @@ def test_backend_specific_errors():
 
 
 # ----------------------------------------------------------------------------------------------
+# Replayed launches (an eager decode loop repeats one call signature)
+# ----------------------------------------------------------------------------------------------
+
+
+class _Param:
+    def __init__(self, name):
+        self.name = name
+
+
+class _Kernel:
+    """A stand-in for a triton.jit function as CompiledLaunch reads it: its parameters in order."""
+
+    def __init__(self, kernel):
+        self.params = [_Param(name) for name in kernel.arg_names]
+
+
+class _Recording:
+    """A stand-in for the CompiledKernel an ordinary launch returns (the interpreter returns none):
+    records what a replay hands the launcher, then launches the kernel with the parameters it got."""
+
+    function, packed_metadata = "function", "packed"
+
+    def __init__(self, kernel, options):
+        self.kernel, self.options, self.calls = kernel, options, []
+
+    def run(self, *args):
+        self.calls.append(args)
+        self.kernel[args[:3]](*args[9:], **self.options)
+
+
+@pytest.fixture
+def recorded_plans(monkeypatch):
+    """Plans for DEVICE's calls (CPU ones too), each replayed through a _Recording; yields the
+    builds as (recording, args, kwargs) of the ordinary launch each was built from."""
+    from types import SimpleNamespace
+
+    from kernels import _host
+
+    builds = []
+
+    def build(kernel, compiled, grid, args, kwargs, num_tensors):
+        recording = _Recording(kernel, {name: kwargs[name] for name in ("num_warps",) if name in kwargs})
+        builds.append((recording, args, kwargs))
+        return _host.CompiledLaunch.build(_Kernel(kernel), recording, grid, args, kwargs, num_tensors)
+
+    monkeypatch.setattr(la, "CompiledLaunch", SimpleNamespace(build=build))
+    monkeypatch.setattr(la._STEP_PLANS, "device_types", ("cuda", "cpu"))
+    monkeypatch.setattr(_host, "driver", SimpleNamespace(active=SimpleNamespace(get_current_stream=lambda d: 0)))
+    la._STEP_PLANS.clear()
+    yield builds
+    la._STEP_PLANS.clear()
+
+
+def _step_key(**overrides):
+    """la._step_key of a (2, 3, 8) / (2, 3, 6) step's arguments with ``overrides``."""
+    args = dict(q=_t(2, 3, 8), k=_t(2, 3, 8), v=_t(2, 3, 6), state=_t(2, 3, 8, 6), z_state=_t(2, 3, 8))
+    args = args | dict(scale=None, eps=1e-10) | overrides
+    return la._step_key(*args.values())
+
+
+class _Subclass(torch.Tensor):
+    pass
+
+
+def test_step_plan_key_captures_the_specialization(monkeypatch):
+    """The plan key of linear_attention_step: equal for new tensors of the same signature, different
+    when anything Triton specializes on or the checks read differs, None where no plan applies."""
+    if DEVICE == "cpu":
+        assert _step_key() is None  # plans are for CUDA calls only
+    monkeypatch.setattr(la._STEP_PLANS, "device_types", ("cuda", "cpu"))
+    base = _step_key()
+    assert base is not None and _step_key() == base  # new tensors at new addresses: one signature
+    variants = [
+        _step_key(state=_t(2, 3, 6, 8).transpose(2, 3)),  # strides
+        _step_key(z_state=_t(2, 3, 16)[..., ::2]),
+        _step_key(q=_t(2 * 3 * 8 + 1)[1:].view(2, 3, 8)),  # 4-byte alignment
+        _step_key(v=_t(2, 3, 6, dtype=F64)),  # dtype
+        _step_key(state=_t(2, 3, 8, 6, dtype=F64)),
+        _step_key(q=_t(2, 4, 8), k=_t(2, 4, 8), v=_t(2, 4, 6), state=_t(2, 4, 8, 6), z_state=_t(2, 4, 8)),  # shape
+        _step_key(v=_t(2, 3, 5), state=_t(2, 3, 8, 5)),
+        _step_key(z_state=None),  # no normaliser
+        _step_key(scale=0.5),  # scalar arguments: value, type, the sign of a zero
+        _step_key(scale=1),
+        _step_key(scale=1.0),
+        _step_key(scale=True),  # refused by the checks, so never stored, but not scale=1's key
+        _step_key(scale=0.0),
+        _step_key(scale=-0.0),
+        _step_key(eps=1e-6),
+        _step_key(eps=0),
+    ]
+    assert base not in variants and len(set(variants)) == len(variants)
+    # No plan: grad mode with a tensor that requires grad (the step refuses it), a tensor subclass or
+    # another layout, a scalar that is not a plain number.
+    assert _step_key(q=_t(2, 3, 8).requires_grad_()) is None
+    assert _step_key(state=_t(2, 3, 8, 6).requires_grad_()) is None
+    with torch.no_grad():
+        assert _step_key(q=_t(2, 3, 8).requires_grad_()) == base
+    assert _step_key(v=_t(2, 3, 6).as_subclass(_Subclass)) is None
+    assert _step_key(state=_t(2, 3, 8, 6).to_sparse()) is None
+    assert _step_key(scale=[0.5]) is None and _step_key(q=[1.0]) is None
+
+
+def _step_problem(num_heads=3, k_dim=8, v_dim=6):
+    """q, k, v and a state and z_state side by side (apart) in one buffer, on DEVICE."""
+    q, k = (F.elu(torch.randn(2, num_heads, k_dim, device=DEVICE)) + 1 for _ in range(2))
+    v = torch.randn(2, num_heads, v_dim, device=DEVICE)
+    size = 2 * num_heads * k_dim * v_dim
+    buffer = torch.randn(size + 2 * num_heads * k_dim, device=DEVICE)
+    buffer[size:].uniform_(1.0, 10.0)
+    return [q, k, v, buffer[:size].view(2, num_heads, k_dim, v_dim), buffer[size:].view(2, num_heads, k_dim)]
+
+
+def test_step_replays_a_seen_signature(recorded_plans, monkeypatch):
+    """A signature's second call replays the first call's launch: the checks skipped, the new
+    tensors handed to the launcher in the kernel's parameter order with the first call's scalars and
+    constexprs, the same output and in-place state updates (bits) as the ordinary path; states that
+    share memory with another tensor, inputs that require grad and launch hooks take the ordinary
+    path, with its errors."""
+    from triton import knobs
+
+    checks = []
+    check = la._check_linear_attention_step_args
+    monkeypatch.setattr(la, "_check_linear_attention_step_args", lambda *a: checks.append(1) or check(*a))
+
+    def step(q, k, v, state, z_state, **kw):
+        return kernels.linear_attention_step(q, k, v, state, z_state=z_state, scale=0.3, backend="triton", **kw)
+
+    step(*_step_problem())
+    ((recording, args, kwargs),) = recorded_plans
+    assert len(la._STEP_PLANS) == 1 and len(checks) == 1 and not recording.calls
+    second = _step_problem()
+    copies = [t.clone() for t in second]
+    got = step(*second)
+    assert len(checks) == 1, "the second call of a signature must replay the first call's plan"
+    (call,) = recording.calls
+    q, k, v, state, z = second
+    assert all(a is b for a, b in zip(call[9:15], (q, k, v, state, z, got), strict=True))
+    names = la.linear_attention_step_kernel.arg_names
+    assert call[15:] == args[6:] + tuple(kwargs[name] for name in names[len(args) :])
+    with monkeypatch.context() as m:  # the ordinary path, on copies
+        m.setattr(la, "_step_key", lambda *a: None)
+        assert torch.equal(got, step(*copies)) and len(checks) == 2
+    assert torch.equal(state, copies[3]) and torch.equal(z, copies[4])  # updated in place alike
+
+    # Without a normaliser the kernel gets the state in Z's place (its pointer is never read).
+    q, k, v, state, _ = _step_problem()
+    step(q, k, v, state, None)
+    step(q, k, v, state, None)
+    assert len(recorded_plans) == 2 and recorded_plans[1][0].calls[0][13] is state
+
+    # The same signature with states that share memory: the ordinary path's checks and errors.
+    q, k, v, state, z = _step_problem()
+    z_over_state = state.view(-1)[8:56].view(z.shape)  # 16-byte aligned, like z
+    q_in_state = state.view(-1)[:48].view(q.shape)
+    for args_ in ((q, k, v, state, z_over_state), (q_in_state, k, v, state, z)):
+        assert la._step_key(*args_, 0.3, 1e-10) in la._STEP_PLANS  # a plan is found, but not replayed
+        calls = len(checks)
+        error = _call("linear_attention_step", "triton", *args_[:4], z_state=args_[4], scale=0.3)
+        assert error == _call("linear_attention_step", "reference", *args_[:4], z_state=args_[4], scale=0.3)
+        assert error[0] is ValueError and "share" in error[1] and len(checks) == calls + 1
+    # Inputs that require grad in grad mode: the ordinary path's error.
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        step(q.clone().requires_grad_(), k, v, state, z)
+    with pytest.raises(ValueError, match="requires grad"):
+        step(q, k, v, state.clone().requires_grad_(), z)
+
+    # While a launch hook is installed the ordinary launch runs (and calls it).
+    seen, calls, replays = [], len(checks), len(recording.calls)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", seen.append)
+    step(*_step_problem())
+    assert len(checks) == calls + 1 and len(recording.calls) == replays
+    assert bool(seen) == (DEVICE == "cuda")  # the interpreter calls no launch hook
+
+
+# ----------------------------------------------------------------------------------------------
 # GPU: the full product, bf16, realistic shapes, every autotune config, the mixers (pytest -m gpu)
 # ----------------------------------------------------------------------------------------------
 
@@ -1080,3 +1255,111 @@ def test_gpu_mixer_matches_reference_backend(monkeypatch, settings, dtype):
     torch.testing.assert_close(y_tr, y_ref, **tol)
     for a, b in zip(g_tr, g_ref, strict=True):
         torch.testing.assert_close(a, b, **tol)
+
+
+def _same_layout(t):
+    """A copy of ``t`` (None stays None) with the same strides and 16-byte alignment, so with the same
+    plan key and the same specialization of the kernel."""
+    if t is None:
+        return None
+    size = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1
+    offset = t.data_ptr() % 16 // t.element_size()  # fresh allocations are 16-byte aligned
+    return torch.empty(offset + size, dtype=t.dtype, device=t.device).as_strided(t.shape, t.stride(), offset).copy_(t)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    "normalize,dtype,layout",
+    [(True, torch.bfloat16, "contiguous"), (False, torch.float32, "strided"), (True, torch.float16, "strided")],
+)
+def test_gpu_step_replayed_launches(normalize, dtype, layout, monkeypatch):
+    """A signature's second call replays its plan on new tensors: the same output and in-place state
+    updates (bits) as the checked (ordinary) call on copies, a new plan for another alignment,
+    gradients refused, a launch hook honoured, and the replay captured in a CUDA graph reads the
+    graph's inputs."""
+    from triton import knobs
+
+    from kernels._host import launch_hooks_installed
+
+    batch, num_heads, k_dim, v_dim = 4, 8, 64, 80
+
+    def fresh():  # same shapes and strides each time; new values
+        q, k = ((F.elu(torch.randn(batch, num_heads, k_dim, device=DEVICE)) + 1).to(dtype) for _ in range(2))
+        v = torch.randn(batch, num_heads, v_dim, device=DEVICE).to(dtype)
+        if layout == "strided":  # q from (B, K, H) storage, a (B, H, K, V) state with V outermost, z every other
+            q = q.transpose(1, 2).contiguous().transpose(1, 2)
+            state = torch.randn(batch, num_heads, v_dim, k_dim, device=DEVICE).transpose(2, 3)
+            z = (torch.rand(batch, num_heads, 2 * k_dim, device=DEVICE) * 10)[..., ::2]
+        else:
+            state = torch.randn(batch, num_heads, k_dim, v_dim, device=DEVICE)
+            z = torch.rand(batch, num_heads, k_dim, device=DEVICE) * 10
+        return [q, k, v, state, z if normalize else None]
+
+    def step(q, k, v, state, z_state):
+        return kernels.linear_attention_step(q, k, v, state, z_state=z_state, scale=0.125, backend="triton")
+
+    def ordinary(inputs):  # the checked path on copies: (output, state, z_state)
+        inputs = [_same_layout(t) for t in inputs]
+        with monkeypatch.context() as m:
+            m.setattr(la, "_step_key", lambda *a: None)
+            return step(*inputs), inputs[3], inputs[4]
+
+    def assert_equal(got, want):
+        for a, b in zip(got, want, strict=True):
+            assert (a is None and b is None) or torch.equal(a, b)
+
+    # The ordinary path checks its arguments; a replay does not: count the checks.
+    checks = []
+    check = la._check_linear_attention_step_args
+    monkeypatch.setattr(la, "_check_linear_attention_step_args", lambda *a: checks.append(1) or check(*a))
+    la._STEP_PLANS.clear()
+    step(*fresh())
+    assert len(la._STEP_PLANS) == 1 and len(checks) == 1
+    second = fresh()
+    want = ordinary(second)
+    calls = len(checks)
+    got = step(*second)
+    assert len(checks) == calls, "the second call of a signature must replay the first call's plan"
+    assert_equal((got, second[3], second[4]), want)
+
+    # q at an address that is not 16-byte aligned: Triton specializes on alignment, so another plan.
+    q = second[0]
+    shifted = torch.empty(q.numel() + 1, dtype=dtype, device=DEVICE)[1:].view(q.shape).copy_(q)
+    if layout == "contiguous":
+        assert shifted.stride() == q.stride() and shifted.data_ptr() % 16
+        inputs = [shifted, *fresh()[1:]]
+        want = ordinary(inputs)
+        assert_equal((step(*inputs), inputs[3], inputs[4]), want)
+        assert len(la._STEP_PLANS) == 2
+
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        step(q.clone().requires_grad_(), *second[1:])
+
+    seen = []
+    assert not launch_hooks_installed()
+    inputs = fresh()
+    want = ordinary(inputs)
+    with monkeypatch.context() as m:
+        m.setattr(knobs.runtime, "launch_enter_hook", seen.append)
+        assert launch_hooks_installed()
+        calls = len(checks)
+        assert_equal((step(*inputs), inputs[3], inputs[4]), want)
+    assert seen and len(checks) == calls + 1, "with a launch hook the ordinary launch (which calls it) must run"
+
+    # As LanguageModel.generate does: one eager step stores the plan, the capture replays it.
+    static = [_same_layout(t) for t in fresh()]
+    step(*static)
+    assert la._step_key(*static, 0.125, 1e-10) in la._STEP_PLANS
+    calls = len(checks)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed = step(*static)
+    assert len(checks) == calls, "the capture must replay the plan"
+    new = fresh()
+    want = ordinary(new)
+    for t, values in zip(static, new, strict=True):
+        if t is not None:
+            t.copy_(values)
+    graph.replay()
+    assert_equal((graphed, static[3], static[4]), want)

@@ -898,6 +898,182 @@ def test_backend_specific_errors():
 
 
 # ----------------------------------------------------------------------------------------------
+# Replayed launches (an eager decode loop repeats one call signature)
+# ----------------------------------------------------------------------------------------------
+
+
+class _Param:
+    def __init__(self, name):
+        self.name = name
+
+
+class _Kernel:
+    """A stand-in for a triton.jit function as CompiledLaunch reads it: its parameters in order."""
+
+    def __init__(self, kernel):
+        self.params = [_Param(name) for name in kernel.arg_names]
+
+
+class _Recording:
+    """A stand-in for the CompiledKernel an ordinary launch returns (the interpreter returns none):
+    records what a replay hands the launcher, then launches the kernel with the parameters it got."""
+
+    function, packed_metadata = "function", "packed"
+
+    def __init__(self, kernel, options):
+        self.kernel, self.options, self.calls = kernel, options, []
+
+    def run(self, *args):
+        self.calls.append(args)
+        self.kernel[args[:3]](*args[9:], **self.options)
+
+
+@pytest.fixture
+def recorded_plans(monkeypatch):
+    """Plans for DEVICE's calls (CPU ones too), each replayed through a _Recording; yields the
+    builds as (recording, args, kwargs) of the ordinary launch each was built from."""
+    from types import SimpleNamespace
+
+    from kernels import _host
+
+    builds = []
+
+    def build(kernel, compiled, grid, args, kwargs, num_tensors):
+        recording = _Recording(kernel, {name: kwargs[name] for name in ("num_warps",) if name in kwargs})
+        builds.append((recording, args, kwargs))
+        return _host.CompiledLaunch.build(_Kernel(kernel), recording, grid, args, kwargs, num_tensors)
+
+    monkeypatch.setattr(ss, "CompiledLaunch", SimpleNamespace(build=build))
+    monkeypatch.setattr(ss._STEP_PLANS, "device_types", ("cuda", "cpu"))
+    monkeypatch.setattr(_host, "driver", SimpleNamespace(active=SimpleNamespace(get_current_stream=lambda d: 0)))
+    ss._STEP_PLANS.clear()
+    yield builds
+    ss._STEP_PLANS.clear()
+
+
+STEP_NAMES = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "dt_softplus")
+
+
+def _step_key(**overrides):
+    """ss._step_key of a (2, 4, 3)-state step's arguments (all options given) with ``overrides``."""
+    args = _step_args(D=_t(4), z=_t(2, 4), dt_bias=_t(4), dt_softplus=True) | overrides
+    return ss._step_key(*(args[name] for name in STEP_NAMES))
+
+
+class _Subclass(torch.Tensor):
+    pass
+
+
+def test_step_plan_key_captures_the_specialization(monkeypatch):
+    """The plan key of selective_state_update: equal for new tensors of the same signature,
+    different when anything Triton specializes on or the checks read differs, None where no plan
+    applies."""
+    if DEVICE == "cpu":
+        assert _step_key() is None  # plans are for CUDA calls only
+    monkeypatch.setattr(ss._STEP_PLANS, "device_types", ("cuda", "cpu"))
+    base = _step_key()
+    assert base is not None and _step_key() == base  # new tensors at new addresses: one signature
+    variants = [
+        _step_key(state=_t(2, 3, 4).transpose(1, 2)),  # strides
+        _step_key(x=_t(4, 2).t()),
+        _step_key(B=_t(2, 6)[:, ::2]),
+        _step_key(dt=_t(2 * 4 + 1)[1:].view(2, 4)),  # 4-byte alignment
+        _step_key(C=_t(2 * 3 + 2)[2:].view(2, 3)),
+        _step_key(x=_t(2, 4, dtype=F64)),  # dtype
+        _step_key(state=_t(2, 4, 3, dtype=F64)),
+        _step_key(B=_t(2, 3, dtype=torch.float16)),
+        _step_key(state=_t(3, 4, 3), x=_t(3, 4), dt=_t(3, 4), B=_t(3, 3), C=_t(3, 3), z=_t(3, 4)),  # shape
+        _step_key(B=_t(2, 1, 3), C=_t(2, 1, 3)),  # grouped B, C
+        _step_key(D=None),  # absent options
+        _step_key(z=None),
+        _step_key(dt_bias=None),
+        _step_key(dt_softplus=False),  # scalar arguments: value and type
+        _step_key(dt_softplus=1),
+    ]
+    assert base not in variants and len(set(variants)) == len(variants)
+    # No plan: grad mode with a tensor that requires grad (the step refuses it), a tensor subclass or
+    # another layout, a flag that is not a plain value.
+    assert _step_key(A=_t(4, 3).requires_grad_()) is None
+    assert _step_key(state=_t(2, 4, 3).requires_grad_()) is None
+    with torch.no_grad():
+        assert _step_key(A=_t(4, 3).requires_grad_()) == base
+    assert _step_key(D=_t(4).as_subclass(_Subclass)) is None
+    assert _step_key(z=_t(2, 4).to_sparse()) is None
+    assert _step_key(dt_softplus="False") is None and _step_key(x=[1.0]) is None
+
+
+def _replay_problem(dtype, groups, *, apart=None):
+    """step_inputs(3, 12, 4) with the state and x side by side (apart) in one buffer."""
+    inputs = step_inputs(3, 12, 4, dtype, groups=groups)
+    buffer = torch.randn(3 * 12 * 4 + 3 * 12, device=DEVICE)
+    buffer[:144].view(3, 12, 4).copy_(inputs["state"])
+    inputs["state"] = buffer[:144].view(3, 12, 4)
+    if dtype == torch.float32:
+        inputs["x"] = buffer[144:].view(3, 12).copy_(inputs["x"])
+    return inputs
+
+
+@pytest.mark.parametrize("dtype,groups", [(torch.float32, None), (torch.float16, 2)], ids=["fp32", "fp16-grouped"])
+def test_step_replays_a_seen_signature(recorded_plans, monkeypatch, dtype, groups):
+    """A signature's second call replays the first call's launch: the checks skipped, the new
+    tensors (B and C cast to the fp32 compute dtype for fp16 inputs) handed to the launcher in the
+    kernel's parameter order with the first call's scalars and constexprs, the same output and
+    in-place state update (bits) as the ordinary path; a state that shares memory with an input,
+    inputs that require grad and launch hooks take the ordinary path, with its errors."""
+    from triton import knobs
+
+    checks = []
+    check = ss._check_selective_state_update_args
+    monkeypatch.setattr(ss, "_check_selective_state_update_args", lambda *a: checks.append(1) or check(*a))
+
+    def step(inputs):
+        return kernels.selective_state_update(**inputs, dt_softplus=True, backend="triton")
+
+    step(_replay_problem(dtype, groups))
+    ((recording, args, kwargs),) = recorded_plans
+    assert len(ss._STEP_PLANS) == 1 and len(checks) == 1 and not recording.calls
+    second = _replay_problem(dtype, groups)
+    copies = {name: t.clone() for name, t in second.items()}
+    got = step(second)
+    assert len(checks) == 1, "the second call of a signature must replay the first call's plan"
+    (call,) = recording.calls
+    passed = dict(zip(("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "y"), call[9:19], strict=True))
+    for name in ("state", "x", "dt", "A", "D", "z", "dt_bias"):
+        assert passed[name] is second[name], name
+    assert passed["y"] is got
+    for name, built in (("B", args[4]), ("C", args[5])):  # in the compute dtype, with a group dim
+        assert passed[name].dtype == torch.float32 and passed[name].stride() == built.stride()
+        assert torch.equal(passed[name], ss._grouped(second[name], torch.float32, 3))
+        assert (passed[name].data_ptr() == second[name].data_ptr()) == (dtype == torch.float32)
+    names = ss.selective_state_update_kernel.arg_names
+    assert call[19:] == args[10:] + tuple(kwargs[name] for name in names[len(args) :])
+    with monkeypatch.context() as m:  # the ordinary path, on copies
+        m.setattr(ss, "_step_key", lambda *a: None)
+        assert torch.equal(got, step(copies)) and len(checks) == 2
+    assert torch.equal(second["state"], copies["state"])  # updated in place alike
+
+    if dtype == torch.float32:  # x inside the state's memory, with x's signature: the ordinary path's error
+        inputs = _replay_problem(dtype, groups)
+        inputs["x"] = inputs["state"].view(-1)[8:44].view(3, 12)
+        assert ss._step_key(*(inputs.get(name, True) for name in STEP_NAMES)) in ss._STEP_PLANS
+        calls = len(checks)
+        error = _call("selective_state_update", "triton", **inputs, dt_softplus=True)
+        assert error == _call("selective_state_update", "reference", **inputs, dt_softplus=True)
+        assert error[0] is ValueError and "shares memory with state" in error[1] and len(checks) == calls + 1
+    # Inputs that require grad in grad mode: the ordinary path's error.
+    inputs = _replay_problem(dtype, groups)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        step(inputs | {"dt": inputs["dt"].clone().requires_grad_()})
+
+    # While a launch hook is installed the ordinary launch runs (and calls it).
+    seen, calls, replays = [], len(checks), len(recording.calls)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", seen.append)
+    step(_replay_problem(dtype, groups))
+    assert len(checks) == calls + 1 and len(recording.calls) == replays
+    assert bool(seen) == (DEVICE == "cuda")  # the interpreter calls no launch hook
+
+
+# ----------------------------------------------------------------------------------------------
 # GPU: the full sweep, bf16, realistic shapes, autotune configs, the mamba mixer (pytest -m gpu)
 # ----------------------------------------------------------------------------------------------
 
@@ -1048,3 +1224,117 @@ def test_gpu_mamba_mixer_matches_reference_backend(monkeypatch, settings, dtype)
     torch.testing.assert_close(conv_tr, conv_ref, **tol)
     for a, b in zip(g_tr, g_ref, strict=True):
         torch.testing.assert_close(a, b, **tol)
+
+
+def _same_layout(t):
+    """A copy of ``t`` (None stays None) with the same strides and 16-byte alignment, so with the same
+    plan key and the same specialization of the kernel."""
+    if t is None:
+        return None
+    size = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1
+    offset = t.data_ptr() % 16 // t.element_size()  # fresh allocations are 16-byte aligned
+    return torch.empty(offset + size, dtype=t.dtype, device=t.device).as_strided(t.shape, t.stride(), offset).copy_(t)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    "dtype,groups,options,layout",
+    [
+        (torch.bfloat16, None, ("D", "z", "dt_bias"), "mixer"),  # as the mamba mixer calls it: B, C cast to fp32
+        (torch.float32, 4, ("D",), "contiguous"),
+        (torch.float16, 2, ("z", "dt_bias"), "strided"),
+    ],
+)
+def test_gpu_step_replayed_launches(dtype, groups, options, layout, monkeypatch):
+    """A signature's second call replays its plan on new tensors: the same output and in-place state
+    update (bits) as the checked (ordinary) call on copies, a new plan for another alignment,
+    gradients refused, a launch hook honoured, and the replay captured in a CUDA graph reads the
+    graph's inputs."""
+    from triton import knobs
+
+    from kernels._host import launch_hooks_installed
+
+    batch, dim, d_state, dt_rank = 4, 256, 16, 8
+    names = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias")
+
+    def fresh():  # same shapes and strides each time; new values
+        inputs = step_inputs(batch, dim, d_state, dtype, groups=groups)
+        inputs = {name: t for name, t in inputs.items() if name not in ("D", "z", "dt_bias") or name in options}
+        if layout == "mixer":  # x and z halves of one projection, dt, B and C slices of another
+            xz = torch.randn(batch, 2 * dim, device=DEVICE, dtype=dtype)
+            inputs["x"], inputs["z"] = xz.chunk(2, dim=-1)
+            proj = torch.randn(batch, dt_rank + 2 * d_state, device=DEVICE, dtype=dtype)
+            _, inputs["B"], inputs["C"] = proj.split([dt_rank, d_state, d_state], dim=-1)
+            inputs["A"], inputs["D"], inputs["dt_bias"] = (inputs[k].float() for k in ("A", "D", "dt_bias"))
+        elif layout == "strided":  # the state every other channel of a larger cache, x transposed
+            big = torch.randn(batch, 2 * dim, d_state, device=DEVICE)
+            inputs["state"] = big[:, ::2]
+            inputs["x"] = inputs["x"].t().contiguous().t()
+        return inputs
+
+    def step(inputs):
+        return kernels.selective_state_update(**inputs, dt_softplus=True, backend="triton")
+
+    def ordinary(inputs):  # the checked path on copies: (y, state)
+        inputs = {name: _same_layout(t) for name, t in inputs.items()}
+        with monkeypatch.context() as m:
+            m.setattr(ss, "_step_key", lambda *a: None)
+            return step(inputs), inputs["state"]
+
+    def assert_equal(got, want):
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+
+    # The ordinary path checks its arguments; a replay does not: count the checks.
+    checks = []
+    check = ss._check_selective_state_update_args
+    monkeypatch.setattr(ss, "_check_selective_state_update_args", lambda *a: checks.append(1) or check(*a))
+    ss._STEP_PLANS.clear()
+    step(fresh())
+    assert len(ss._STEP_PLANS) == 1 and len(checks) == 1
+    second = fresh()
+    want = ordinary(second)
+    calls = len(checks)
+    got = step(second)
+    assert len(checks) == calls, "the second call of a signature must replay the first call's plan"
+    assert_equal((got, second["state"]), want)
+
+    # dt at an address that is not 16-byte aligned: Triton specializes on alignment, so another plan.
+    dt = second["dt"]
+    shifted = torch.empty(dt.numel() + 1, dtype=dtype, device=DEVICE)[1:].view(dt.shape).copy_(dt)
+    assert shifted.stride() == dt.stride() and shifted.data_ptr() % 16
+    inputs = fresh() | {"dt": shifted}
+    want = ordinary(inputs)
+    assert_equal((step(inputs), inputs["state"]), want)
+    assert len(ss._STEP_PLANS) == 2
+
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        step(second | {"x": second["x"].clone().requires_grad_()})
+
+    seen = []
+    assert not launch_hooks_installed()
+    inputs = fresh()
+    want = ordinary(inputs)
+    with monkeypatch.context() as m:
+        m.setattr(knobs.runtime, "launch_enter_hook", seen.append)
+        assert launch_hooks_installed()
+        calls = len(checks)
+        assert_equal((step(inputs), inputs["state"]), want)
+    assert seen and len(checks) == calls + 1, "with a launch hook the ordinary launch (which calls it) must run"
+
+    # As LanguageModel.generate does: one eager step stores the plan, the capture replays it.
+    static = {name: _same_layout(t) for name, t in fresh().items()}
+    step(static)
+    assert ss._step_key(*(static.get(name) for name in names), True) in ss._STEP_PLANS
+    calls = len(checks)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed = step(static)
+    assert len(checks) == calls, "the capture must replay the plan"
+    new = fresh()
+    want = ordinary(new)
+    for name, t in static.items():
+        t.copy_(new[name])
+    graph.replay()
+    assert_equal((graphed, static["state"]), want)
