@@ -251,7 +251,9 @@ def bench_graph_ms(
         with torch.cuda.stream(stream):  # warm-up on a side stream, as torch.cuda.graphs advises
             body()
         torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(graph):
+        # Captured on the warm-up stream: what an op keeps per stream (flash_decode's split
+        # counters) then exists before capture, as in LanguageModel.generate's decode step.
+        with torch.cuda.graph(graph, stream=stream):
             for _ in range(reps):
                 body()
         return graph

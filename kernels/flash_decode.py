@@ -19,11 +19,17 @@ step is bound by reading the KV cache. FlashDecoding (Dao, Haziza, Massa, Sizov 
   softmax of FlashAttention-2 (Dao 2023, Algorithm 1, lines 6-10): running row max ``m``, row sum
   ``l`` and the unnormalised fp32 accumulator ``acc``. It writes ``(acc, m, l)`` to a small fp32
   workspace -- ``(B, Hq, num_splits, D)`` plus two ``(B, Hq, num_splits)`` -- or, with one split,
-  the normalised output directly (one launch).
-- ``flash_decode_combine_kernel``, grid ``(Hq, B)``: merges the splits of one query head with the
-  same rescaling, ``M = max_s m_s``, ``o = sum_s e^{m_s - M} acc_s / sum_s e^{m_s - M} l_s``
-  (FlashAttention-2's rescaling algebra applied across splits instead of across tiles), reading the
-  splits ``BLOCK_S`` at a time with a running max so any ``num_splits`` fits in registers.
+  the normalised output directly.
+- The combine, in the same launch: each split program then adds one to an int32 counter of its
+  (sequence, KV head) (an acquire-release atomic), and the one that finishes last -- it sees
+  ``num_splits - 1`` -- merges the splits of the group's query heads with the same rescaling,
+  ``M = max_s m_s``, ``o = sum_s e^{m_s - M} acc_s / sum_s e^{m_s - M} l_s`` (FlashAttention-2's
+  rescaling algebra applied across splits instead of across tiles), reading the splits ``BLOCK_S``
+  at a time with a running max so any ``num_splits`` fits in registers, and zeroes the counter
+  again. The "last block" pattern of CUDA's threadFenceReduction sample (and of split-K GEMMs'
+  serial reduction): one launch instead of a split kernel plus a combine kernel, which at batch 1
+  saves a launch's host time eagerly and a kernel boundary in a CUDA graph. The counters live in a
+  small buffer kept per (device, stream) (:func:`_split_counters`).
 
 A sequence's visible keys are ``[lo, seqlens[b])`` with ``lo = max(0, seqlens[b] - window)``, cut
 into ``BLOCK_N``-key tiles; split ``s`` takes tiles ``s, s + S, s + 2S, ...`` of ``S = num_splits``,
@@ -52,12 +58,18 @@ Scores are kept in base 2 (``scale * log2 e`` folded into one multiply, ``exp2``
 :mod:`kernels.flash_attention`; float64 inputs (supported for exact tests) use ``exp`` and an fp64
 scale split into two fp32 halves, since Triton passes Python floats as fp32.
 
-Host side: an eager call costs more host time than the kernels take at short contexts (checks, tile
-choice and two launches through ``JITFunction.run``). A call with ``check_values=False`` (the
-mixers' caches) stores a plan of its launches under its signature (:func:`_plan_key`), and later
-calls with the same signature replay the compiled kernels (:class:`_DecodePlan`): on the H200
-machine 44-72 against 96-186 µs of host time a call (2026-12-03,
-``2026-12-03-nvidia-h200-decode-replay-1.json``). A CUDA graph of the decode step removes the rest.
+Host side: an eager call costs more host time than the kernel takes at short contexts (checks,
+tile choice and the launch through ``JITFunction.run``). A call with ``check_values=False`` (the
+mixers' caches) stores a plan of its launch under its signature (:func:`_plan_key`), and later
+calls with the same signature replay the compiled kernel (:class:`_DecodePlan`): on the H200
+machine 44-72 against 96-186 µs of host time a call with two launches (2026-12-03,
+``2026-12-03-nvidia-h200-decode-replay-1.json``), 23-27 µs with the merge in the same launch
+(2026-12-04, ``2026-12-04-nvidia-h200-decode-fused-2.json``; SDPA 25-30 µs there). A CUDA graph of
+the decode step removes the rest. The merge by the last split program took the CUDA-graph step on
+the H200 from 9.4-9.5 / 17.0-17.2 / 39.2-39.9 µs to 9.0 / 16.2-16.4 / 38.5-39.0 µs at batch 1 and
+2k / 8k / 32k keys, and from 23.7-23.8 to 22.4-22.8 µs at batch 8 and 2k (two runs of each,
+alternating in one device call, ``...-decode-{before,fused}-{1,2}.json``); at batch 8 and 128k keys
+it was 2.5% slower (980 against 956 µs, SDPA 963-965), which is not understood yet.
 
 Limits of this backend beyond the reference's: head_dim in [1, 256]; all tensors on one device
 (CUDA, or CPU under the interpreter); batch <= 65535 and KV heads <= 65535 (CUDA grid axes).
@@ -65,7 +77,6 @@ Limits of this backend beyond the reference's: head_dim in [1, 256]; all tensors
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 
@@ -77,12 +88,13 @@ from triton.runtime import driver
 from kernels._host import INTERPRET as _INTERPRET
 from kernels._host import (
     CompiledLaunch,
+    LaunchPlans,
     check_device,
     check_fp32_scalars,
     check_no_grad,
     device_guard,
-    launch_hooks_installed,
     next_power_of_2,
+    replay_guard,
     sm_count,
     split_fp64,
 )
@@ -181,11 +193,12 @@ def _max_shared_bytes(device: torch.device) -> int:
 
 # Under the interpreter: 16-key tiles, so test lengths (17, 65, 127) span several tiles and splits.
 INTERPRET_BLOCK_N = 16
-# Splits the combine kernel reads per pass. On CUDA up to 64 (the heuristic's 64 at batch 1 in one
-# pass: a (64, 128) fp32 tile is 64 registers a thread at 4 warps), since each extra pass adds a
-# dependent round trip to L2 while the step waits on the combine. Under the interpreter 4, so the
-# tests' 5 and 16 splits run the running-max merge across passes.
-COMBINE_BLOCK_S = 4 if _INTERPRET else 64
+# Elements of the (heads, splits, D) fp32 tile the merge reads per pass: 8192 is 64 registers a
+# thread at 4 warps, e.g. a GQA group of 4 at D = 128 takes 16 splits a pass (the batch-1
+# heuristic's 16 at 2k keys in one pass, 32 from 8k in two), MHA 64. Each extra pass adds a
+# dependent round trip to L2 while the launch's last program merges. Under the interpreter 512, so
+# the tests' 5, 9 and 16 splits run the running max across passes.
+COMBINE_ELEMENTS = 512 if _INTERPRET else 8192
 # Lengths, the group size, the page size and the split count vary at run time; specialising on
 # them would compile a kernel per value class for no speed gain (they only feed bounds and masks).
 _RUNTIME_INTS = ["group", "block_size", "window", "num_splits", "capacity"]
@@ -258,9 +271,52 @@ def _exp(x, FP64: tl.constexpr):
         return tl.exp2(x)
 
 
+@triton.jit
+def _combine_splits(
+    WORKSPACE, M_PART, L_PART, row, group, num_splits, OUT, stride_oh, stride_od,
+    FP64: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    """Merge the splits of ``group`` query heads of one sequence -- workspace rows ``row + h *
+    num_splits + s`` -- into their output rows ``OUT + h * stride_oh``. All the heads at once, as
+    (BLOCK_H, BLOCK_S, D) tiles BLOCK_S splits at a time, with a running max per head: the
+    rescaling is the online softmax's, one level up, and each pass costs one round trip to L2. The
+    loads skip L1 (``.cg``): other SMs wrote these rows during this launch."""
+    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_mask = offs_h < group
+    d_mask = offs_d < HEAD_DIM
+    rows = row + offs_h * num_splits  # (BLOCK_H,) each head's first row
+    m_run = tl.full([BLOCK_H], float("-inf"), dtype=ACC)
+    l_run = tl.zeros([BLOCK_H], dtype=ACC)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=ACC)
+    for s0 in range(0, num_splits, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        rs = rows[:, None] + offs_s[None, :]  # (BLOCK_H, BLOCK_S) workspace rows
+        hs_mask = h_mask[:, None] & (offs_s < num_splits)[None, :]
+        m = tl.load(M_PART + rs, mask=hs_mask, other=float("-inf"), cache_modifier=".cg")
+        l_s = tl.load(L_PART + rs, mask=hs_mask, other=0.0, cache_modifier=".cg")
+        o = tl.load(WORKSPACE + rs[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                    mask=hs_mask[:, :, None] & d_mask[None, None, :], other=0.0, cache_modifier=".cg")  # fmt: skip
+        m_new = tl.maximum(m_run, tl.max(m, 1))
+        # Empty splits hold m = -inf; while every split so far is empty, shift by a finite 0 so
+        # their weights are e^-inf = 0 instead of e^(-inf - -inf) = NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = _exp(m_run - m_shift, FP64)
+        w = _exp(m - m_shift[:, None], FP64)  # (BLOCK_H, BLOCK_S) weight of each split
+        l_run = l_run * alpha + tl.sum(w * l_s, 1)
+        acc = acc * alpha[:, None] + tl.sum(o * w[:, :, None], 1)
+        m_run = m_new
+    # l = 0 only when every split is empty (seqlens[b] == 0): the output is 0.
+    out = acc / tl.where(l_run > 0, l_run, 1.0)[:, None]
+    tl.store(OUT + offs_h[:, None] * stride_oh + offs_d[None, :] * stride_od, out.to(OUT.dtype.element_ty),
+             mask=h_mask[:, None] & d_mask[None, :])  # fmt: skip
+
+
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def flash_decode_split_kernel(
-    Q, K, V, BLOCK_TABLE, SEQLENS, OUT, O_PART, M_PART, L_PART,
+    Q, K, V, BLOCK_TABLE, SEQLENS, OUT, WORKSPACE, COUNTERS,
     stride_qb, stride_qh, stride_qd,
     stride_kp, stride_ks, stride_kh, stride_kd,
     stride_vp, stride_vs, stride_vh, stride_vd,
@@ -269,10 +325,12 @@ def flash_decode_split_kernel(
     group, block_size, window, num_splits, qk_scale, qk_scale_lo, capacity,
     HAS_WINDOW: tl.constexpr, SPLIT: tl.constexpr, FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     """One (sequence, KV head, key split); grid (B, Hkv, num_splits). Writes the split's
-    unnormalised output and (m, l) per query head of the group to the workspace, or with SPLIT
-    False (one split) the normalised output."""
+    unnormalised output and (m, l) per query head of the group to the workspace; the split program
+    of a (sequence, KV head) that finishes last then merges all its splits into the output. With
+    SPLIT False (one split) it writes the normalised output directly."""
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
     batch = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
@@ -337,14 +395,34 @@ def flash_decode_split_kernel(
         m_i = m_new
 
     if SPLIT:
+        # The workspace: (B, Hq, num_splits, D) partial outputs, then (B, Hq, num_splits) m and l.
         num_heads = tl.num_programs(1) * group
+        rows = tl.num_programs(0).to(tl.int64) * num_heads * num_splits
+        M_PART = WORKSPACE + rows * HEAD_DIM
+        L_PART = M_PART + rows
         part = (batch * num_heads + heads) * num_splits + pid_s  # (BLOCK_G,) workspace rows
         tl.store(M_PART + part, m_i, mask=g_mask)
         tl.store(L_PART + part, l_i, mask=g_mask)
         tl.store(
-            O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
+            WORKSPACE + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
             mask=g_mask[:, None] & d_mask[None, :],
         )
+        # Count the finished splits of this (sequence, KV head); the last one merges them, which
+        # saves the combine its own launch (host time eagerly, a kernel boundary in a graph). The
+        # barrier orders every thread's stores above before the counter's release (one thread
+        # performs the atomic), as in CUDA's threadFenceReduction sample; the acquire orders the
+        # last program's loads of the other splits after their stores.
+        tl.debug_barrier()
+        counter = COUNTERS + batch * tl.num_programs(1) + kv_head
+        finished = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if finished == num_splits - 1:
+            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # zero again for the next call
+            head = kv_head * group
+            _combine_splits(
+                WORKSPACE, M_PART, L_PART, (batch * num_heads + head) * num_splits, group, num_splits,
+                OUT + batch * stride_ob + head * stride_oh, stride_oh, stride_od,
+                FP64, HEAD_DIM, BLOCK_D, BLOCK_H, BLOCK_S,
+            )
     else:
         # l = 0 only when the sequence is empty (no tile ran): its output is 0, not 0 / 0.
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -352,47 +430,6 @@ def flash_decode_split_kernel(
             OUT + batch * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
             o.to(OUT.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :],
         )
-
-
-@triton.jit
-def flash_decode_combine_kernel(
-    O_PART, M_PART, L_PART, OUT,
-    stride_ob, stride_oh, stride_od,
-    num_splits,
-    FP64: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-):  # fmt: skip
-    """Merge the splits of one (query head, sequence); grid (Hq, B). Reads BLOCK_S splits at a time
-    and keeps a running max, so the rescaling is the online softmax's, one level up."""
-    ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
-    head = tl.program_id(0).to(tl.int64)
-    batch = tl.program_id(1).to(tl.int64)
-    row = (batch * tl.num_programs(0) + head) * num_splits
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-
-    m_run = tl.full([1], float("-inf"), dtype=ACC)
-    l_run = tl.zeros([1], dtype=ACC)
-    acc = tl.zeros([BLOCK_D], dtype=ACC)
-    for s0 in range(0, num_splits, BLOCK_S):
-        offs_s = s0 + tl.arange(0, BLOCK_S)
-        s_mask = offs_s < num_splits
-        m = tl.load(M_PART + row + offs_s, mask=s_mask, other=float("-inf"))
-        l_s = tl.load(L_PART + row + offs_s, mask=s_mask, other=0.0)
-        o = tl.load(O_PART + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
-        m_new = tl.maximum(m_run, tl.max(m, 0))
-        # Empty splits hold m = -inf; while every split so far is empty, shift by a finite 0 so
-        # their weights are e^-inf = 0 instead of e^(-inf - -inf) = NaN.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = _exp(m_run - m_shift, FP64)
-        w = _exp(m - m_shift, FP64)  # (BLOCK_S,) weight of each split
-        l_run = l_run * alpha + tl.sum(w * l_s, 0)
-        acc = acc * alpha + tl.sum(o * w[:, None], 0)
-        m_run = m_new
-    # l = 0 only when every split is empty (seqlens[b] == 0): the output is 0.
-    out = acc / tl.where(l_run > 0, l_run, 1.0)
-    tl.store(OUT + batch * stride_ob + head * stride_oh + offs_d * stride_od, out.to(OUT.dtype.element_ty),
-             mask=d_mask)  # fmt: skip
 
 
 # fmt: on
@@ -403,85 +440,91 @@ def flash_decode_combine_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-# Cached launches of recent call signatures; a decode loop uses one or two (the mixers' caches keep
-# their shapes), so a small bound only stops a sweep over many shapes from holding them all.
-_MAX_PLANS = 64
-_PLANS: dict[tuple, _DecodePlan] = {}
+# Replayable launches of recent call signatures; a decode loop uses one or two (the mixers' caches
+# keep their shapes).
+_PLANS = LaunchPlans()
 
 
 def _plan_key(q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits, check_values) -> tuple | None:
-    """Everything a :func:`flash_decode` call's checks, tile choice and launches depend on except the
-    tensors' addresses: the arguments with their types, and each tensor's shape, strides, dtype,
-    device and 16-byte alignment (Triton's pointer specialization). None where no plan applies:
-    ``check_values`` not False (its device sync costs far more than the launches), or an input that
-    is not a plain strided tensor, or q off CUDA (the ordinary path checks them and raises)."""
+    """Everything a :func:`flash_decode` call's checks, tile choice and launch depend on except the
+    tensors' addresses (:meth:`kernels._host.LaunchPlans.key`): window, scale and num_splits with
+    their types, and each tensor's shape, strides, dtype, device and 16-byte alignment (Triton's
+    pointer specialization). None where no plan applies: ``check_values`` not False (its device sync
+    costs far more than the launch), and LaunchPlans' cases (an input that is not a plain strided
+    tensor, q off CUDA, an input requiring grad in grad mode: the ordinary path checks and raises)."""
     if check_values is not False:
         return None
-    tensors = (q, k_cache, v_cache, block_table, seqlens)
-    if any(type(t) is not torch.Tensor or t.layout is not torch.strided for t in tensors) or not q.is_cuda:
-        return None
-    # One flat tuple (a decode step builds it on every call); the devices are in it, so a mix of
-    # devices never matches a stored plan (the ordinary path refuses it and stores none).
-    return (
-        type(window), window, type(scale), scale, type(num_splits), num_splits,
-        q.shape, q.stride(), q.dtype, q.device, q.data_ptr() % 16 == 0,
-        k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr() % 16 == 0,
-        v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, v_cache.data_ptr() % 16 == 0,
-        block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
-        block_table.data_ptr() % 16 == 0,
-        seqlens.shape, seqlens.stride(), seqlens.dtype, seqlens.device, seqlens.data_ptr() % 16 == 0,
-    )  # fmt: skip
+    return _PLANS.key((window, scale, num_splits), q, k_cache, v_cache, block_table, seqlens)
 
 
-def _remember(key: tuple, plan: _DecodePlan) -> None:
-    """Store a plan, dropping the oldest beyond ``_MAX_PLANS``."""
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.pop(next(iter(_PLANS)))
-    _PLANS[key] = plan
+def _split_workspace(q: torch.Tensor, rows: int, head_dim: int) -> torch.Tensor:
+    """The split kernel's fp32 (fp64 for fp64) workspace on q's device, one flat allocation (an eager
+    step is host-bound at small batch): the (B, Hq, num_splits, D) partial outputs, then the (B, Hq,
+    num_splits) m and l, which the kernel finds from ``rows = B * Hq * num_splits``."""
+    return q.new_empty(rows * (head_dim + 2), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
 
 
-def _split_workspace(rows: int, head_dim: int, dtype: torch.dtype, device: torch.device):
-    """The split kernel's fp32 (fp64 for fp64) workspace, one flat allocation (an eager step is
-    host-bound at small batch): the (B, Hq, num_splits, D) partial outputs, then the (B, Hq,
-    num_splits) m and l, indexed by the kernels' row; ``rows = B * Hq * num_splits``. Returns the
-    allocation (the partial outputs at its start) and the views of m and l."""
-    o_part = torch.empty(rows * (head_dim + 2), dtype=dtype, device=device)
-    return o_part, o_part[rows * head_dim :], o_part[rows * (head_dim + 1) :]
+# The split kernels' finished-split counters, one int32 per (sequence, KV head), zero between
+# launches (each launch's last split program resets its own). One buffer per (device, stream):
+# launches on one stream run in order, so they never count into a counter at the same time, while
+# launches on two streams may overlap. Buffers outgrown by a larger batch are kept, never freed: a
+# CUDA graph captured with one keeps its address.
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+_OUTGROWN_COUNTERS: list[torch.Tensor] = []
+
+
+def _split_counters(device: torch.device, count: int) -> torch.Tensor:
+    """(>= count,) int32 zeros for the split kernel's counters on the current stream of ``device``.
+
+    During a CUDA-graph capture on a stream that has none yet, a fresh buffer from the graph's pool
+    whose zero fill is captured with it (every replay starts from zeros), and it is not kept: memory
+    allocated while capturing may not outlive the graph, and its zero fill only runs at replay.
+    Graphs captured on a stream that had a buffer share it with that stream's eager calls: replay
+    them on that stream, or not while calls run there."""
+    stream = driver.active.get_current_stream(device.index) if device.type == "cuda" else None
+    counters = _COUNTERS.get((device, stream))
+    if counters is not None and counters.numel() >= count:
+        return counters
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(count, dtype=torch.int32, device=device)
+    if counters is not None:
+        _OUTGROWN_COUNTERS.append(counters)
+        count = max(count, 2 * counters.numel())
+    counters = _COUNTERS[(device, stream)] = torch.zeros(count, dtype=torch.int32, device=device)
+    return counters
 
 
 class _DecodePlan:
-    """The launches of one :func:`flash_decode` call signature (:func:`_plan_key`), replayed by later
+    """The launch of one :func:`flash_decode` call signature (:func:`_plan_key`), replayed by later
     eager calls with their own tensors: the argument checks, the split and tile choice and Triton's
     argument binding ran once, for the first call (:class:`kernels._host.CompiledLaunch`). The output
-    and the fp32 workspace are fresh allocations on every call, as on the ordinary path.
+    and the fp32 workspace are fresh allocations on every call, as on the ordinary path, and the
+    counters those of the current stream (:func:`_split_counters`).
 
     Args:
-        out: the first call's (B, Hq, D) output, for its shape, dtype and device.
+        out: the first call's (B, Hq, D) output, for its shape.
         rows: its workspace rows (B * Hq * num_splits, :func:`_split_workspace`), or 0 for one split.
-        acc_dtype: the workspace's dtype.
-        split_launch / combine_launch: the two launches (no combine for one split).
+        num_counters: its split counters (B * Hkv), or 0 for one split.
+        launch: the split kernel's launch.
     """
 
-    def __init__(self, out, rows, acc_dtype, split_launch, combine_launch):
-        self.out_shape, self.dtype, self.device = out.shape, out.dtype, out.device
-        self.rows, self.acc_dtype = rows, acc_dtype
-        self.split_launch, self.combine_launch = split_launch, combine_launch
+    def __init__(self, out, rows, num_counters, launch):
+        self.out_shape, self.device = out.shape, out.device
+        self.rows, self.num_counters, self.launch = rows, num_counters, launch
 
     def __call__(self, q, k_cache, v_cache, block_table, seqlens) -> torch.Tensor | None:
-        """(B, Hq, D) output of the replayed launches, or None (nothing launched) when the allocator
-        returned an address without the 16-byte alignment the kernels were specialized for."""
-        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        """(B, Hq, D) output of the replayed launch, or None (nothing launched) when the allocator
+        returned an address without the 16-byte alignment the kernel was specialized for."""
+        out = q.new_empty(self.out_shape)
         if self.rows:
-            workspace, m_part, l_part = _split_workspace(self.rows, self.out_shape[-1], self.acc_dtype, self.device)
+            workspace = _split_workspace(q, self.rows, self.out_shape[-1])
+            counters = _split_counters(self.device, self.num_counters)
         else:
-            workspace = m_part = l_part = out
-        if (out.data_ptr() | workspace.data_ptr()) % 16:
+            workspace = counters = out
+        if (out.data_ptr() | workspace.data_ptr() | counters.data_ptr()) % 16:
             return None
-        # The launcher launches on the current device's context: switch only when q lives elsewhere.
-        with contextlib.nullcontext() if torch.cuda.current_device() == self.device.index else device_guard(q):
-            self.split_launch(q, k_cache, v_cache, block_table, seqlens, out, workspace, m_part, l_part)
-            if self.combine_launch is not None:
-                self.combine_launch(workspace, m_part, l_part, out)
+        with replay_guard(self.device):
+            self.launch(q, k_cache, v_cache, block_table, seqlens, out, workspace, counters)
         return out
 
 
@@ -526,6 +569,13 @@ def flash_decode(
 
     Accumulation is fp32 for 16-bit and fp32 inputs (fp64 for fp64); fp32 products are IEEE, not TF32.
 
+    Streams: with several splits the launch counts finished splits in a small buffer kept per
+    (device, stream) (:func:`_split_counters`), so calls on different streams may overlap. A CUDA
+    graph captured on a stream that had run an eager call counts in that stream's buffer: replay it
+    on that stream, or while nothing else runs there. Captured on a fresh stream, it zero-fills a
+    buffer of its own at every replay (one small fill kernel a call: warm up on the capture stream,
+    as ``torch.cuda.graphs`` advises, to avoid it).
+
     Returns:
         (B, Hq, D) in q's dtype; sequences with seqlens == 0 return 0.
 
@@ -542,9 +592,8 @@ def flash_decode(
     """
     # An eager decode loop repeats one call signature: replay its launches (see _DecodePlan).
     key = _plan_key(q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits, check_values)
-    plan = _PLANS.get(key) if key is not None else None
-    if plan is not None and not launch_hooks_installed():
-        check_no_grad("flash_decode", q=q, k_cache=k_cache, v_cache=v_cache)
+    plan = _PLANS.get(key)
+    if plan is not None:
         out = plan(q, k_cache, v_cache, block_table, seqlens)
         if out is not None:
             return out
@@ -569,7 +618,7 @@ def flash_decode(
             f"{batch} and {num_kv_heads}; split the batch"
         )
 
-    out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    out = q.new_empty((batch, num_heads, head_dim))
     if out.numel() == 0:
         return out
     seqlen = max_blocks * block_size  # keys a sequence may hold: a shape, not a device read
@@ -590,49 +639,36 @@ def flash_decode(
     )
     group = num_heads // num_kv_heads
     split = num_splits > 1
-    acc_dtype = torch.float64 if fp64 else torch.float32
     if split:
         rows = batch * num_heads * num_splits
-        o_part, m_part, l_part = _split_workspace(rows, head_dim, acc_dtype, q.device)
-    else:  # one split writes the output itself; the workspace pointers are unused
-        o_part = m_part = l_part = out
+        workspace = _split_workspace(q, rows, head_dim)
+        counters = _split_counters(q.device, batch * num_kv_heads)
+    else:  # one split writes the output itself; the workspace and counter pointers are unused
+        workspace = counters = out
 
     tensors = (q, k_cache, v_cache, block_table, seqlens)
-    split_grid = (batch, num_kv_heads, num_splits)
-    split_args = (
-        *tensors, out, o_part, m_part, l_part,
+    grid = (batch, num_kv_heads, num_splits)
+    args = (
+        *tensors, out, workspace, counters,
         *q.stride(), *k_cache.stride(), *v_cache.stride(),
         *block_table.stride(), seqlens.stride(0), *out.stride(),
         group, block_size, window or 0, num_splits, qk_scale, qk_scale_lo, max_blocks * block_size,
     )  # fmt: skip
-    split_kwargs = dict(
+    kwargs = dict(
         HAS_WINDOW=window is not None, SPLIT=split, FP64=fp64,
         # fp32 inputs: IEEE fp32 products (TF32 would cost ~1e-3 relative error); 16-bit inputs
         # multiply exactly in the tensor cores either way.
         DOT_PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_G=max(16, next_power_of_2(group)),
-        BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_N=block_n, BLOCK_H=next_power_of_2(group),
+        BLOCK_S=min(next_power_of_2(num_splits), max(COMBINE_ELEMENTS // (next_power_of_2(group) * block_d), 1)),
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    combine_grid = (num_heads, batch)
-    combine_args = (o_part, m_part, l_part, out, *out.stride(), num_splits)
-    combine_kwargs = dict(
-        FP64=fp64, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=min(next_power_of_2(num_splits), COMBINE_BLOCK_S)
-    )
     with device_guard(q):
-        split_kernel = flash_decode_split_kernel[split_grid](*split_args, **split_kwargs)
-        if split:
-            combine_kernel = flash_decode_combine_kernel[combine_grid](*combine_args, **combine_kwargs)
+        kernel = flash_decode_split_kernel[grid](*args, **kwargs)
     if key is not None:
-        split_launch = CompiledLaunch.build(
-            flash_decode_split_kernel, split_kernel, split_grid, split_args, split_kwargs, len(tensors) + 4
-        )
-        combine_launch = (
-            CompiledLaunch.build(flash_decode_combine_kernel, combine_kernel, combine_grid, combine_args,
-                                 combine_kwargs, 4)
-            if split else None
-        )  # fmt: skip
+        launch = CompiledLaunch.build(flash_decode_split_kernel, kernel, grid, args, kwargs, len(tensors) + 3)
         # The replay allocates its own output and workspace; it needs them aligned as these were.
-        aligned = (out.data_ptr() | o_part.data_ptr()) % 16 == 0
-        if aligned and split_launch is not None and (combine_launch is not None or not split):
-            _remember(key, _DecodePlan(out, rows if split else 0, acc_dtype, split_launch, combine_launch))
+        if launch is not None and (out.data_ptr() | workspace.data_ptr() | counters.data_ptr()) % 16 == 0:
+            _PLANS.remember(key, _DecodePlan(out, rows if split else 0, batch * num_kv_heads if split else 0, launch))
     return out

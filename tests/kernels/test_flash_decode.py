@@ -32,6 +32,7 @@ from helpers import gpu
 
 import kernels
 from kernels import reference
+from kernels._host import launch_hooks_installed
 
 # ``kernels.flash_decode`` is the public function (it shadows the submodule's name on the
 # package), so the kernel module is taken from sys.modules.
@@ -146,6 +147,7 @@ def assert_decode_accuracy(q, k_cache, v_cache, block_table, seqlens, *, window,
     )
     empty = seqlens == 0
     assert torch.equal(out[empty], torch.zeros_like(out[empty]))
+    assert_counters_zero()
     if q.is_cuda:
         # An eager decode loop's calls (check_values=False): the first stores the signature's plan,
         # the second replays its compiled launches; both launch what the checked call launched.
@@ -167,6 +169,13 @@ def assert_decode_accuracy(q, k_cache, v_cache, block_table, seqlens, *, window,
     assert err <= 2 * base_err + atol, (
         f"kernel error {err:.3g} > 2 x naive {dtype} error {base_err:.3g} + atol {atol:.3g}"
     )
+
+
+def assert_counters_zero():
+    """Every split-counter buffer is back to zero once its launches are done: each launch's last
+    split program must reset the counters it counted with, or the next launch merges too early."""
+    for counters in [*fd._COUNTERS.values(), *fd._OUTGROWN_COUNTERS]:
+        assert counters.dtype == torch.int32 and not counters.any(), f"split counters left at {counters.tolist()}"
 
 
 def decode(inputs, **kwargs):
@@ -543,9 +552,9 @@ def test_gpu_replayed_launches(num_heads, num_kv_heads, head_dim, window, num_sp
         kernels.flash_decode(q.clone().requires_grad_(), *second[1:], check_values=False, **kw)
 
     seen, calls = [], len(checks)
-    assert not fd.launch_hooks_installed()
+    assert not launch_hooks_installed()
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", seen.append)
-    assert fd.launch_hooks_installed()
+    assert launch_hooks_installed()
     assert torch.equal(kernels.flash_decode(*second, check_values=False, **kw), got)
     assert seen and len(checks) == calls + 1, "with a launch hook the ordinary launch (which calls it) must run"
     monkeypatch.undo()
@@ -561,6 +570,75 @@ def test_gpu_replayed_launches(num_heads, num_kv_heads, head_dim, window, num_sp
         t.copy_(new)
     graph.replay()
     assert torch.equal(graphed, kernels.flash_decode(*first, **kw))
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_merge_by_the_last_split_is_race_free():
+    """The last split program of each (sequence, KV head) merges what the others wrote in the same
+    launch. Many back-to-back launches (replayed and checked) give the same bits, on one stream and
+    on two streams at once (each stream counts in its own buffer), and the counters end at zero."""
+    seqlens = [8192, 5000, 1, 0, 8191, 64]
+    inputs = make_paged(seqlens, 32, 8, 128, 64, torch.bfloat16)
+    assert_decode_accuracy(*inputs, window=None, num_splits=64)
+    want = kernels.flash_decode(*inputs, num_splits=64, backend="triton")
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+    outs = []
+    for i in range(400):
+        with torch.cuda.stream(streams[i % 2] if i >= 200 else torch.cuda.current_stream()):
+            outs.append(kernels.flash_decode(*inputs, num_splits=64, check_values=False, backend="triton"))
+    torch.cuda.synchronize()
+    bad = [i for i, out in enumerate(outs) if not torch.equal(out, want)]
+    assert not bad, f"calls {bad[:10]} (of {len(bad)}) differ from the first: a merge read a split too early"
+    assert_counters_zero()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("stream_seen", [False, True], ids=["new-stream", "seen-stream"])
+def test_gpu_graph_capture_counters(stream_seen):
+    """Captured on a stream that has no counters yet, the graph zero-fills its own buffer at every
+    replay; on a stream that has them (an eager call ran there), it counts in that buffer. Either
+    way every replay is right, and the eager calls after it too."""
+    first, second = (make_paged([3000, 17, 0, 2049], 8, 2, 128, 16, torch.bfloat16) for _ in range(2))
+    static = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t) for t in first]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    if stream_seen:
+        with torch.cuda.stream(stream):
+            kernels.flash_decode(*static, num_splits=16, check_values=False, backend="triton")
+    stream.synchronize()
+    known = len(fd._COUNTERS)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        graphed = kernels.flash_decode(*static, num_splits=16, check_values=False, backend="triton")
+    assert len(fd._COUNTERS) == known, "a buffer allocated while capturing must not be kept"
+    for inputs in (second, first, second):
+        for t, new in zip(static, inputs, strict=True):
+            t.copy_(new)
+        graph.replay()
+        assert torch.equal(graphed, kernels.flash_decode(*inputs, num_splits=16, backend="triton"))
+    torch.cuda.synchronize()
+    assert_counters_zero()
+
+
+def test_split_counters_per_stream_grow_and_are_kept():
+    """One zeroed buffer per (device, stream), reused while large enough; a larger batch gets a new
+    one of at least twice the size and the old one is kept (a captured graph may hold it)."""
+    device = torch.device(DEVICE)
+    fd._COUNTERS.clear()
+    small = fd._split_counters(device, 3)
+    assert small.dtype == torch.int32 and small.numel() == 3 and not small.any()
+    assert fd._split_counters(device, 2) is small
+    kept = len(fd._OUTGROWN_COUNTERS)
+    large = fd._split_counters(device, 4)
+    assert large.numel() == 6 and fd._OUTGROWN_COUNTERS[kept] is small
+    assert fd._split_counters(device, 5) is large
+    # A batch with many splits per (sequence, KV head) leaves them at zero.
+    inputs = make_paged(SEQLENS * 3, 6, 2, 64, 16, torch.float32)
+    assert_decode_accuracy(*inputs, window=None, num_splits=5)
 
 
 # ----------------------------------------------------------------------------------------------
