@@ -60,6 +60,8 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def _check_tensor(name: str, x, ndim: int | tuple[int, ...], *, floating: bool = True) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.layout is not torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}; pass {name}.to_dense()")
     ndims = (ndim,) if isinstance(ndim, int) else ndim
     if x.ndim not in ndims:
         expected = " or ".join(str(n) for n in ndims)

@@ -663,6 +663,23 @@ def test_selective_scan_refuses_an_A_that_is_not_2_d():
         kernels.selective_scan(**(inputs | {"A": None}))
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_sparse_inputs_are_refused_by_name(backend):
+    """A sparse tensor anywhere is a clear TypeError naming it, not an aten error from inside an op."""
+    q, k = rand(1, 2, 16), rand(4, 16, 2, 16)
+    table, seqlens = torch.zeros(1, 2, dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
+    for name, args in (
+        ("q", (q.to_sparse(), k, k, table, seqlens)),
+        ("k_cache", (q, k.to_sparse(), k, table, seqlens)),
+        ("block_table", (q, k, k, table.to_sparse(), seqlens)),
+        ("seqlens", (q, k, k, table, seqlens.to_sparse())),
+    ):
+        with pytest.raises(TypeError, match=rf"{name} must be a dense \(strided\) tensor, got layout torch.sparse_coo"):
+            kernels.flash_decode(*args, backend=backend)
+    with pytest.raises(TypeError, match=r"k must be a dense \(strided\) tensor, got layout torch.sparse_coo"):
+        kernels.flash_attention(rand(1, 4, 2, 16), rand(1, 4, 2, 16).to_sparse(), rand(1, 4, 2, 16), backend=backend)
+
+
 def test_decode_inputs_that_share_memory_with_the_updated_state_are_refused():
     # The step reads them while it writes the state in place, in an order each backend chooses.
     state, z = rand(1, 1, 4, 4), rand(1, 1, 4)
