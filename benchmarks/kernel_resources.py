@@ -182,22 +182,24 @@ def flash_decode_cases(block: int | None, warps: int | None, stages: int | None)
 
     fd = importlib.import_module("kernels.flash_decode")
     heads, kv_heads, dim = 32, 8, 128
-    for batch, seqlen in ((1, 8192), (1, 32768), (8, 8192)):
+    group = heads // kv_heads
+    for batch, seqlen in ((1, 8192), (1, 32768), (8, 8192), (8, 131072)):
         splits = fd.num_splits_heuristic(batch, kv_heads, seqlen)
         block_n, num_warps, num_stages = fd.split_config(torch.bfloat16, dim, batch * kv_heads * splits)
         block_n, num_warps, num_stages = block or block_n, warps or num_warps, stages or num_stages
         args: dict[str, Any] = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "BLOCK_TABLE": "*i32", "SEQLENS": "*i32",
-                                "OUT": "*bf16", "O_PART": "*fp32", "M_PART": "*fp32", "L_PART": "*fp32"}  # fmt: skip
+                                "OUT": "*bf16", "WORKSPACE": "*fp32", "COUNTERS": "*i32"}  # fmt: skip
         args |= _strides(["stride_qb", "stride_qh", "stride_qd"], batch, heads, dim)
         for tensor in ("k", "v"):  # one page of the whole length per sequence
             names = [f"stride_{tensor}{axis}" for axis in ("p", "s", "h", "d")]
             args |= _strides(names, batch, seqlen, kv_heads, dim)
         args |= {"stride_tb": 1, "stride_tp": 1, "stride_sb": 1}
         args |= _strides(["stride_ob", "stride_oh", "stride_od"], batch, heads, dim)
-        args |= {"group": heads // kv_heads, "block_size": seqlen, "window": 0, "num_splits": splits,
+        args |= {"group": group, "block_size": seqlen, "window": 0, "num_splits": splits,
                  "qk_scale": dim**-0.5, "qk_scale_lo": 0.0, "capacity": seqlen}  # fmt: skip
         constexprs = {"HAS_WINDOW": False, "SPLIT": splits > 1, "FP64": False, "DOT_PRECISION": "tf32",
-                      "HEAD_DIM": dim, "BLOCK_D": dim, "BLOCK_G": 16, "BLOCK_N": block_n}  # fmt: skip
+                      "HEAD_DIM": dim, "BLOCK_D": dim, "BLOCK_G": 16, "BLOCK_N": block_n, "BLOCK_H": group,
+                      "BLOCK_S": min(fd.next_power_of_2(splits), fd.COMBINE_ELEMENTS // (group * dim))}  # fmt: skip
         label = f"B{batch} KV {seqlen}, {splits} splits"
         yield label, fd.flash_decode_split_kernel, args, constexprs, num_warps, num_stages
 

@@ -69,7 +69,10 @@ the decode step removes the rest. The merge by the last split program took the C
 the H200 from 9.4-9.5 / 17.0-17.2 / 39.2-39.9 µs to 9.0 / 16.2-16.4 / 38.5-39.0 µs at batch 1 and
 2k / 8k / 32k keys, and from 23.7-23.8 to 22.4-22.8 µs at batch 8 and 2k (two runs of each,
 alternating in one device call, ``...-decode-{before,fused}-{1,2}.json``); at batch 8 and 128k keys
-it was 2.5% slower (980 against 956 µs, SDPA 963-965), which is not understood yet.
+it was 2.5% slower (980 against 956 µs, SDPA 963-965), not explained yet: the main loop's PTX is
+the same instruction for instruction (compiled for sm_90 offline with Triton 3.9,
+``benchmarks/kernel_resources.py``: 159 against 161 registers), and times at B8 128k have moved
+with the process before (see the README).
 
 Limits of this backend beyond the reference's: head_dim in [1, 256]; all tensors on one device
 (CUDA, or CPU under the interpreter); batch <= 65535 and KV heads <= 65535 (CUDA grid axes).

@@ -31,7 +31,7 @@ def test_decode_kernel_compiles_for_sm90_and_reports_its_resources():
     assert out.returncode == 0, out.stderr
     lines = re.findall(r"B(\d+) KV (\d+), (\d+) splits: tile (\d+), (\d+) warps, (\d+) stages -> "
                        r"REG (\d+), STACK (\d+), smem (\d+)", out.stdout)  # fmt: skip
-    assert [(b, kv) for b, kv, *_ in lines] == [("1", "8192"), ("1", "32768"), ("8", "8192")]
+    assert [(b, kv) for b, kv, *_ in lines] == [("1", "8192"), ("1", "32768"), ("8", "8192"), ("8", "131072")]
     for *_, warps, stages, regs, stack, smem in lines:
         assert warps == "4" and 1 <= int(stages) <= 3
         assert 16 <= int(regs) <= 255 and int(stack) >= 0
