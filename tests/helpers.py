@@ -1,5 +1,6 @@
 """Shared test helpers: composing the shipped Hydra configs; reading a run's CSV metrics; a mixer run
-against forced reference ops; the GPU marker, dtype ids and forced autotune configs of the kernel tests."""
+against forced reference ops; the GPU marker, dtype ids and forced autotune configs of the kernel tests;
+stand-ins for Triton's compiled kernels that let the decode steps' replayed launches run on CPU."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import csv
 import functools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -105,3 +107,47 @@ def refuse_files_in(monkeypatch, directory: Path) -> None:
         return real(*args, dir=dir, **kwargs)
 
     monkeypatch.setattr(records_module.tempfile, "mkstemp", mkstemp)
+
+
+class KernelParams:
+    """A stand-in for a ``triton.jit`` function as ``kernels._host.CompiledLaunch`` reads it: its
+    parameters, in order, by name."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.params = [SimpleNamespace(name=name) for name in names]
+
+
+class RecordingCompiled:
+    """A stand-in for the ``CompiledKernel`` an ordinary launch returns (the interpreter returns
+    none): records what a replay hands the launcher, then launches ``kernel`` with the parameters
+    it got (``args[:3]`` the grid, ``args[9:]`` the kernel's arguments), under the interpreter."""
+
+    function, packed_metadata = "function", "packed"
+
+    def __init__(self, kernel, options: dict) -> None:
+        self.kernel, self.options, self.calls = kernel, options, []
+
+    def run(self, *args) -> None:
+        self.calls.append(args)
+        self.kernel[args[:3]](*args[9:], **self.options)
+
+
+def record_step_plans(monkeypatch, module) -> list:
+    """Let ``module``'s decode step (``module._STEP_PLANS``, ``module.CompiledLaunch``) store plans
+    for CPU calls too, each replayed through a :class:`RecordingCompiled`; returns the list the builds
+    are appended to, as (recording, args, kwargs) of the ordinary launch each was built from. The
+    caller clears ``module._STEP_PLANS`` afterwards."""
+    from kernels import _host
+
+    builds = []
+
+    def build(kernel, compiled, grid, args, kwargs, num_tensors):
+        recording = RecordingCompiled(kernel, {name: kwargs[name] for name in ("num_warps",) if name in kwargs})
+        builds.append((recording, args, kwargs))
+        return _host.CompiledLaunch.build(KernelParams(kernel.arg_names), recording, grid, args, kwargs, num_tensors)
+
+    monkeypatch.setattr(module, "CompiledLaunch", SimpleNamespace(build=build))
+    monkeypatch.setattr(module._STEP_PLANS, "device_types", ("cuda", "cpu"))
+    monkeypatch.setattr(_host, "driver", SimpleNamespace(active=SimpleNamespace(get_current_stream=lambda d: 0)))
+    module._STEP_PLANS.clear()
+    return builds

@@ -28,7 +28,7 @@ import sys
 
 import pytest
 import torch
-from helpers import gpu
+from helpers import KernelParams, gpu
 
 import kernels
 from kernels import reference
@@ -455,15 +455,7 @@ def test_backend_specific_errors():
 # ----------------------------------------------------------------------------------------------
 
 
-class _Param:
-    def __init__(self, name):
-        self.name = name
-
-
-class _Kernel:
-    """A stand-in for a triton.jit function: its parameters in order."""
-
-    params = [_Param(name) for name in ("X", "Y", "n", "BLOCK", "FLAG")]
+_KERNEL = KernelParams(("X", "Y", "n", "BLOCK", "FLAG"))
 
 
 class _Compiled:
@@ -493,7 +485,7 @@ def test_compiled_launch_passes_arguments_in_parameter_order(monkeypatch):
     x, y, x2, y2 = _t(2), _t(3), _t(2), _t(3)
     compiled = _Compiled()
     launch = _host.CompiledLaunch.build(
-        _Kernel, compiled, (4, 2), (x, y, 5), {"FLAG": True, "BLOCK": 16, "num_warps": 4}, num_tensors=2
+        _KERNEL, compiled, (4, 2), (x, y, 5), {"FLAG": True, "BLOCK": 16, "num_warps": 4}, num_tensors=2
     )
     launch(x2, y2)
     assert streams == [x.device.index]
@@ -502,8 +494,8 @@ def test_compiled_launch_passes_arguments_in_parameter_order(monkeypatch):
     assert call[9] is x2 and call[10] is y2 and call[11:] == (5, 16, True)
     # Nothing to replay: the interpreter's launch returns no compiled kernel; a parameter left to its
     # default is not known to the replay.
-    assert _host.CompiledLaunch.build(_Kernel, None, (1,), (x, y, 5), {"FLAG": 1, "BLOCK": 16}, 2) is None
-    assert _host.CompiledLaunch.build(_Kernel, compiled, (1,), (x, y, 5), {"BLOCK": 16}, 2) is None
+    assert _host.CompiledLaunch.build(_KERNEL, None, (1,), (x, y, 5), {"FLAG": 1, "BLOCK": 16}, 2) is None
+    assert _host.CompiledLaunch.build(_KERNEL, compiled, (1,), (x, y, 5), {"BLOCK": 16}, 2) is None
 
 
 @pytest.mark.gpu

@@ -41,7 +41,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import triton
-from helpers import dtype_id, forced_config, gpu
+from helpers import dtype_id, forced_config, gpu, record_step_plans
 
 import kernels
 from kernels import reference
@@ -927,51 +927,11 @@ def test_backend_specific_errors():
 # ----------------------------------------------------------------------------------------------
 
 
-class _Param:
-    def __init__(self, name):
-        self.name = name
-
-
-class _Kernel:
-    """A stand-in for a triton.jit function as CompiledLaunch reads it: its parameters in order."""
-
-    def __init__(self, kernel):
-        self.params = [_Param(name) for name in kernel.arg_names]
-
-
-class _Recording:
-    """A stand-in for the CompiledKernel an ordinary launch returns (the interpreter returns none):
-    records what a replay hands the launcher, then launches the kernel with the parameters it got."""
-
-    function, packed_metadata = "function", "packed"
-
-    def __init__(self, kernel, options):
-        self.kernel, self.options, self.calls = kernel, options, []
-
-    def run(self, *args):
-        self.calls.append(args)
-        self.kernel[args[:3]](*args[9:], **self.options)
-
-
 @pytest.fixture
 def recorded_plans(monkeypatch):
-    """Plans for DEVICE's calls (CPU ones too), each replayed through a _Recording; yields the
+    """Plans for DEVICE's calls (CPU ones too), each replayed through a RecordingCompiled; yields the
     builds as (recording, args, kwargs) of the ordinary launch each was built from."""
-    from types import SimpleNamespace
-
-    from kernels import _host
-
-    builds = []
-
-    def build(kernel, compiled, grid, args, kwargs, num_tensors):
-        recording = _Recording(kernel, {name: kwargs[name] for name in ("num_warps",) if name in kwargs})
-        builds.append((recording, args, kwargs))
-        return _host.CompiledLaunch.build(_Kernel(kernel), recording, grid, args, kwargs, num_tensors)
-
-    monkeypatch.setattr(la, "CompiledLaunch", SimpleNamespace(build=build))
-    monkeypatch.setattr(la._STEP_PLANS, "device_types", ("cuda", "cpu"))
-    monkeypatch.setattr(_host, "driver", SimpleNamespace(active=SimpleNamespace(get_current_stream=lambda d: 0)))
-    la._STEP_PLANS.clear()
+    builds = record_step_plans(monkeypatch, la)
     yield builds
     la._STEP_PLANS.clear()
 
