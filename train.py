@@ -13,8 +13,9 @@ then still saves ``last.ckpt`` and writes the records of its best checkpoint, ma
 ``interrupted``, and exits with status 1 (single-process runs; DDP runs just stop). Ctrl+C before
 training (while the modules import, the config is composed or the data prepared) ends it with one
 line and status 130; such a run, and one refused by a settings error, removes what Hydra made for
-it (its run directory, when that holds only Hydra's files), never a folder that was there before; a
-failed write (full disk) is one line naming the file.
+it (its run directory, when that holds only Hydra's files), never a folder that was there before,
+and puts back the files of Hydra's it overwrote there (an earlier run's ``.hydra/``); a failed write
+(full disk) is one line naming the file.
 """
 
 from __future__ import annotations
@@ -42,12 +43,10 @@ quiet_interrupt_while_starting(__name__)  # before the seconds of imports below
 import hydra
 import lightning as L
 import torch
-from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Quote, QuotedString
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback as HydraCallback
-from hydra.types import RunMode
 from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer
 from omegaconf import DictConfig, OmegaConf
 
@@ -64,7 +63,7 @@ from eval.records import (
     write_records,
 )
 from models import ModelConfig
-from models.checkpoint import AtomicCheckpointIO, read_checkpoint
+from models.checkpoint import AtomicCheckpointIO, atomic_write_bytes, read_checkpoint
 from models.config import config_from_groups
 from models.lit import DEFAULT_OPTIM, LitLM, logged_metrics
 
@@ -212,7 +211,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "run_seed": cfg.seed,
     }
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    world_size = configured_world_size(trainer_cfg)
+    # Resolved now (trainer.devices=auto, "2", ...) so that a resume on another process count is
+    # refused before the seeding too; a new run compares no count, so it leaves that to the Trainer.
+    world_size = resolved_world_size(trainer_cfg) if cfg.get("resume") is not None else None
     resume = check_resume(
         cfg.get("resume"),
         hparams,
@@ -250,8 +251,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         callbacks=callbacks,
         plugins=[AtomicCheckpointIO()],
     )
-    if world_size is None:
-        # trainer.devices left to Lightning (auto, -1): the count is known once the Trainer resolved it.
+    if resume is not None and trainer.world_size != world_size:
+        # resolved_world_size runs the Trainer's own resolution, so the counts agree; should a
+        # Lightning version resolve otherwise, the Trainer's count is the one the run trains on.
         check_resume_world_size(cfg.get("resume"), trainer.world_size)
     try:
         if trainer.is_global_zero:
@@ -457,6 +459,35 @@ def configured_world_size(trainer_cfg: Mapping[str, Any]) -> int | None:
     if isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1:
         return devices * nodes
     return None
+
+
+def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
+    """The process count a ``L.Trainer(**trainer_cfg)`` runs with on this machine: the count the
+    config states (:func:`configured_world_size`), else ``trainer.devices`` (``auto``, ``-1``, a
+    string such as ``"2"`` or ``"0,1"``) resolved as the Trainer resolves it, by Lightning's own
+    accelerator connector (which the Trainer runs first): on CPU ``auto`` is one process, on GPUs
+    ``auto`` and ``-1`` are one process per visible GPU (one in a notebook). It builds no Trainer and
+    prints nothing (the connector's info lines, such as the precision in use, come again from the
+    Trainer).
+
+    Raises:
+        TypeError / ValueError / lightning's MisconfigurationException: the settings the Trainer
+            would refuse (``trainer.devices=-1`` on CPU, an unavailable accelerator), as it would.
+    """
+    stated = configured_world_size(trainer_cfg)
+    if stated is not None:
+        return stated
+    from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
+
+    arguments = inspect.signature(_AcceleratorConnector).parameters
+    rank_zero_log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    level = rank_zero_log.level
+    rank_zero_log.setLevel(logging.WARNING)
+    try:
+        connector = _AcceleratorConnector(**{k: v for k, v in trainer_cfg.items() if k in arguments})
+    finally:
+        rank_zero_log.setLevel(level)
+    return int(getattr(connector.strategy, "world_size", 1))  # as Trainer.world_size reads it
 
 
 def _days_hms(span: timedelta) -> str:
@@ -684,6 +715,11 @@ def check_resume(
     return str(Path(resume).resolve())
 
 
+# The largest process count (and node count) a WorldSizeRecord may hold: far above any training run's
+# (the largest use some 10**5 GPUs); a larger one is a corrupt record, not a count to resume on.
+MAX_PROCESSES = 2**20
+
+
 class WorldSizeRecord(Callback):
     """Stores the run's process count (``trainer.world_size``) and ``trainer.num_nodes`` in its
     checkpoints, as this callback's state (``checkpoint["callbacks"]["WorldSizeRecord"]``), for
@@ -714,19 +750,21 @@ def refuse_another_world_size(checkpoint: Mapping[str, Any], resume: str, world_
 
     Raises:
         ValueError: another process count, naming both and the ``trainer.devices`` /
-            ``trainer.num_nodes`` pair that gives the checkpoint's; or a corrupt record (a key
-            missing, not integers, a count below 1), naming the checkpoint.
+            ``trainer.num_nodes`` pair that gives the checkpoint's; or a corrupt record (an entry
+            that is not a mapping, None included; a key missing; a count that is not an int, a
+            bool, None, below 1 or above :data:`MAX_PROCESSES`), naming the checkpoint.
     """
     given = f"resume={override_value(resume)}"
-    record = checkpoint.get("callbacks", {}).get(WorldSizeRecord.__qualname__)
-    if record is None:
+    callbacks = checkpoint.get("callbacks", {})
+    if WorldSizeRecord.__qualname__ not in callbacks:
         return
+    record = callbacks[WorldSizeRecord.__qualname__]
     counts = [record.get(key) if isinstance(record, Mapping) else None for key in ("world_size", "num_nodes")]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts):
+    if not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_PROCESSES for n in counts):
         raise ValueError(
             f"{given}: the checkpoint is corrupt (its {WorldSizeRecord.__qualname__} entry, the process "
-            f"count it was trained on, is {record!r}, not the integers world_size >= 1 and num_nodes >= 1); "
-            "resume from an intact copy of it or from another checkpoint of the run"
+            f"count it was trained on, is {record!r}, not the integers world_size and num_nodes, each from 1 "
+            f"to {MAX_PROCESSES}); resume from an intact copy of it or from another checkpoint of the run"
         )
     saved, nodes = counts
     if saved == world_size:
@@ -956,30 +994,74 @@ def _write_train_records(
     write_records(run_dir / "results" / "train.json", records)
 
 
-# What Hydra writes before the task runs: into the run directory, and into a sweep's directory (-m).
+# What Hydra writes before the task runs: into the run directory (its config records in .hydra/, and
+# train.log, which its log handler opens to append to), and into a sweep's directory (-m).
 HYDRA_RUN_FILES = (".hydra", "train.log")
 HYDRA_SWEEP_FILES = ("multirun.yaml",)
+HYDRA_CONFIG_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "multirun.yaml")
+
+
+@dataclasses.dataclass(frozen=True)
+class FolderBefore:
+    """What one folder that Hydra writes its files into held before a run: ``names``, its entries;
+    ``configs``, the bytes of Hydra's config files in it (:data:`HYDRA_CONFIG_FILES`, relative
+    paths; a few kB each); ``log_size``, the size of its ``train.log`` (None: there was none)."""
+
+    names: frozenset[str]
+    configs: Mapping[str, bytes]
+    log_size: int | None
+
+    @classmethod
+    def of(cls, folder: Path) -> FolderBefore:
+        """The record of ``folder`` (an existing folder) now.
+
+        Raises:
+            OSError: ``folder`` or one of Hydra's files in it cannot be read.
+        """
+        configs = {rel: (folder / rel).read_bytes() for rel in HYDRA_CONFIG_FILES if (folder / rel).is_file()}
+        log = folder / "train.log"
+        return cls(frozenset(os.listdir(folder)), configs, log.stat().st_size if log.is_file() else None)
+
+    def unchanged(self, folder: Path) -> bool:
+        """Whether ``folder`` holds the same entries, Hydra config files and ``train.log`` size as then."""
+        return FolderBefore.of(folder) == self
 
 
 @dataclasses.dataclass(frozen=True)
 class FoldersBefore:
     """What existed of a folder's path before Hydra made the folder: ``deepest``, its deepest folder
     that existed (the folder itself when it existed), and ``entries``, the names in ``deepest`` then.
-    Whatever lies below ``deepest`` under another name was made after, by the run."""
+    Whatever lies below ``deepest`` under another name was made after, by the run.
+
+    ``folder`` is the folder recorded: a run directory (``job_depth`` None), or a sweep directory
+    whose jobs' run directories lie ``job_depth`` folders below it. ``known`` holds what the folder
+    held, and for a sweep what each folder down to its jobs' held (:class:`FolderBefore`), where it
+    existed: what a refused run restores of Hydra's files (:func:`remove_unused_run_dir`)."""
 
     deepest: Path
     entries: frozenset[str]
+    folder: Path | None = None
+    job_depth: int | None = None
+    known: Mapping[Path, FolderBefore] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of(cls, folder: str | os.PathLike) -> FoldersBefore:
-        """The record of ``folder`` (relative to the working directory) now.
+    def of(cls, folder: str | os.PathLike, job_depth: int | None = None) -> FoldersBefore:
+        """The record of ``folder`` (relative to the working directory) now; of a sweep directory
+        with ``job_depth`` (1 for Hydra's default ``hydra.sweep.subdir``, a folder per job).
 
         Raises:
-            OSError: ``deepest`` cannot be listed.
+            OSError: ``deepest`` or a folder below it, or one of Hydra's files there, cannot be read.
         """
         folder = Path(folder).resolve()
         deepest = next(p for p in (folder, *folder.parents) if p.is_dir())
-        return cls(deepest, frozenset(os.listdir(deepest)))
+        known: dict[Path, FolderBefore] = {}
+        level = [folder] if deepest == folder else []
+        for depth in range(job_depth or 0, -1, -1):
+            for path in level:
+                known[path] = FolderBefore.of(path)
+            if depth:
+                level = [p / name for p in level for name in sorted(known[p].names) if (p / name).is_dir()]
+        return cls(deepest, frozenset(os.listdir(deepest)), folder, job_depth, known)
 
     def made_after(self, path: Path) -> bool:
         """Whether ``path`` (absolute, symbolic links resolved) was not there when the record was taken."""
@@ -991,63 +1073,158 @@ class FoldersBefore:
 
 
 def remove_unused_run_dir(run_dir: Path, before: FoldersBefore | None, sweep_dir: Path | None = None) -> bool:
-    """Remove what a run made when it holds only what Hydra writes before the task runs (``.hydra/``
-    and an empty ``train.log``): a run refused by a settings error would otherwise leave one such
-    folder per attempt under outputs/. Anything else in ``run_dir`` keeps it whole.
+    """Undo what a run wrote when it wrote nothing but what Hydra writes before the task runs
+    (``.hydra/`` and ``train.log``, which such a run leaves as it found it): a run refused by a
+    settings error would otherwise leave one such folder per attempt under outputs/, or Hydra's
+    records of its refused settings in the run directory of an earlier run it was pointed at
+    (``hydra.run.dir=<that run>``), over that run's own. A run that wrote anything else, or
+    appended to ``train.log``, keeps its run directory as it is.
 
-    Removed is what ``before`` (taken of ``run_dir``, or of ``sweep_dir`` for a job of ``-m``, before
-    Hydra made it; None: unknown, nothing is removed) says this run made: Hydra's files in
-    ``run_dir``, then ``run_dir`` and each folder above it while the run made it and it is left
-    empty (Hydra makes the missing parents, such as a new outputs/ and its date folder), the sweep's
-    ``multirun.yaml`` with its folder. A folder that was there before stays, empty or not.
+    ``before`` (taken of ``run_dir``, or of ``sweep_dir`` for a job of ``-m``, before Hydra made it;
+    None: unknown, nothing is touched) says what the run made. Hydra's files that were there before
+    (``.hydra/config.yaml``, ``hydra.yaml``, ``overrides.yaml``) are written back as they were
+    (atomically), those that were not are removed, then ``run_dir`` and each folder above it while
+    the run made it and it is left empty (Hydra makes the missing parents, such as a new outputs/ and
+    its date folder). A folder that was there before stays, empty or not, with its other files
+    untouched; so does a run directory below a folder that existed but that ``before`` does not
+    describe (a sweep's job folder deeper than ``before.job_depth``). Under ``sweep_dir``, the
+    sweep's ``multirun.yaml`` is then undone too (removed, with the sweep's folders made for it,
+    or written back as it was) where the sweep holds nothing else of its own: no other job's run
+    directory, and each folder that existed as it was.
 
     Returns:
         Whether ``run_dir`` was removed.
+
+    Raises:
+        OSError: a file or folder that cannot be read, written or removed (``WriteError`` for a
+            config file that cannot be written back).
     """
     run_dir = run_dir.resolve()
     if before is None or not run_dir.is_dir():
         return False
-    log_file = run_dir / "train.log"
-    if log_file.exists() and log_file.stat().st_size:
-        return False
     sweep_dir = sweep_dir.resolve() if sweep_dir is not None else None
-    folder, hydra_files = run_dir, HYDRA_RUN_FILES
-    while not {p.name for p in folder.iterdir()} - set(hydra_files):
-        for path in (folder / name for name in hydra_files):
-            if path.is_dir() and before.made_after(path):
-                shutil.rmtree(path)
-            elif path.exists() and before.made_after(path):
-                path.unlink()
-        if not before.made_after(folder):
-            break
+    _undo_unused_run_dir(run_dir, before, sweep_dir)
+    if sweep_dir is not None and sweep_dir.is_dir():
+        _restore_unused_sweep_dir(sweep_dir, before)
+    return not run_dir.exists()
+
+
+def _undo_unused_run_dir(run_dir: Path, before: FoldersBefore, sweep_dir: Path | None) -> None:
+    """:func:`remove_unused_run_dir` for ``run_dir`` (absolute, resolved; an existing folder) alone:
+    the folders it removes stop below ``sweep_dir``."""
+    was = before.known.get(run_dir)
+    if was is None and not before.made_after(run_dir):
+        return  # what it held before is unknown
+    names = was.names if was is not None else frozenset()
+    log = run_dir / "train.log"
+    if log.is_file() and log.stat().st_size > ((was.log_size or 0) if was is not None else 0):
+        return  # the run logged: it started
+    if set(os.listdir(run_dir)) - names - set(HYDRA_RUN_FILES):
+        return  # the run wrote more than Hydra's files
+    _restore_hydra_files(run_dir, was, HYDRA_RUN_FILES)
+    _remove_folders_made(run_dir, before, stop=sweep_dir)
+
+
+def _restore_hydra_files(folder: Path, was: FolderBefore | None, names: Sequence[str]) -> None:
+    """Put Hydra's files ``names`` (of :data:`HYDRA_RUN_FILES` / :data:`HYDRA_SWEEP_FILES`) in
+    ``folder`` back as ``was`` records them: config files written back (atomically) where they
+    differ, the others removed, and a ``.hydra/`` or ``train.log`` that was not there removed
+    (``train.log`` is only appended to, and the caller has checked it did not grow)."""
+    configs = was.configs if was is not None else {}
+    for rel in HYDRA_CONFIG_FILES:
+        path = folder / rel
+        if Path(rel).parts[0] not in names or not path.is_file():
+            continue
+        if rel not in configs:
+            path.unlink()
+        elif path.read_bytes() != configs[rel]:
+            atomic_write_bytes(path, lambda f, data=configs[rel]: f.write(data))
+    existed = was.names if was is not None else frozenset()
+    for name in set(names) - existed:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def _remove_folders_made(folder: Path, before: FoldersBefore, stop: Path | None = None) -> None:
+    """Remove ``folder`` and each folder above it (below ``stop``) while the run made it and it is
+    empty; the first one that was there before, holds something, or is ``stop`` ends it."""
+    while folder != stop and before.made_after(folder):
         try:
             folder.rmdir()
         except OSError:  # not empty: another job of the sweep has written into it since
-            break
+            return
         folder = folder.parent
-        hydra_files = HYDRA_SWEEP_FILES if folder == sweep_dir else ()
-    return not run_dir.exists()
+
+
+def _restore_unused_sweep_dir(sweep_dir: Path, before: FoldersBefore) -> None:
+    """Undo the sweep's ``multirun.yaml`` (removed, or written back as it was) and remove the folders
+    made for the sweep, when ``sweep_dir`` holds nothing else that the sweep made: each entry was
+    there before or is ``multirun.yaml``, and each folder recorded below it is as it was."""
+    was = before.known.get(sweep_dir)
+    if was is None and not before.made_after(sweep_dir):
+        return  # what it held before is unknown
+    names = was.names if was is not None else frozenset()
+    if set(os.listdir(sweep_dir)) - names - set(HYDRA_SWEEP_FILES):
+        return
+    below = [path for path in before.known if path != sweep_dir and path.is_dir()]
+    if not all(before.known[path].unchanged(path) for path in below):
+        return  # another job of the sweep ran in a folder that was there before
+    _restore_hydra_files(sweep_dir, was, HYDRA_SWEEP_FILES)
+    _remove_folders_made(sweep_dir, before)
+
+
+def remove_unused_folders(before: FoldersBefore | None) -> None:
+    """After a run or ``-m`` sweep that ended with a settings error or Ctrl+C before training, in the
+    process that took ``before`` (:class:`RecordRunFolders`): undo what it wrote in each run
+    directory that it used for nothing else (:func:`remove_unused_run_dir`), and then in the sweep
+    directory. Under ``-m`` these are the run directories of all the sweep's jobs, ``before.job_depth``
+    folders below the sweep directory: with ``hydra/launcher=joblib`` a refused job stops the sweep,
+    and joblib kills the jobs still running, some before they reached their own checks. None (no
+    record): nothing is touched.
+
+    Raises:
+        OSError: as :func:`remove_unused_run_dir`.
+    """
+    if before is None or before.folder is None:
+        return
+    if before.job_depth is None:
+        remove_unused_run_dir(before.folder, before)
+        return
+    if not before.folder.is_dir():
+        return
+    for job in sorted(before.folder.glob("/".join(["*"] * before.job_depth))):
+        if job.is_dir() and job.resolve() == job:  # not through a symbolic link: the sweep's own
+            _undo_unused_run_dir(job, before, before.folder)
+    _restore_unused_sweep_dir(before.folder, before)
 
 
 class RecordRunFolders(HydraCallback):
     """Hydra callback (``hydra.callbacks`` of ``conf/train.yaml``): takes :data:`RUN_FOLDERS_BEFORE`,
-    what existed of the run directory (of the sweep directory under ``-m``) before Hydra makes it, so
-    that a refused run removes only what it made (:func:`remove_unused_run_dir`)."""
+    what existed of the run directory (of the sweep directory and its jobs' folders under ``-m``)
+    before Hydra makes it and writes its files there, so that a refused run removes only what it
+    made and puts back what Hydra overwrote (:func:`remove_unused_folders`). Hydra calls these hooks
+    in the process that runs Hydra, before it makes the directory (``on_job_start`` comes only after
+    it has written ``.hydra/``)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Record ``hydra.run.dir``."""
         _record_folders_before(config.hydra.run.dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Record ``hydra.sweep.dir``."""
-        _record_folders_before(config.hydra.sweep.dir)
+        """Record ``hydra.sweep.dir`` and its folders down to its jobs' run directories, as deep as
+        ``hydra.sweep.subdir`` has parts (resolved only per job: its ``/`` as written are counted)."""
+        subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
+        _record_folders_before(config.hydra.sweep.dir, max(1, len(Path(str(subdir or "")).parts)))
 
 
-def _record_folders_before(folder: str) -> None:
+def _record_folders_before(folder: str, job_depth: int | None = None) -> None:
     """Set :data:`RUN_FOLDERS_BEFORE` to the record of ``folder`` (None where it cannot be taken)."""
     global RUN_FOLDERS_BEFORE
     try:
-        RUN_FOLDERS_BEFORE = FoldersBefore.of(folder)
+        RUN_FOLDERS_BEFORE = FoldersBefore.of(folder, job_depth)
     except OSError:  # a folder that cannot be listed: what the run makes there stays
         RUN_FOLDERS_BEFORE = None
 
@@ -1058,28 +1235,41 @@ RUN_FOLDERS_BEFORE: FoldersBefore | None = None
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    """Command-line entry point: compose with Hydra, then :func:`train`. A run refused by a settings
-    error, or stopped by Ctrl+C before training, removes what Hydra made for it: its run directory,
-    and the empty folders made with it, such as a new outputs/, or a refused job's new sweep folder
-    (:func:`remove_unused_run_dir`), never a folder that was there before; a failed write (full
-    disk) is one line naming the file (:func:`eval.cli.user_errors`)."""
+    """Command-line entry point: compose with Hydra, then :func:`train`; a failed write (full disk)
+    is one line naming the file (:func:`eval.cli.user_errors`). A run refused by a settings error,
+    or stopped by Ctrl+C before training, exits with status 2 or 130, after which
+    :func:`run_from_command_line` undoes what Hydra wrote for it."""
     torch.set_flush_denormal(True)
     os.environ.setdefault("WANDB_SILENT", "true")
-    try:
-        with user_errors(retry="hydra.run.dir=<another folder>"):
-            result = train(cfg)
-    except SystemExit as exc:
-        # user_errors: a settings error, or Ctrl+C outside training's own handling (which saves)
-        if exc.code in (2, INTERRUPTED):
-            hydra_cfg = HydraConfig.get()
-            sweep_dir = Path(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
-            remove_unused_run_dir(Path(hydra_cfg.runtime.output_dir), RUN_FOLDERS_BEFORE, sweep_dir)
-        raise
+    with user_errors(retry="hydra.run.dir=<another folder>"):
+        result = train(cfg)
     if result["interrupted"]:
         raise SystemExit(1)
+
+
+def run_from_command_line() -> None:
+    """``python train.py ...``: :func:`main`, and after a run or sweep refused by a settings error or
+    stopped by Ctrl+C before training (status 2 or 130), :func:`remove_unused_folders` in this, the
+    process that recorded the folders (a joblib sweep's jobs run in other processes, and a refused
+    one ends the sweep): removed are what Hydra made for it, its run directory and the empty folders
+    made with it, such as a new outputs/, or a refused sweep's new folders; Hydra's files in a folder
+    that was there before are put back as they were; nothing else of such a folder is touched.
+
+    Raises:
+        SystemExit: :func:`main`'s (Hydra's) exit.
+    """
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code in (2, INTERRUPTED):
+            try:
+                remove_unused_folders(RUN_FOLDERS_BEFORE)
+            except OSError as err:  # the refusal above stays the run's one line of output
+                print(f"warning: could not undo what Hydra wrote for this run: {err}", file=sys.stderr)
+        raise
 
 
 if __name__ == "__main__":
     # conf/train.yaml's hydra.callbacks name train.RecordRunFolders: this module, not a second copy of it.
     sys.modules.setdefault("train", sys.modules[__name__])
-    main()
+    run_from_command_line()

@@ -468,6 +468,106 @@ def test_train_cli_refuses_another_process_count_first(jamba_run, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every path below ``root`` (relative, as a string): a file's bytes, None for a folder."""
+    return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes() for p in sorted(root.rglob("*"))}
+
+
+def earlier_run(folder: Path) -> None:
+    """Make ``folder`` as a finished ``python train.py`` run leaves it: Hydra's records of its settings
+    in ``.hydra/``, its ``train.log``, a checkpoint."""
+    (folder / ".hydra").mkdir(parents=True)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        (folder / ".hydra" / name).write_text(f"# the earlier run's {name}\n- mixer=mamba\n")
+    (folder / "train.log").write_text("[2026-12-01 10:00:00,000] mixerlab: mamba layout=[...]\n")
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / "last.ckpt").write_bytes(b"the earlier run's weights")
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run dir", "sweep dir"])
+def test_a_refused_run_leaves_a_premade_folder_holding_files_as_it_was(jamba_run, tmp_path, sweep):
+    """Found by a new-user review: a refused run in a folder the user had made and put files in
+    (hydra.run.dir=mine, or -m hydra.sweep.dir=mine) kept Hydra's .hydra/ and train.log (a sweep's
+    multirun.yaml), where the README said the folder was emptied of them. All the run wrote goes;
+    all that was there stays, byte for byte."""
+    folder = tmp_path / "mine"
+    (folder / "data").mkdir(parents=True)
+    (folder / "notes.txt").write_text("my notes\n")
+    before = tree(tmp_path)
+    where = ["-m", f"hydra.sweep.dir={folder}"] if sweep else [f"hydra.run.dir={folder}"]
+    settings = [a for a in TINY if not a.startswith("trainer.max_steps=")] + MQAR_TINY + JAMBA_RESUME
+    args = [str(REPO_ROOT / "train.py"), *where, *settings, f"resume={jamba_run['last_ckpt']}", "data.seed=1"]
+    result = cli(args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.endswith("was trained with data.seed=0, this run has 1; resume with the checkpoint's "
+                                  "settings (its run directory's .hydra/overrides.yaml lists them)\n")  # fmt: skip
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run dir", "sweep job"])
+def test_a_refused_run_keeps_an_earlier_runs_records_byte_for_byte(tmp_path, sweep):
+    """DATA LOSS found by a new-user review: a run pointed at an earlier run's folder
+    (hydra.run.dir=<that run>, or -m hydra.sweep.dir=<that sweep>) and refused for it overwrote that
+    run's .hydra/config.yaml, hydra.yaml and overrides.yaml (which the README tells users to read
+    its settings from) and the sweep's multirun.yaml with its own. They are put back as they were."""
+    if sweep:
+        target = tmp_path / "old_sweep"
+        earlier_run(target / "0-attention-mqar")
+        (target / "notes").mkdir()
+        (target / "multirun.yaml").write_text("# the earlier sweep's settings\n")
+        where = ["-m", f"hydra.sweep.dir={target}", "mixer=attention,mamba"]
+    else:
+        target = tmp_path / "old_run"
+        earlier_run(target)
+        where = [f"hydra.run.dir={target}"]
+    before = tree(tmp_path)
+    result = cli([str(REPO_ROOT / "train.py"), *where, *TINY, *MQAR_TINY], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "already holds another run's checkpoints (last.ckpt)" in result.stderr
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("devices", "record", "message"),
+    [
+        ("auto", {"world_size": 2, "num_nodes": 1}, " was trained on 2 process(es), this run has 1: "),
+        ("'1'", {"world_size": 2, "num_nodes": 1}, " was trained on 2 process(es), this run has 1: "),
+        ("auto", {"world_size": 0, "num_nodes": 1}, ": the checkpoint is corrupt (its WorldSizeRecord"),
+    ],
+    ids=["auto", "string", "corrupt record"],
+)
+def test_train_cli_refuses_another_process_count_first_for_any_devices(
+    jamba_run, tmp_path, devices, record, message
+):
+    """Found by a new-user review: with trainer.devices=auto or a string ("1"), which Lightning
+    resolves, the process-count refusal (and the corrupt-record one) came after Lightning's "Seed set
+    to 0" and device lines; it now comes first, as for a count the config states."""
+    checkpoint = read_checkpoint(jamba_run["last_ckpt"])
+    checkpoint["callbacks"]["WorldSizeRecord"] = record
+    torch.save(checkpoint, tmp_path / "last.ckpt")
+    settings = [a for a in TINY if not a.startswith("trainer.max_steps=")] + MQAR_TINY + JAMBA_RESUME
+    args = [str(REPO_ROOT / "train.py"), *settings, "resume=last.ckpt", f"trainer.devices={devices}"]
+    result = cli(args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stdout == "" and result.stderr.startswith(f"error: resume=last.ckpt{message}")
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_a_refused_joblib_sweep_leaves_no_folder(jamba_run, tmp_path):
+    """Found by a new-user review: a refused job of a joblib sweep sometimes left a job's folder.
+    A refused job ends the sweep, and joblib kills the jobs still running, some after Hydra made
+    their folders but before their own checks (here the second job, slower to build its larger
+    training set): the process that ran Hydra now removes what they made."""
+    settings = [a for a in TINY if not a.startswith("trainer.max_steps=")] + JAMBA_RESUME
+    args = [str(REPO_ROOT / "train.py"), "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *settings]
+    args += ["data.num_test_examples=64", "data.num_train_examples=640,100000", "data.seed=1"]
+    result = cli([*args, f"resume={jamba_run['last_ckpt']}"], cwd=tmp_path, timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "error: resume=" in result.stderr and "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_train_cli_reports_an_uncreatable_run_dir_in_one_line(tmp_path):
     # Found by a fresh-clone check: Hydra failed to create it in a chained traceback.
     blocker = tmp_path / "a-file"
@@ -579,6 +679,43 @@ def test_remove_unused_run_dir_removes_a_refused_sweeps_folders(tmp_path, monkey
     make_run_dir(sweep / "1-mamba-mqar", extra="checkpoints")
     assert train_module.remove_unused_run_dir(sweep / "0-attention-mqar", before, sweep)
     assert sorted(os.listdir(sweep)) == ["1-mamba-mqar", "multirun.yaml"]
+
+
+def test_remove_unused_folders_undoes_the_jobs_a_joblib_sweep_killed(tmp_path, monkeypatch):
+    """A refused job of a joblib sweep ends the sweep, and joblib kills the jobs still running: one
+    killed after Hydra made its folder (or half wrote its .hydra/) never reached its own clean-up.
+    The process that ran Hydra undoes every job's folder that holds only Hydra's files, then the
+    sweep's; a job that trained keeps its folder, and the sweep its multirun.yaml."""
+    monkeypatch.chdir(tmp_path)
+    sweep = Path("multirun/2026-12-02/10-00-00")
+    before = train_module.FoldersBefore.of(sweep, job_depth=1)
+    (sweep / "0-attention-mqar" / ".hydra").mkdir(parents=True)  # killed while Hydra wrote its config
+    (sweep / "0-attention-mqar" / ".hydra" / "config.yaml").write_text("seed: ")
+    (sweep / "1-mamba-mqar").mkdir()  # killed right after Hydra made it
+    make_run_dir(sweep / "2-hybrid_jamba-mqar")  # refused
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    train_module.remove_unused_folders(before)
+    assert os.listdir() == []
+    # Into an earlier sweep's folder: its job's records and multirun.yaml are put back as they were.
+    old = Path("old_sweep")
+    earlier_run(old / "0-attention-mqar")
+    (old / "multirun.yaml").write_text("# the earlier sweep\n")
+    was = tree(old)
+    before = train_module.FoldersBefore.of(old, job_depth=1)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        (old / "0-attention-mqar" / ".hydra" / name).write_text("# the refused job's\n")
+    (old / "multirun.yaml").write_text("# this sweep\n")
+    make_run_dir(old / "1-mamba-mqar")
+    train_module.remove_unused_folders(before)
+    assert tree(old) == was
+    # A job that trained keeps its folder, and the sweep its multirun.yaml.
+    before = train_module.FoldersBefore.of(sweep, job_depth=1)
+    make_run_dir(sweep / "0-attention-mqar", log="[...] mixerlab: attention\n")
+    make_run_dir(sweep / "1-mamba-mqar")
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    train_module.remove_unused_folders(before)
+    assert sorted(os.listdir(sweep)) == ["0-attention-mqar", "multirun.yaml"]
+    assert (sweep / "0-attention-mqar" / "train.log").read_text() == "[...] mixerlab: attention\n"
 
 
 @pytest.mark.parametrize("to", ["process", "group"])
@@ -1105,6 +1242,57 @@ def test_resume_refuses_a_corrupt_process_count_record_clearly(jamba_run, tmp_pa
     message = re.escape("was trained on 3 process(es), this run has 1: ")
     with pytest.raises(ValueError, match=message + ".*resume with trainer.devices=3 trainer.num_nodes=1$"):
         train_module.check_resume_world_size(str(path), 1)
+
+
+def test_resume_refuses_a_process_count_record_of_none_or_out_of_range(jamba_run, tmp_path):
+    """Found by a new-user review: a WorldSizeRecord entry of None resumed on any process count, and a
+    huge count was taken as one (suggesting trainer.devices=10**30). Any record but the integers
+    world_size and num_nodes from 1 to MAX_PROCESSES (bool excluded) is a corrupt record; a checkpoint
+    without the entry (written before it existed) still resumes on any count."""
+    checkpoint = read_checkpoint(jamba_run["last_ckpt"])
+    saved = checkpoint["hyper_parameters"]
+    too_many = train_module.MAX_PROCESSES + 1
+    edits = {
+        "none": None,
+        "none_count": {"world_size": None, "num_nodes": 1},
+        "huge": {"world_size": 10**30, "num_nodes": 1},
+        "too_many": {"world_size": too_many, "num_nodes": 1},
+        "too_many_nodes": {"world_size": 1, "num_nodes": too_many},
+        "bool": {"world_size": True, "num_nodes": 1},
+        "negative": {"world_size": -1, "num_nodes": 1},
+    }
+    for name, record in edits.items():
+        path = tmp_path / f"{name}.ckpt"
+        torch.save({**checkpoint, "callbacks": {**checkpoint["callbacks"], "WorldSizeRecord": record}}, path)
+        message = re.escape(f"resume={path}: the checkpoint is corrupt (its WorldSizeRecord entry, ")
+        for world_size in (1, 2):
+            with pytest.raises(ValueError, match=message + ".*another checkpoint of the run"):
+                train_module.check_resume(str(path), saved, max_steps=21, world_size=world_size)
+            with pytest.raises(ValueError, match=message):
+                train_module.check_resume_world_size(str(path), world_size)
+    largest = {"world_size": train_module.MAX_PROCESSES, "num_nodes": 1}
+    path = tmp_path / "largest.ckpt"
+    torch.save({**checkpoint, "callbacks": {**checkpoint["callbacks"], "WorldSizeRecord": largest}}, path)
+    assert train_module.check_resume_world_size(str(path), train_module.MAX_PROCESSES) is None
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"accelerator": "cpu", "devices": "auto"},
+        {"accelerator": "cpu", "devices": "1"},
+        {"accelerator": "cpu", "devices": "3", "strategy": "ddp"},
+        {"accelerator": "cpu", "devices": 2, "num_nodes": 2, "strategy": "ddp"},
+        {"accelerator": "auto", "devices": "auto"},
+    ],
+    ids=["cpu-auto", "cpu-string", "cpu-ddp-string", "two-nodes", "auto-auto"],
+)
+def test_resolved_world_size_is_the_trainers(settings, capfd):
+    """train.py resolves the process count before seeding (so that a resume on another count is
+    refused first): the count the Trainer then runs with, printing nothing of its own."""
+    world_size = train_module.resolved_world_size(settings)
+    assert capfd.readouterr() == ("", "")
+    assert world_size == L.Trainer(**settings, logger=False, enable_progress_bar=False).world_size
 
 
 def test_resume_refusals_paste_back_as_overrides(jamba_run, tmp_path):
