@@ -11,6 +11,8 @@ import torch
 from triton import knobs
 from triton.runtime import driver
 
+from kernels.reference import _check_inference_write
+
 # Triton passes Python floats to kernels as fp32 scalars.
 FP32_MAX = torch.finfo(torch.float32).max
 
@@ -121,6 +123,25 @@ def check_fp32_scalars(op: str, factor: float = 1.0, **scalars: float) -> None:
                 f"{op}: {name} {value:g} overflows float32, the Triton kernels' scalar type; "
                 "use backend='reference'"
             )
+
+
+def mark_written(**states: torch.Tensor | None) -> None:
+    """Record that a Triton decode step is about to write ``states`` in place (None ones skipped), as
+    a PyTorch in-place op would: each state's version counter goes up, so autograd refuses a backward
+    through a value the step overwrote (a kernel's writes are invisible to it otherwise). An
+    inference tensor outside ``torch.inference_mode()`` is refused
+    (:func:`kernels.reference._check_inference_write`, which the ordinary path's checks ran too;
+    a replay skips those). Called before the launch: nothing is written when it raises.
+
+    Raises:
+        RuntimeError: a state made under ``torch.inference_mode()``, updated outside it.
+    """
+    for name, t in states.items():
+        if t is None:
+            continue
+        _check_inference_write(name, t)
+        if not t.is_inference():
+            torch.autograd.graph.increment_version(t)
 
 
 def split_fp64(x: float) -> tuple[float, float]:
@@ -239,7 +260,8 @@ class LaunchPlans:
         None where no plan applies: a scalar other than None / bool / int / float (the op's checks
         refuse it, or it might not hash), a tensor that is not a plain strided ``torch.Tensor``, the
         first tensor on a device type outside ``device_types``, or grad mode with a tensor that
-        requires grad (the decode steps have no backward and refuse it: the ordinary path raises).
+        requires grad (the decode steps have no backward and refuse it: the ordinary path raises);
+        also a first tensor that is None (the ordinary path refuses it).
         """
         key = []
         for x in scalars:
@@ -258,7 +280,7 @@ class LaunchPlans:
                 return None
             else:
                 key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
-        if tensors[0].device.type not in self.device_types:
+        if tensors[0] is None or tensors[0].device.type not in self.device_types:
             return None
         return tuple(key)
 

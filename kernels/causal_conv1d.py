@@ -74,7 +74,15 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import cdiv, check_device, check_no_grad, device_guard, next_power_of_2, strides
+from kernels._host import (
+    cdiv,
+    check_device,
+    check_no_grad,
+    device_guard,
+    mark_written,
+    next_power_of_2,
+    strides,
+)
 from kernels.reference import (
     _check_causal_conv1d_args,
     _check_causal_conv1d_update_args,
@@ -619,6 +627,7 @@ def causal_conv1d_update(
         return y
     w_pad = next_power_of_2(width)
     block_d = min(UPDATE_BLOCK_D, max(next_power_of_2(dim), 32 if not _INTERPRET else 1), UPDATE_TILE // w_pad**2)
+    mark_written(conv_state=conv_state)
     with device_guard(x):
         causal_conv1d_update_kernel[(cdiv(dim, block_d), cdiv(batch, UPDATE_ROWS))](
             x, conv_state, weight, bias, y,

@@ -625,6 +625,8 @@ def flash_decode(
     if out.numel() == 0:
         return out
     seqlen = max_blocks * block_size  # keys a sequence may hold: a shape, not a device read
+    if seqlen == 0:  # no key at all (pages of 0 slots, or an empty table): 0, as for seqlens == 0
+        return out.zero_()
     if window is not None:
         seqlen = min(seqlen, window)
     num_sms = sm_count(q.device, NOMINAL_SMS)
@@ -667,8 +669,15 @@ def flash_decode(
         BLOCK_S=min(next_power_of_2(num_splits), max(COMBINE_ELEMENTS // (next_power_of_2(group) * block_d), 1)),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    with device_guard(q):
-        kernel = flash_decode_split_kernel[grid](*args, **kwargs)
+    try:
+        with device_guard(q):
+            kernel = flash_decode_split_kernel[grid](*args, **kwargs)
+    except BaseException:
+        # A launch stopped part-way (Ctrl+C under the interpreter, which runs the programs on the
+        # host) would leave counts behind for the next launch to merge early: zero them again.
+        if split:
+            counters.zero_()
+        raise
     if key is not None:
         launch = CompiledLaunch.build(flash_decode_split_kernel, kernel, grid, args, kwargs, len(tensors) + 3)
         # The replay allocates its own output and workspace; it needs them aligned as these were.

@@ -111,6 +111,7 @@ from kernels._host import (
     check_fp32_scalars,
     check_no_grad,
     device_guard,
+    mark_written,
     next_power_of_2,
     replay_guard,
     sm_count,
@@ -1401,6 +1402,7 @@ class _StepPlan:
         if (out.data_ptr() % 16 == 0) is not self.out_aligned:
             return None
         with replay_guard(self.device):
+            mark_written(state=state, z_state=z_state)
             self.launch(q, k, v, state, state if z_state is None else z_state, out)
         return out
 
@@ -1483,6 +1485,7 @@ def linear_attention_step(
     )  # fmt: skip
     kwargs = dict(HAS_Z=z_state is not None, FP64=fp64, BLOCK_D=block_d, BLOCK_E=block_e, num_warps=4)
     with device_guard(q):
+        mark_written(state=state, z_state=z_state)
         compiled = linear_attention_step_kernel[grid](*args, **kwargs)
     if key is not None:
         launch = CompiledLaunch.build(linear_attention_step_kernel, compiled, grid, args, kwargs, len(tensors))

@@ -61,7 +61,9 @@ def _check_tensor(name: str, x, ndim: int | tuple[int, ...], *, floating: bool =
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.layout is not torch.strided:
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}; pass {name}.to_dense()")
+        raise TypeError(
+            f"{name} must be a dense (strided) tensor, got layout {x.layout}; convert it with .to_dense()"
+        )
     ndims = (ndim,) if isinstance(ndim, int) else ndim
     if x.ndim not in ndims:
         expected = " or ".join(str(n) for n in ndims)
@@ -70,6 +72,20 @@ def _check_tensor(name: str, x, ndim: int | tuple[int, ...], *, floating: bool =
         raise TypeError(
             f"{name} must be a float16, bfloat16, float32 or float64 tensor, got dtype {x.dtype}; "
             "cast it with .to(...)"
+        )
+
+
+def _check_inference_write(name: str, t: torch.Tensor) -> None:
+    """Refuse an in-place write to an inference tensor outside ``torch.inference_mode()``, as PyTorch's
+    in-place ops do, but before anything is written.
+
+    Raises:
+        RuntimeError: ``t`` was made under ``torch.inference_mode()`` and the mode is off now.
+    """
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        raise RuntimeError(
+            f"{name} is updated in place, but it is an inference tensor (made under torch.inference_mode()) "
+            f"and this runs outside it; step inside torch.inference_mode() too, or pass {name}.clone()"
         )
 
 
@@ -82,9 +98,11 @@ def _check_updated_in_place(**states: torch.Tensor | None) -> None:
     Raises:
         ValueError: a stride-0 dim of size > 1, two states whose byte ranges in one storage overlap,
             or a state that requires grad; each message says what to pass instead.
+        RuntimeError: an inference tensor outside inference mode (:func:`_check_inference_write`).
     """
     present = {name: t for name, t in states.items() if t is not None}
     for name, t in present.items():
+        _check_inference_write(name, t)
         for axis, (size, stride) in enumerate(zip(t.shape, t.stride(), strict=True)):
             if size > 1 and stride == 0:
                 raise ValueError(
@@ -479,8 +497,10 @@ def _check_decode_values(block_table, seqlens, num_blocks: int, block_size: int,
     """
     capacity = max_blocks * block_size
     if seqlens.numel() > 0 and (int(seqlens.min()) < 0 or int(seqlens.max()) > capacity):
+        bad = int(torch.nonzero((seqlens < 0) | (seqlens > capacity))[0, 0])
         raise ValueError(
-            f"seqlens must lie in [0, max_blocks * block_size] = [0, {capacity}], got {seqlens.tolist()}"
+            f"seqlens must lie in [0, max_blocks * block_size] = [0, {capacity}], got seqlens[{bad}] = "
+            f"{int(seqlens[bad])} (min {int(seqlens.min())}, max {int(seqlens.max())})"
         )
     # Pages a sequence actually uses must exist; unused table entries may hold anything.
     page_starts = (

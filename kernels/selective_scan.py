@@ -108,6 +108,7 @@ from kernels._host import (
     check_device,
     check_no_grad,
     device_guard,
+    mark_written,
     next_power_of_2,
     replay_guard,
     sm_count,
@@ -1224,6 +1225,7 @@ class _StepPlan:
         if _aligned(Bg, Cg, y) != self.aligned:
             return None
         with replay_guard(self.device):
+            mark_written(state=state)
             self.launch(state, x, dt, A, Bg, Cg, D, z, dt_bias, y)
         return y
 
@@ -1314,6 +1316,7 @@ def selective_state_update(
         FP64=dtype == torch.float64, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=DECODE_WARPS,
     )  # fmt: skip
     with device_guard(x):
+        mark_written(state=state)
         compiled = selective_state_update_kernel[grid](*args, **kwargs)
     if key is not None:
         launch = CompiledLaunch.build(selective_state_update_kernel, compiled, grid, args, kwargs, len(tensors))

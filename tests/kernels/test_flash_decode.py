@@ -633,6 +633,27 @@ def test_split_counters_per_stream_grow_and_are_kept():
     assert_decode_accuracy(*inputs, window=None, num_splits=5)
 
 
+def test_an_interrupted_launch_leaves_the_counters_at_zero(monkeypatch):
+    """A launch stopped part-way (Ctrl+C while the interpreter runs its programs on the host) has
+    counted some splits; they are zeroed again, or every later call would merge too early."""
+
+    class Interrupted:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                args[7].add_(1)  # COUNTERS: some splits counted, then the launch stops
+                raise KeyboardInterrupt
+
+            return launch
+
+    inputs = make_paged(SEQLENS, 4, 2, 64, 16, torch.float32)
+    monkeypatch.setattr(fd, "flash_decode_split_kernel", Interrupted())
+    with pytest.raises(KeyboardInterrupt):
+        decode(inputs, num_splits=4)
+    monkeypatch.undo()
+    assert_counters_zero()
+    assert_decode_accuracy(*inputs, window=None, num_splits=4)
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU: the full sweep, bf16, realistic shapes (pytest -m gpu)
 # ----------------------------------------------------------------------------------------------

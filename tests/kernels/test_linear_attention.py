@@ -1015,8 +1015,10 @@ def test_step_replays_a_seen_signature(recorded_plans, monkeypatch):
     assert len(la._STEP_PLANS) == 1 and len(checks) == 1 and not recording.calls
     second = _step_problem()
     copies = [t.clone() for t in second]
+    versions = [t._version for t in second[3:]]
     got = step(*second)
     assert len(checks) == 1, "the second call of a signature must replay the first call's plan"
+    assert all(t._version > n for t, n in zip(second[3:], versions, strict=True)), "the replay's writes count too"
     (call,) = recording.calls
     q, k, v, state, z = second
     assert all(a is b for a, b in zip(call[9:15], (q, k, v, state, z, got), strict=True))

@@ -556,8 +556,14 @@ def test_flash_attention_dtype_and_kv_shape_errors():
 def test_flash_decode_errors():
     q, cache = rand(2, 2, 8), rand(3, 4, 1, 8)
     table, seqlens = torch.zeros(2, 2, dtype=torch.int32), torch.tensor([3, 8], dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"seqlens must lie in \[0, max_blocks \* block_size\]"):
+    with pytest.raises(ValueError, match=r"seqlens must lie in \[0, max_blocks \* block_size\] = \[0, 8\], "
+                       r"got seqlens\[1\] = 9 \(min 3, max 9\)$"):  # fmt: skip
         kernels.flash_decode(q, cache, cache, table, torch.tensor([3, 9], dtype=torch.int32))
+    # A long batch names the first bad length, not every length.
+    many = torch.full((5000,), 3, dtype=torch.int32)
+    many[4321] = -1
+    with pytest.raises(ValueError, match=r"got seqlens\[4321\] = -1 \(min -1, max 3\)$"):
+        kernels.flash_decode(rand(5000, 2, 8), cache, cache, torch.zeros(5000, 2, dtype=torch.int32), many)
     with pytest.raises(TypeError, match="block_table must be an integer tensor"):
         kernels.flash_decode(q, cache, cache, table.float(), seqlens)
     with pytest.raises(TypeError, match="seqlens must be an integer tensor"):
@@ -678,6 +684,58 @@ def test_sparse_inputs_are_refused_by_name(backend):
             kernels.flash_decode(*args, backend=backend)
     with pytest.raises(TypeError, match=r"k must be a dense \(strided\) tensor, got layout torch.sparse_coo"):
         kernels.flash_attention(rand(1, 4, 2, 16), rand(1, 4, 2, 16).to_sparse(), rand(1, 4, 2, 16), backend=backend)
+
+
+def _decode_steps():
+    """Each decode step that writes a state in place: (call(state, backend), state) with float64
+    inputs (the interpreter runs them too)."""
+    q, state, z = rand(2, 3, 4), rand(2, 3, 4, 5), rand(2, 3, 4, positive=True)
+    x, ssm_state, A = rand(2, 4), rand(2, 4, 3), -rand(4, 3, positive=True)
+    conv_state, weight = rand(2, 4, 3), rand(4, 3)
+    return [
+        (lambda s, backend: kernels.linear_attention_step(q, q, rand(2, 3, 5), s, z_state=z.clone(), backend=backend),
+         state),
+        (lambda s, backend: kernels.selective_state_update(s, x, x.abs(), A, rand(2, 3), rand(2, 3), backend=backend),
+         ssm_state),
+        (lambda s, backend: kernels.causal_conv1d_update(x, s, weight, backend=backend),
+         conv_state),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_decode_steps_count_their_in_place_writes_as_pytorch_does(backend):
+    """A state a step overwrote can no longer be backpropagated through (its version counter went up,
+    as for any in-place op; the Triton kernels' writes were invisible to autograd, which then gave
+    wrong gradients), and a state made under inference_mode is refused outside it, before any write."""
+    for step, state in _decode_steps():
+        w = rand(*state.shape, requires_grad=True)
+        y = (w * state).sum()  # saves state for w's gradient
+        with torch.no_grad():
+            step(state, backend)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()
+        with torch.inference_mode():
+            frozen = state.clone()
+        with pytest.raises(RuntimeError, match="is updated in place, but it is an inference tensor"):
+            step(frozen, backend)
+        assert torch.equal(frozen, state), "a refused step must not have written the state"
+        with torch.inference_mode():
+            step(frozen, backend)  # inside inference mode it is an ordinary step
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_a_missing_first_tensor_is_a_type_error(backend):
+    """None in the first tensor's place is the checks' TypeError on both backends (the Triton ops key
+    their replayed launches on it first)."""
+    q, cache = rand(1, 2, 8), rand(3, 4, 1, 8)
+    table, seqlens = torch.zeros(1, 1, dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor, got NoneType"):
+        kernels.flash_decode(None, cache, cache, table, seqlens, check_values=False, backend=backend)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor, got NoneType"):
+        kernels.linear_attention_step(None, q, q, rand(1, 2, 8, 8), backend=backend)
+    x = rand(2, 4)
+    with pytest.raises(TypeError, match="state must be a torch.Tensor, got NoneType"):
+        kernels.selective_state_update(None, x, x.abs(), -rand(4, 3), rand(2, 3), rand(2, 3), backend=backend)
 
 
 def test_decode_inputs_that_share_memory_with_the_updated_state_are_refused():

@@ -994,8 +994,10 @@ def test_step_replays_a_seen_signature(recorded_plans, monkeypatch, dtype, group
     assert len(ss._STEP_PLANS) == 1 and len(checks) == 1 and not recording.calls
     second = _replay_problem(dtype, groups)
     copies = {name: t.clone() for name, t in second.items()}
+    version = second["state"]._version
     got = step(second)
     assert len(checks) == 1, "the second call of a signature must replay the first call's plan"
+    assert second["state"]._version > version, "the replay's write counts too"
     (call,) = recording.calls
     passed = dict(zip(("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "y"), call[9:19], strict=True))
     for name in ("state", "x", "dt", "A", "D", "z", "dt_bias"):
