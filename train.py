@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -600,6 +601,23 @@ def override_value(value: Any) -> str:
     return QuotedString(text=value, quote=Quote.single).with_quotes()
 
 
+# Characters a POSIX shell passes through unquoted (no globbing, brace expansion, variables, quotes).
+_SHELL_SAFE = re.compile(r"[\w@%+=:,./-]+")
+
+
+def pasteable(override: str) -> str:
+    """A ``key=value`` override as a message prints it to paste into a shell: bare where the shell
+    leaves it as it is, else in double quotes (a list or mapping, ``[{seqlen:64,...}]``, whose brackets
+    and braces a shell would glob or expand; a Hydra-quoted path, ``resume='my runs/last.ckpt'``),
+    or single-quoted by :func:`shlex.quote` where double quotes would still expand something (``$``,
+    a backquote, a backslash, ``!``, ``"``)."""
+    if _SHELL_SAFE.fullmatch(override):
+        return override
+    if not any(c in override for c in '"$`\\!'):
+        return f'"{override}"'
+    return shlex.quote(override)
+
+
 def check_resume(
     resume: str | None,
     hparams: Mapping[str, Any],
@@ -647,7 +665,7 @@ def check_resume(
     if resume is None:
         return None
     checkpoint = read_checkpoint(resume, arg="resume")
-    given = f"resume={override_value(resume)}"
+    given = pasteable(f"resume={override_value(resume)}")
     if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
         raise ValueError(
             f"{given} holds no trainer state (optimizer, loops) to continue from; give a "
@@ -706,7 +724,7 @@ def check_resume(
                 "corpus, or the file was edited; resume on the checkpoint's corpus"
             )
         raise ValueError(
-            f"{given} was trained with {key}={override_value(value)}, this run has "
+            f"{given} was trained with {pasteable(f'{key}={override_value(value)}')}, this run has "
             f"{override_value(resolved.get(key))}; resume with the checkpoint's settings (its run "
             "directory's .hydra/overrides.yaml lists them)"
         )
@@ -754,7 +772,7 @@ def refuse_another_world_size(checkpoint: Mapping[str, Any], resume: str, world_
             that is not a mapping, None included; a key missing; a count that is not an int, a
             bool, None, below 1 or above :data:`MAX_PROCESSES`), naming the checkpoint.
     """
-    given = f"resume={override_value(resume)}"
+    given = pasteable(f"resume={override_value(resume)}")
     callbacks = checkpoint.get("callbacks", {})
     if WorldSizeRecord.__qualname__ not in callbacks:
         return

@@ -1108,6 +1108,33 @@ DEFAULT_MQAR_SLICES = "[{seqlen:64,num_kv_pairs:4},{seqlen:128,num_kv_pairs:8},{
 
 
 @pytest.mark.parametrize(
+    "override",
+    [
+        "model.d_model=64",
+        "resume=/runs/a/last.ckpt",
+        "data.test_configs=[{seqlen:64,num_kv_pairs:4},{seqlen:128,num_kv_pairs:8}]",
+        "resume='my runs/last.ckpt'",
+        "resume=/runs/$HOME/last.ckpt",
+        "data.path='it\"s, mine.txt'",
+        "resume=/runs/a*b?/[c]/last.ckpt",
+        "data.path=/tmp/back\\slash!",
+    ],
+)
+def test_printed_overrides_paste_into_a_shell_unchanged(override, tmp_path):
+    """What a refusal prints (train.pasteable) reaches the program as exactly the override when
+    pasted into bash: no word splitting, globbing (a file here matches the brackets and stars), brace
+    expansion of a mapping's commas, or variable expansion."""
+    for name in ("c", "ab", "axb"):
+        (tmp_path / name).touch()
+    printed = train_module.pasteable(override)
+    out = subprocess.run(
+        ["bash", "-c", f"printf '%s\\0' {printed}"], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split("\0")[:-1] == [override], printed
+    assert printed == override or printed[0] in "'\"", "bare only where nothing needs quoting"
+
+
+@pytest.mark.parametrize(
     "override,message",
     [
         ("data.seqlen=32", "data.seqlen=64, this run has 32"),
@@ -1116,10 +1143,11 @@ DEFAULT_MQAR_SLICES = "[{seqlen:64,num_kv_pairs:4},{seqlen:128,num_kv_pairs:8},{
         ("optim.lr=0.001", "optim.lr=0.003, this run has 0.001"),
         ("seed=1", "seed=0, this run has 1"),
         ("data.random_non_queries=false", "data.random_non_queries=true, this run has false"),
-        # The checkpoint's null is shown as the slices it stands for (it showed as null).
+        # The checkpoint's null is shown as the slices it stands for (it showed as null), in double
+        # quotes: a shell would glob the brackets and brace-expand {seqlen:64,num_kv_pairs:4}.
         (
             "data.test_configs=[{seqlen:64,num_kv_pairs:4}]",
-            f"data.test_configs={DEFAULT_MQAR_SLICES}, this run has [{{seqlen:64,num_kv_pairs:4}}]",
+            f'"data.test_configs={DEFAULT_MQAR_SLICES}", this run has [{{seqlen:64,num_kv_pairs:4}}]',
         ),
         ("model.d_model=16", "model.d_model=32, this run has 16"),
     ],
@@ -1313,7 +1341,8 @@ def test_resume_refusals_paste_back_as_overrides(jamba_run, tmp_path):
         path = tmp_path / folder / "last.ckpt"
         shutil.copy(jamba_run["last_ckpt"], path)
         for settings, world_size, max_steps, message in refusals:
-            with pytest.raises(ValueError, match=re.escape(f"resume='{path}' {message}")):
+            # Double-quoted for the shell around Hydra's single quotes (test_printed_overrides_...).
+            with pytest.raises(ValueError, match=re.escape(f"\"resume='{path}'\" {message}")):
                 train_module.check_resume(str(path), settings, max_steps=max_steps, world_size=world_size)
 
 
