@@ -30,6 +30,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -44,6 +45,7 @@ quiet_interrupt_while_starting(__name__)  # before the seconds of imports below
 import hydra
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Quote, QuotedString
 from hydra.errors import HydraException
@@ -245,13 +247,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     callbacks += [LearningRateMonitor(logging_interval="step")] if loggers else []
     if cfg.get("early_stopping"):
         callbacks.append(EarlyStopping(**OmegaConf.to_container(cfg.early_stopping, resolve=True)))
-    trainer = L.Trainer(
-        **trainer_cfg,
-        default_root_dir=str(run_dir),
-        logger=loggers or False,
-        callbacks=callbacks,
-        plugins=[AtomicCheckpointIO()],
-    )
+    with trainer_settings_errors():
+        trainer = L.Trainer(
+            **trainer_cfg,
+            default_root_dir=str(run_dir),
+            logger=loggers or False,
+            callbacks=callbacks,
+            plugins=[AtomicCheckpointIO()],
+        )
     if resume is not None and trainer.world_size != world_size:
         # resolved_world_size runs the Trainer's own resolution, so the counts agree; should a
         # Lightning version resolve otherwise, the Trainer's count is the one the run trains on.
@@ -462,6 +465,23 @@ def configured_world_size(trainer_cfg: Mapping[str, Any]) -> int | None:
     return None
 
 
+@contextlib.contextmanager
+def trainer_settings_errors() -> Iterator[None]:
+    """Lightning's refusal of ``trainer.*`` settings it cannot run (``MisconfigurationException``:
+    ``trainer.devices=0``, an accelerator this machine lacks) as the ValueError of a settings error:
+    one line and status 2 from the command line, and the run's folders undone, as for other settings.
+
+    Raises:
+        ValueError: the exception's message, prefixed with ``trainer settings``.
+    """
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    try:
+        yield
+    except MisconfigurationException as err:
+        raise ValueError(f"trainer settings: {err}") from err
+
+
 def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
     """The process count a ``L.Trainer(**trainer_cfg)`` runs with on this machine: the count the
     config states (:func:`configured_world_size`), else ``trainer.devices`` (``auto``, ``-1``, a
@@ -485,7 +505,8 @@ def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
     level = rank_zero_log.level
     rank_zero_log.setLevel(logging.WARNING)
     try:
-        connector = _AcceleratorConnector(**{k: v for k, v in trainer_cfg.items() if k in arguments})
+        with trainer_settings_errors():
+            connector = _AcceleratorConnector(**{k: v for k, v in trainer_cfg.items() if k in arguments})
     finally:
         rank_zero_log.setLevel(level)
     return int(getattr(connector.strategy, "world_size", 1))  # as Trainer.world_size reads it
@@ -1022,11 +1043,12 @@ HYDRA_CONFIG_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrid
 @dataclasses.dataclass(frozen=True)
 class FolderBefore:
     """What one folder that Hydra writes its files into held before a run: ``names``, its entries;
-    ``configs``, the bytes of Hydra's config files in it (:data:`HYDRA_CONFIG_FILES`, relative
-    paths; a few kB each); ``log_size``, the size of its ``train.log`` (None: there was none)."""
+    ``configs``, the bytes and permission bits of Hydra's config files in it
+    (:data:`HYDRA_CONFIG_FILES`, relative paths; a few kB each); ``log_size``, the size of its
+    ``train.log`` (None: there was none)."""
 
     names: frozenset[str]
-    configs: Mapping[str, bytes]
+    configs: Mapping[str, tuple[bytes, int]]
     log_size: int | None
 
     @classmethod
@@ -1036,7 +1058,11 @@ class FolderBefore:
         Raises:
             OSError: ``folder`` or one of Hydra's files in it cannot be read.
         """
-        configs = {rel: (folder / rel).read_bytes() for rel in HYDRA_CONFIG_FILES if (folder / rel).is_file()}
+        configs = {
+            rel: ((folder / rel).read_bytes(), stat.S_IMODE((folder / rel).stat().st_mode))
+            for rel in HYDRA_CONFIG_FILES
+            if (folder / rel).is_file()
+        }
         log = folder / "train.log"
         return cls(frozenset(os.listdir(folder)), configs, log.stat().st_size if log.is_file() else None)
 
@@ -1145,9 +1171,11 @@ def _undo_unused_run_dir(run_dir: Path, before: FoldersBefore, sweep_dir: Path |
 
 def _restore_hydra_files(folder: Path, was: FolderBefore | None, names: Sequence[str]) -> None:
     """Put Hydra's files ``names`` (of :data:`HYDRA_RUN_FILES` / :data:`HYDRA_SWEEP_FILES`) in
-    ``folder`` back as ``was`` records them: config files written back (atomically) where they
-    differ, the others removed, and a ``.hydra/`` or ``train.log`` that was not there removed
-    (``train.log`` is only appended to, and the caller has checked it did not grow)."""
+    ``folder`` back as ``was`` records them: config files written back where they differ, the
+    others removed, and a ``.hydra/`` or ``train.log`` that was not there removed (``train.log`` is
+    only appended to, and the caller has checked it did not grow). A config file is replaced
+    atomically with its permission bits, unless it is a symbolic link or has other hard links: Hydra
+    wrote through those into the file they share, so the old bytes go back into that file."""
     configs = was.configs if was is not None else {}
     for rel in HYDRA_CONFIG_FILES:
         path = folder / rel
@@ -1155,8 +1183,19 @@ def _restore_hydra_files(folder: Path, was: FolderBefore | None, names: Sequence
             continue
         if rel not in configs:
             path.unlink()
-        elif path.read_bytes() != configs[rel]:
-            atomic_write_bytes(path, lambda f, data=configs[rel]: f.write(data))
+            continue
+        data, mode = configs[rel]
+        if path.read_bytes() == data:
+            continue
+        if path.is_symlink() or path.stat().st_nlink > 1:
+            with open(path, "r+b") as f:
+                f.write(data)
+                f.truncate()
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            atomic_write_bytes(path, lambda f, data=data: f.write(data))
+            os.chmod(path, mode)
     existed = was.names if was is not None else frozenset()
     for name in set(names) - existed:
         path = folder / name
@@ -1194,14 +1233,16 @@ def _restore_unused_sweep_dir(sweep_dir: Path, before: FoldersBefore) -> None:
     _remove_folders_made(sweep_dir, before)
 
 
-def remove_unused_folders(before: FoldersBefore | None) -> None:
+def remove_unused_folders(before: FoldersBefore | None, jobs: Sequence[Path] | None = None) -> None:
     """After a run or ``-m`` sweep that ended with a settings error or Ctrl+C before training, in the
     process that took ``before`` (:class:`RecordRunFolders`): undo what it wrote in each run
     directory that it used for nothing else (:func:`remove_unused_run_dir`), and then in the sweep
     directory. Under ``-m`` these are the run directories of all the sweep's jobs, ``before.job_depth``
     folders below the sweep directory: with ``hydra/launcher=joblib`` a refused job stops the sweep,
     and joblib kills the jobs still running, some before they reached their own checks. None (no
-    record): nothing is touched.
+    record): nothing is touched. ``jobs``, where known (the run directories of the jobs that ran in
+    this process: Hydra's basic launcher), limits the jobs' folders to those, so that another
+    sweep writing into the same sweep directory at the same time keeps its jobs' records.
 
     Raises:
         OSError: as :func:`remove_unused_run_dir`.
@@ -1213,7 +1254,7 @@ def remove_unused_folders(before: FoldersBefore | None) -> None:
         return
     if not before.folder.is_dir():
         return
-    for job in sorted(before.folder.glob("/".join(["*"] * before.job_depth))):
+    for job in sorted(before.folder.glob("/".join(["*"] * before.job_depth))) if jobs is None else jobs:
         if job.is_dir() and job.resolve() == job:  # not through a symbolic link: the sweep's own
             _undo_unused_run_dir(job, before, before.folder)
     _restore_unused_sweep_dir(before.folder, before)
@@ -1234,8 +1275,11 @@ class RecordRunFolders(HydraCallback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Record ``hydra.sweep.dir`` and its folders down to its jobs' run directories, as deep as
         ``hydra.sweep.subdir`` has parts (resolved only per job: its ``/`` as written are counted)."""
+        global JOBS_RUN_HERE
         subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
         _record_folders_before(config.hydra.sweep.dir, max(1, len(Path(str(subdir or "")).parts)))
+        launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+        JOBS_RUN_HERE = [] if launcher.endswith(".BasicLauncher") else None
 
 
 def _record_folders_before(folder: str, job_depth: int | None = None) -> None:
@@ -1249,6 +1293,9 @@ def _record_folders_before(folder: str, job_depth: int | None = None) -> None:
 
 # What existed of this process' run (or sweep) directory before Hydra made it (RecordRunFolders).
 RUN_FOLDERS_BEFORE: FoldersBefore | None = None
+# The run directories of the sweep's jobs that ran in this process, in order (main() adds each):
+# Hydra's basic launcher; None for a single run, or where the jobs run in other processes (joblib).
+JOBS_RUN_HERE: list[Path] | None = None
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -1259,6 +1306,8 @@ def main(cfg: DictConfig) -> None:
     :func:`run_from_command_line` undoes what Hydra wrote for it."""
     torch.set_flush_denormal(True)
     os.environ.setdefault("WANDB_SILENT", "true")
+    if JOBS_RUN_HERE is not None:
+        JOBS_RUN_HERE.append(Path(HydraConfig.get().runtime.output_dir).resolve())
     with user_errors(retry="hydra.run.dir=<another folder>"):
         result = train(cfg)
     if result["interrupted"]:
@@ -1280,10 +1329,16 @@ def run_from_command_line() -> None:
         main()
     except SystemExit as exc:
         if exc.code in (2, INTERRUPTED):
+            # Not stopped half-way by a second Ctrl+C or a SIGTERM: it writes an earlier run's
+            # records back.
+            handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
             try:
-                remove_unused_folders(RUN_FOLDERS_BEFORE)
+                remove_unused_folders(RUN_FOLDERS_BEFORE, JOBS_RUN_HERE)
             except OSError as err:  # the refusal above stays the run's one line of output
                 print(f"warning: could not undo what Hydra wrote for this run: {err}", file=sys.stderr)
+            finally:
+                for sig, handler in handlers.items():
+                    signal.signal(sig, handler)
         raise
 
 

@@ -554,6 +554,26 @@ def test_train_cli_refuses_another_process_count_first_for_any_devices(
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_trainer_settings_lightning_refuses_are_one_line_and_leave_no_folder(jamba_run, tmp_path, resume):
+    """Found by a new-user check: trainer.devices=0, which Lightning refuses
+    (MisconfigurationException), printed a traceback with status 1 and left Hydra's folder; it is a
+    settings error like the others now."""
+    settings = [a for a in TINY if not a.startswith("trainer.max_steps=")] + MQAR_TINY + JAMBA_RESUME
+    args = [str(REPO_ROOT / "train.py"), *settings, "trainer.devices=0"]
+    if resume:
+        shutil.copy(jamba_run["last_ckpt"], tmp_path / "last.ckpt")
+        args.append("resume=last.ckpt")
+    result = cli(args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    # A resume resolves the devices before seeding; a new run leaves that to the Trainer, after
+    # Lightning's "Seed set to 0" line.
+    lines = result.stderr.splitlines()
+    assert lines[:-1] == ([] if resume else ["Seed set to 0"]), result.stderr
+    assert lines[-1].startswith("error: trainer settings: ") and "devices=0" in lines[-1]
+    assert [p.name for p in tmp_path.iterdir()] == (["last.ckpt"] if resume else [])
+
+
 def test_a_refused_joblib_sweep_leaves_no_folder(jamba_run, tmp_path):
     """Found by a new-user review: a refused job of a joblib sweep sometimes left a job's folder.
     A refused job ends the sweep, and joblib kills the jobs still running, some after Hydra made
@@ -679,6 +699,50 @@ def test_remove_unused_run_dir_removes_a_refused_sweeps_folders(tmp_path, monkey
     make_run_dir(sweep / "1-mamba-mqar", extra="checkpoints")
     assert train_module.remove_unused_run_dir(sweep / "0-attention-mqar", before, sweep)
     assert sorted(os.listdir(sweep)) == ["1-mamba-mqar", "multirun.yaml"]
+
+
+def test_hydra_files_shared_by_links_or_with_their_own_modes_are_put_back(tmp_path):
+    """Found by a new-user check: a refused run pointed at a folder whose .hydra files are hard links
+    (a `cp -al` backup) or symbolic links left the files they share holding the refused run's
+    config (the atomic rewrite replaced the link, Hydra had written through it), and a 0600 file came
+    back 0644. The old bytes now go back into the shared file, and a replaced file keeps its mode."""
+    run, backup, elsewhere = tmp_path / "run", tmp_path / "backup", tmp_path / "elsewhere"
+    (run / ".hydra").mkdir(parents=True)
+    backup.mkdir()
+    elsewhere.mkdir()
+    (run / ".hydra" / "config.yaml").write_text("config: old\n")
+    os.link(run / ".hydra" / "config.yaml", backup / "config.yaml")
+    (elsewhere / "overrides.yaml").write_text("- old=1\n")
+    (run / ".hydra" / "overrides.yaml").symlink_to(elsewhere / "overrides.yaml")
+    (run / ".hydra" / "hydra.yaml").write_text("hydra: old\n")
+    os.chmod(run / ".hydra" / "hydra.yaml", 0o600)
+    was = train_module.FolderBefore.of(run)
+    for name in ("config.yaml", "overrides.yaml", "hydra.yaml"):  # as Hydra writes: through the links
+        with open(run / ".hydra" / name, "w") as f:
+            f.write("refused: run\n")
+    train_module._restore_hydra_files(run, was, train_module.HYDRA_RUN_FILES)
+    assert (backup / "config.yaml").read_text() == "config: old\n"
+    assert os.stat(backup / "config.yaml").st_ino == os.stat(run / ".hydra" / "config.yaml").st_ino
+    assert (run / ".hydra" / "overrides.yaml").is_symlink()
+    assert (elsewhere / "overrides.yaml").read_text() == "- old=1\n"
+    assert (run / ".hydra" / "hydra.yaml").read_text() == "hydra: old\n"
+    assert os.stat(run / ".hydra" / "hydra.yaml").st_mode & 0o777 == 0o600
+
+
+def test_a_refused_sweep_leaves_another_sweeps_jobs_in_the_same_folder(tmp_path, monkeypatch):
+    """Found by a new-user check: two sweeps sharing hydra.sweep.dir (other subdirs), one refused
+    while the other's job was still preparing its data, removed that job's .hydra/ and train.log
+    (it held only Hydra's files then). The jobs that ran in this process (the basic launcher) are
+    known, and only their folders are undone; the sweep's multirun.yaml stays, the folder in use."""
+    monkeypatch.chdir(tmp_path)
+    sweep = Path("shared_sweep")
+    before = train_module.FoldersBefore.of(sweep, job_depth=1)
+    make_run_dir(sweep / "a0")  # the other sweep's job, made after this sweep's record
+    make_run_dir(sweep / "b0")  # this sweep's refused job
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    others = tree(sweep / "a0")
+    train_module.remove_unused_folders(before, jobs=[(sweep / "b0").resolve()])
+    assert sorted(os.listdir(sweep)) == ["a0", "multirun.yaml"] and tree(sweep / "a0") == others
 
 
 def test_remove_unused_folders_undoes_the_jobs_a_joblib_sweep_killed(tmp_path, monkeypatch):
