@@ -151,3 +151,13 @@ def record_step_plans(monkeypatch, module) -> list:
     monkeypatch.setattr(_host, "driver", SimpleNamespace(active=SimpleNamespace(get_current_stream=lambda d: 0)))
     module._STEP_PLANS.clear()
     return builds
+
+
+def same_layout(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A copy of ``t`` (None stays None) with the same strides and 16-byte alignment, so with the same
+    plan key and the same specialization of a Triton kernel (the replayed decode steps' tests)."""
+    if t is None:
+        return None
+    size = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1
+    offset = t.data_ptr() % 16 // t.element_size()  # fresh allocations are 16-byte aligned
+    return torch.empty(offset + size, dtype=t.dtype, device=t.device).as_strided(t.shape, t.stride(), offset).copy_(t)

@@ -41,7 +41,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import triton
-from helpers import dtype_id, forced_config, gpu, record_step_plans
+from helpers import dtype_id, forced_config, gpu, record_step_plans, same_layout
 
 import kernels
 from kernels import reference
@@ -1219,16 +1219,6 @@ def test_gpu_mixer_matches_reference_backend(monkeypatch, settings, dtype):
         torch.testing.assert_close(a, b, **tol)
 
 
-def _same_layout(t):
-    """A copy of ``t`` (None stays None) with the same strides and 16-byte alignment, so with the same
-    plan key and the same specialization of the kernel."""
-    if t is None:
-        return None
-    size = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1
-    offset = t.data_ptr() % 16 // t.element_size()  # fresh allocations are 16-byte aligned
-    return torch.empty(offset + size, dtype=t.dtype, device=t.device).as_strided(t.shape, t.stride(), offset).copy_(t)
-
-
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize(
@@ -1262,7 +1252,7 @@ def test_gpu_step_replayed_launches(normalize, dtype, layout, monkeypatch):
         return kernels.linear_attention_step(q, k, v, state, z_state=z_state, scale=0.125, backend="triton")
 
     def ordinary(inputs):  # the checked path on copies: (output, state, z_state)
-        inputs = [_same_layout(t) for t in inputs]
+        inputs = [same_layout(t) for t in inputs]
         with monkeypatch.context() as m:
             m.setattr(la, "_step_key", lambda *a: None)
             return step(*inputs), inputs[3], inputs[4]
@@ -1310,7 +1300,7 @@ def test_gpu_step_replayed_launches(normalize, dtype, layout, monkeypatch):
     assert seen and len(checks) == calls + 1, "with a launch hook the ordinary launch (which calls it) must run"
 
     # As LanguageModel.generate does: one eager step stores the plan, the capture replays it.
-    static = [_same_layout(t) for t in fresh()]
+    static = [same_layout(t) for t in fresh()]
     step(*static)
     assert la._step_key(*static, 0.125, 1e-10) in la._STEP_PLANS
     calls = len(checks)

@@ -37,7 +37,14 @@ import sys
 
 import pytest
 import torch
-from helpers import dtype_id, forced_config, gpu, mixer_runs_with_reference_ops, record_step_plans
+from helpers import (
+    dtype_id,
+    forced_config,
+    gpu,
+    mixer_runs_with_reference_ops,
+    record_step_plans,
+    same_layout,
+)
 
 import kernels
 from kernels import reference
@@ -1188,16 +1195,6 @@ def test_gpu_mamba_mixer_matches_reference_backend(monkeypatch, settings, dtype)
         torch.testing.assert_close(a, b, **tol)
 
 
-def _same_layout(t):
-    """A copy of ``t`` (None stays None) with the same strides and 16-byte alignment, so with the same
-    plan key and the same specialization of the kernel."""
-    if t is None:
-        return None
-    size = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1
-    offset = t.data_ptr() % 16 // t.element_size()  # fresh allocations are 16-byte aligned
-    return torch.empty(offset + size, dtype=t.dtype, device=t.device).as_strided(t.shape, t.stride(), offset).copy_(t)
-
-
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize(
@@ -1239,7 +1236,7 @@ def test_gpu_step_replayed_launches(dtype, groups, options, layout, monkeypatch)
         return kernels.selective_state_update(**inputs, dt_softplus=True, backend="triton")
 
     def ordinary(inputs):  # the checked path on copies: (y, state)
-        inputs = {name: _same_layout(t) for name, t in inputs.items()}
+        inputs = {name: same_layout(t) for name, t in inputs.items()}
         with monkeypatch.context() as m:
             m.setattr(ss, "_step_key", lambda *a: None)
             return step(inputs), inputs["state"]
@@ -1286,7 +1283,7 @@ def test_gpu_step_replayed_launches(dtype, groups, options, layout, monkeypatch)
     assert seen and len(checks) == calls + 1, "with a launch hook the ordinary launch (which calls it) must run"
 
     # As LanguageModel.generate does: one eager step stores the plan, the capture replays it.
-    static = {name: _same_layout(t) for name, t in fresh().items()}
+    static = {name: same_layout(t) for name, t in fresh().items()}
     step(static)
     assert ss._step_key(*(static.get(name) for name in names), True) in ss._STEP_PLANS
     calls = len(checks)
