@@ -300,6 +300,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             own_best = checkpoint_cb.best_model_path
             if own_best and Path(own_best).resolve().parent != (run_dir / "checkpoints").resolve():
                 own_best = ""
+            # ModelCheckpoint names its new best before saving it: a Ctrl+C during that save (an
+            # atomic write: all of it or nothing) leaves the name without the file.
+            best_unsaved = bool(own_best) and not Path(own_best).is_file()
+            if best_unsaved:
+                own_best = ""
             best = own_best or last
             last_validated = lit.last_fit_validation_step
             trainer.validate(lit, datamodule=dm, ckpt_path=best or None, verbose=False)
@@ -308,7 +313,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 _write_train_records(
                     run_dir, lit, data_cfg, metrics, slice_seqlens, trainer.strategy.root_device, interrupted
                 )
-                if not own_best:
+                if best_unsaved:
+                    log.info(
+                        "training was interrupted while best.ckpt was being saved, so it was not: the best "
+                        "checkpoint is the last one"
+                    )
+                elif not own_best:
                     log.info(
                         "training was interrupted before its first validation: the best checkpoint is the last one"
                         if interrupted

@@ -1477,6 +1477,36 @@ def test_a_run_interrupted_mid_step_resumes_on_the_uninterrupted_schedule(tmp_pa
     assert_same_training(resumed, full, first_step=6)
 
 
+def test_a_ctrl_c_while_best_ckpt_is_saved_still_keeps_the_runs_records(tmp_path, monkeypatch, caplog):
+    """Found by a new-user check: a Ctrl+C while ModelCheckpoint wrote best.ckpt (it names the new
+    best before the save, which the interrupt stops) ended with "Checkpoint file not found" and no
+    results/train.json. The interrupted run now evaluates last.ckpt instead and says why."""
+    save = AtomicCheckpointIO.save_checkpoint
+
+    def interrupted_at_best(self, checkpoint, path, storage_options=None):
+        if Path(path).name == "best.ckpt":
+            raise KeyboardInterrupt  # before the atomic write: no file
+        return save(self, checkpoint, path, storage_options)
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", interrupted_at_best)
+    logger = logging.getLogger("mixerlab.train")
+    monkeypatch.setattr(logger, "disabled", False)
+    level, sigint = logger.level, signal.getsignal(signal.SIGINT)
+    logger.setLevel(logging.INFO)
+    logger.addHandler(caplog.handler)
+    try:
+        result = run_train(tmp_path, ["model.n_layers=2", "trainer.max_steps=8", "trainer.val_check_interval=4"])
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.setLevel(level)
+        signal.signal(signal.SIGINT, sigint)  # Lightning ignores Ctrl+C from its interrupt on
+    assert result["interrupted"] and not (tmp_path / "checkpoints" / "best.ckpt").exists()
+    assert read_checkpoint(result["last_ckpt"])["global_step"] == 4
+    assert "interrupted while best.ckpt was being saved" in caplog.text
+    records = json.loads((tmp_path / "results" / "train.json").read_text())
+    assert records and all(r["interrupted"] for r in records)
+
+
 @pytest.mark.parametrize("failure", ["interrupt", "full disk"])
 def test_train_cli_reports_an_interrupt_or_a_failed_write_in_one_line(tmp_path, failure):
     # train() stopped by Ctrl+C outside training's own handling (e.g. while the data is prepared), or
