@@ -1326,7 +1326,7 @@ def main(cfg: DictConfig) -> None:
 
 def run_from_command_line() -> None:
     """``python train.py ...``: :func:`main`, and after a run or sweep refused by a settings error or
-    stopped by Ctrl+C before training (status 2 or 130), :func:`remove_unused_folders` in this, the
+    stopped by Ctrl+C or SIGTERM before training (status 2 or 130), :func:`remove_unused_folders` in this, the
     process that recorded the folders (a joblib sweep's jobs run in other processes, and a refused
     one ends the sweep): removed are what Hydra made for it, its run directory and the empty folders
     made with it, such as a new outputs/, or a refused sweep's new folders; Hydra's files in a folder
@@ -1336,7 +1336,11 @@ def run_from_command_line() -> None:
         SystemExit: :func:`main`'s (Hydra's) exit.
     """
     try:
-        main()
+        # A SIGTERM (kill, timeout, a scheduler) before training ends the run as Ctrl+C does: one
+        # line, status 130, Hydra's folder undone; training and its final evaluation handle it their
+        # own way inside.
+        with sigterm_as_keyboard_interrupt():
+            main()
     except SystemExit as exc:
         if exc.code in (2, INTERRUPTED):
             # Not stopped half-way by a second Ctrl+C or a SIGTERM: it writes an earlier run's

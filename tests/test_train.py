@@ -828,6 +828,31 @@ def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path, to):
     assert last["state_dict"]["tokens_seen"].item() == last["global_step"] * 32 * 64
 
 
+def test_sigterm_before_training_ends_the_run_as_ctrl_c_does(tmp_path):
+    """Found by a new-user check: a SIGTERM while the run prepared its data killed the process with
+    no message and left Hydra's folder (in a user's folder, Hydra's files over theirs); it now ends
+    the run as Ctrl+C does: one line, status 130, the folder undone."""
+    run_dir = tmp_path / "run"
+    tiny = [a for a in TINY if not a.startswith("trainer.max_steps=")]
+    args = [str(REPO_ROOT / "train.py"), f"hydra.run.dir={run_dir}", "trainer.max_steps=4", *tiny, *MQAR_TINY]
+    args += ["data.num_train_examples=400000"]  # seconds of data preparation to signal it in
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    written = run_dir / ".hydra" / "overrides.yaml"
+    deadline = time.monotonic() + 120
+    while not written.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert written.exists(), "Hydra wrote no run folder before the deadline"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("resumed", [False, True])
 def test_an_interrupt_before_the_first_step_saves_nothing(tmp_path, monkeypatch, caplog, resumed):
     # A Ctrl+C while training starts (before any optimizer step) saved the initial weights, validated
