@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import logging
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
@@ -38,6 +40,23 @@ TINY = [
     "logger=csv",
 ]
 MQAR_TINY = ["data.num_train_examples=640", "data.num_test_examples=64"]
+
+
+@contextlib.contextmanager
+def train_log_heard(monkeypatch, caplog) -> Iterator[None]:
+    """train.py's logger heard directly by ``caplog`` at INFO within the block, and the SIGINT
+    handler put back after it (Lightning ignores Ctrl+C from an interrupt on)."""
+    logger = logging.getLogger("mixerlab.train")
+    monkeypatch.setattr(logger, "disabled", False)
+    level, sigint = logger.level, signal.getsignal(signal.SIGINT)
+    logger.setLevel(logging.INFO)
+    logger.addHandler(caplog.handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.setLevel(level)
+        signal.signal(signal.SIGINT, sigint)
 
 
 def run_train(tmp_path: Path, overrides: list[str]) -> dict:
@@ -1469,14 +1488,7 @@ def test_a_run_interrupted_mid_step_resumes_on_the_uninterrupted_schedule(tmp_pa
         return training_step(self, batch, batch_idx)
 
     monkeypatch.setattr(LitLM, "on_validation_epoch_end", record_validation)
-    # As in test_last_checkpoint_holds_the_final_weights_and_best_the_best: train.py's logger, heard
-    # directly.
-    logger = logging.getLogger("mixerlab.train")
-    monkeypatch.setattr(logger, "disabled", False)
-    level, sigint = logger.level, signal.getsignal(signal.SIGINT)
-    logger.setLevel(logging.INFO)
-    logger.addHandler(caplog.handler)
-    try:
+    with train_log_heard(monkeypatch, caplog):
         full = run_train(tmp_path / "full", settings)
         assert validated == [4, 8, 12]
         with monkeypatch.context() as patch:
@@ -1487,10 +1499,6 @@ def test_a_run_interrupted_mid_step_resumes_on_the_uninterrupted_schedule(tmp_pa
         caplog.clear()
         validated.clear()
         resumed = run_train(tmp_path / "resumed", [*settings, f"resume={part['last_ckpt']}"])
-    finally:
-        logger.removeHandler(caplog.handler)
-        logger.setLevel(level)
-        signal.signal(signal.SIGINT, sigint)  # Lightning ignores Ctrl+C from its interrupt on
     assert validated == [8, 12]
     assert "were not validated" not in caplog.text
     # Steps 7 to 12 logged as the uninterrupted run logged them (Lightning labels step n as n - 1),
@@ -1514,17 +1522,8 @@ def test_a_ctrl_c_while_best_ckpt_is_saved_still_keeps_the_runs_records(tmp_path
         return save(self, checkpoint, path, storage_options)
 
     monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", interrupted_at_best)
-    logger = logging.getLogger("mixerlab.train")
-    monkeypatch.setattr(logger, "disabled", False)
-    level, sigint = logger.level, signal.getsignal(signal.SIGINT)
-    logger.setLevel(logging.INFO)
-    logger.addHandler(caplog.handler)
-    try:
+    with train_log_heard(monkeypatch, caplog):
         result = run_train(tmp_path, ["model.n_layers=2", "trainer.max_steps=8", "trainer.val_check_interval=4"])
-    finally:
-        logger.removeHandler(caplog.handler)
-        logger.setLevel(level)
-        signal.signal(signal.SIGINT, sigint)  # Lightning ignores Ctrl+C from its interrupt on
     assert result["interrupted"] and not (tmp_path / "checkpoints" / "best.ckpt").exists()
     assert read_checkpoint(result["last_ckpt"])["global_step"] == 4
     assert "interrupted while best.ckpt was being saved" in caplog.text
