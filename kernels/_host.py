@@ -11,7 +11,7 @@ import torch
 from triton import knobs
 from triton.runtime import driver
 
-from kernels.reference import _check_inference_write
+from kernels.reference import _byte_span, _check_inference_write
 
 # Triton passes Python floats to kernels as fp32 scalars.
 FP32_MAX = torch.finfo(torch.float32).max
@@ -309,12 +309,12 @@ class LaunchPlans:
 
 
 def byte_extent(t: torch.Tensor | None) -> int:
-    """Bytes from ``t.data_ptr()`` that a tensor's elements can touch (0 for None or an empty one),
-    the span of :func:`kernels.reference._byte_span`."""
+    """Bytes from ``t.data_ptr()`` that a tensor's elements can touch (0 for None or an empty one):
+    the length of :func:`kernels.reference._byte_span`."""
     if t is None or not t.numel():
         return 0
-    last = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True))
-    return (last + 1) * t.element_size()
+    start, end = _byte_span(t)
+    return end - start
 
 
 class WrittenApart:
