@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import itertools
 import logging
 import math
 import os
@@ -1283,13 +1284,68 @@ class RecordRunFolders(HydraCallback):
         _record_folders_before(config.hydra.run.dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Record ``hydra.sweep.dir`` and its folders down to its jobs' run directories, as deep as
-        ``hydra.sweep.subdir`` has parts (resolved only per job: its ``/`` as written are counted)."""
+        """Refuse a ``hydra.sweep.subdir`` that leads outside ``hydra.sweep.dir``
+        (:func:`check_sweep_subdir`); record ``hydra.sweep.dir`` and its folders down to its jobs' run
+        directories, as deep as ``hydra.sweep.subdir`` has parts (resolved only per job: its ``/`` as
+        written are counted)."""
         global JOBS_RUN_HERE
         subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
+        with _refused_in_one_line():
+            check_sweep_subdir(config.hydra.sweep.dir, subdir)
         _record_folders_before(config.hydra.sweep.dir, max(1, len(Path(str(subdir or "")).parts)))
         launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
         JOBS_RUN_HERE = [] if launcher.endswith(".BasicLauncher") else None
+
+
+def check_sweep_subdir(sweep_dir: str, subdir: str | None) -> None:
+    """Refuse a ``hydra.sweep.subdir`` (as written: its interpolations are resolved only per job)
+    that does not lead to a folder inside ``hydra.sweep.dir``: an absolute path, one with a ``..``
+    part, one that is the sweep folder itself (``.``), or one through a symbolic link (among its
+    parts before the first interpolation) to a folder outside it.
+
+    Why refused rather than cleaned up after: a refused sweep undoes what Hydra wrote by its record
+    of the sweep folder (:class:`FoldersBefore`), which covers the folders inside it only. A job
+    folder elsewhere (the working directory for ``..``, an earlier run's folder) would keep the
+    refused sweep's ``.hydra/`` over the records there, and a folder it made there would stay; a
+    job folder that is the sweep folder shares it with ``multirun.yaml``, and the clean-up tells
+    neither apart from the other. (With ``.``, ``..`` or an absolute path without interpolation,
+    every job of the sweep would also train into one folder.)
+
+    Raises:
+        ValueError: naming the subdir, the sweep folder and the fix (a symbolic link with its target).
+    """
+    if subdir is None:  # Hydra names the jobs' folder "None"
+        return
+    sweep = Path(sweep_dir)
+    parts = Path(subdir).parts
+    where = f"hydra.sweep.subdir={subdir} leads outside hydra.sweep.dir={sweep_dir}"
+    fix = "use a relative path inside it (without hydra.sweep.subdir: the default, a folder per job)"
+    if Path(subdir).is_absolute() or ".." in parts:
+        raise ValueError(f"{where}; {fix}")
+    if not parts:
+        raise ValueError(
+            f"hydra.sweep.subdir={subdir} leads to hydra.sweep.dir={sweep_dir} itself, not to a folder "
+            f"inside it; {fix}"
+        )
+    folder = sweep
+    for part in itertools.takewhile(lambda part: "${" not in part, parts):
+        folder = folder / part
+        if folder.is_symlink() and not folder.resolve().is_relative_to(sweep.resolve()):
+            raise ValueError(f"{where}: {folder} is a symbolic link to {os.readlink(folder)}; {fix}")
+
+
+@contextlib.contextmanager
+def _refused_in_one_line() -> Iterator[None]:
+    """A ValueError of the block as one line on stderr and exit status 2 (``HYDRA_FULL_ERROR=1``: raised
+    as it is), as :class:`eval.cli.OutputDirCheck` refuses a folder: in a Hydra callback, before the
+    run's own :func:`eval.cli.user_errors`. Nothing has been recorded yet, so nothing is undone."""
+    try:
+        yield
+    except ValueError as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _record_folders_before(folder: str, job_depth: int | None = None) -> None:

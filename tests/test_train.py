@@ -546,6 +546,44 @@ def test_a_refused_run_keeps_an_earlier_runs_records_byte_for_byte(tmp_path, swe
     assert tree(tmp_path) == before
 
 
+# A -m sweep's hydra.sweep.subdir that does not lead to a folder of its own inside hydra.sweep.dir
+# (which is tmp_path / "work" / "sweep"; the cwd is tmp_path / "work"): (the value, the message's reason).
+SUBDIRS_OUTSIDE_THE_SWEEP = {
+    "itself": (".", "leads to hydra.sweep.dir={sweep} itself, not to a folder inside it"),
+    "parent": ("..", "leads outside hydra.sweep.dir={sweep}"),
+    "absolute": ("{tmp_path}/elsewhere/${{hydra.job.num}}", "leads outside hydra.sweep.dir={sweep}"),
+    "symlink": (
+        "link/${{hydra.job.num}}",
+        "leads outside hydra.sweep.dir={sweep}: {sweep}/link is a symbolic link to {tmp_path}/elsewhere",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SUBDIRS_OUTSIDE_THE_SWEEP)
+def test_a_sweep_subdir_outside_the_sweep_dir_is_refused_before_hydra_writes(tmp_path, case):
+    """Found by a review: with hydra.sweep.subdir=. or .. a refused sweep's Hydra records went over an
+    earlier run's (.hydra/ of the sweep folder or of the working directory) and were not put back:
+    the clean-up's record covers the folders inside the sweep folder only. An absolute subdir or one
+    through a symbolic link wrote into folders elsewhere, which it left behind. Such a subdir is
+    refused before Hydra makes or writes anything."""
+    subdir, reason = SUBDIRS_OUTSIDE_THE_SWEEP[case]
+    work, sweep = tmp_path / "work", tmp_path / "work" / "sweep"
+    earlier_run(work)
+    earlier_run(sweep)
+    (tmp_path / "elsewhere").mkdir()
+    (sweep / "link").symlink_to(tmp_path / "elsewhere")
+    before = tree(tmp_path)
+    subdir = subdir.format(tmp_path=tmp_path)
+    args = [str(REPO_ROOT / "train.py"), "-m", f"hydra.sweep.dir={sweep}", f"hydra.sweep.subdir={subdir}"]
+    result = cli([*args, *TINY, *MQAR_TINY, "trainer.max_steps=abc"], cwd=work)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stdout == "" and result.stderr == (
+        f"error: hydra.sweep.subdir={subdir} {reason.format(sweep=sweep, tmp_path=tmp_path)}; use a relative "
+        "path inside it (without hydra.sweep.subdir: the default, a folder per job)\n"
+    )
+    assert tree(tmp_path) == before
+
+
 @pytest.mark.parametrize(
     ("devices", "record", "message"),
     [
