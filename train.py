@@ -1280,21 +1280,52 @@ class RecordRunFolders(HydraCallback):
     it has written ``.hydra/``)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Record ``hydra.run.dir``."""
+        """Refuse a ``hydra.run.dir`` Hydra cannot make or write its records into
+        (:func:`check_hydra_folder`); record it."""
+        with _refused_in_one_line():
+            check_hydra_folder(config.hydra.run.dir, "hydra.run.dir", config.hydra.output_subdir)
         _record_folders_before(config.hydra.run.dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Refuse a ``hydra.sweep.subdir`` that leads outside ``hydra.sweep.dir``
-        (:func:`check_sweep_subdir`); record ``hydra.sweep.dir`` and its folders down to its jobs' run
-        directories, as deep as ``hydra.sweep.subdir`` has parts (resolved only per job: its ``/`` as
-        written are counted)."""
+        """Refuse a ``hydra.sweep.dir`` Hydra cannot make (:func:`check_hydra_folder`) and a
+        ``hydra.sweep.subdir`` that leads outside it (:func:`check_sweep_subdir`); record
+        ``hydra.sweep.dir`` and its folders down to its jobs' run directories, as deep as
+        ``hydra.sweep.subdir`` has parts (resolved only per job: its ``/`` as written are counted)."""
         global JOBS_RUN_HERE
         subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
         with _refused_in_one_line():
+            check_hydra_folder(config.hydra.sweep.dir, "hydra.sweep.dir")
             check_sweep_subdir(config.hydra.sweep.dir, subdir)
         _record_folders_before(config.hydra.sweep.dir, max(1, len(Path(str(subdir or "")).parts)))
         launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
         JOBS_RUN_HERE = [] if launcher.endswith(".BasicLauncher") else None
+
+
+def check_hydra_folder(folder: str, option: str, output_subdir: str | None = None) -> None:
+    """Refuse, before Hydra makes ``folder`` (``option``: ``hydra.run.dir`` or ``hydra.sweep.dir``)
+    and writes its records there, what Hydra fails on in a traceback (``FileExistsError``): a
+    symbolic link to a missing folder as ``folder``, as one above it or as ``output_subdir`` in it
+    (``hydra.output_subdir``, ``.hydra``: the run's settings), or a file of that name in it. Nothing
+    is touched: the link or file is the user's.
+
+    Raises:
+        ValueError: naming the link and its missing target, or the file, and the fixes.
+    """
+    path = Path(folder).absolute()
+    records = [path / output_subdir] if output_subdir is not None else []
+    for entry in [*reversed(path.parents), path, *records]:
+        if entry.is_symlink() and not entry.exists():
+            target = Path(os.path.normpath(entry.parent / os.readlink(entry)))
+            raise ValueError(
+                f"{option}={folder}: {entry} is a symbolic link to {target}, which does not exist; make "
+                f"that folder or remove the link, or pass {option}=<another folder>"
+            )
+    if records and records[0].exists() and not records[0].is_dir():
+        raise ValueError(
+            f"{option}={folder}: {records[0]} is a file, not a folder; Hydra writes the run's settings "
+            f"into a folder of that name (hydra.output_subdir): move the file away or pass "
+            f"{option}=<another folder>"
+        )
 
 
 def check_sweep_subdir(sweep_dir: str, subdir: str | None) -> None:

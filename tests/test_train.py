@@ -660,6 +660,56 @@ def test_train_cli_reports_an_uncreatable_run_dir_in_one_line(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
+# Folders Hydra cannot make or write its records into (tmp_path holds a file "mine", and "gone" is
+# missing): (the option, its value, the folder setup, the message after "error: <option>=<value>: ").
+UNUSABLE_RUN_DIRS = {
+    "dangling run dir": (
+        "hydra.run.dir", "run", lambda t: (t / "run").symlink_to(t / "gone"),
+        "{t}/run is a symbolic link to {t}/gone, which does not exist; make that folder or remove the link, "
+        "or pass hydra.run.dir=<another folder>",
+    ),
+    "dangling parent": (
+        "hydra.run.dir", "link/run", lambda t: (t / "link").symlink_to(t / "gone"),
+        "{t}/link is a symbolic link to {t}/gone, which does not exist; make that folder or remove the link, "
+        "or pass hydra.run.dir=<another folder>",
+    ),
+    "dangling sweep dir": (
+        "hydra.sweep.dir", "sweep", lambda t: (t / "sweep").symlink_to(t / "gone"),
+        "{t}/sweep is a symbolic link to {t}/gone, which does not exist; make that folder or remove the "
+        "link, or pass hydra.sweep.dir=<another folder>",
+    ),
+    ".hydra file": (
+        "hydra.run.dir", "run", lambda t: ((t / "run").mkdir(), (t / "run" / ".hydra").write_text("mine\n")),
+        "{t}/run/.hydra is a file, not a folder; Hydra writes the run's settings into a folder of that name "
+        "(hydra.output_subdir): move the file away or pass hydra.run.dir=<another folder>",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", UNUSABLE_RUN_DIRS)
+def test_a_dangling_link_or_a_hydra_file_in_the_run_dir_is_one_line(tmp_path, case):
+    """Found by a review: a run directory that is a symbolic link to a missing folder (or lies below
+    one), or that holds a file named .hydra, failed in Hydra's traceback (FileExistsError) and left
+    Hydra's train.log (a sweep's multirun.yaml) behind. It is one line saying what is in the way and
+    how to fix it, before Hydra makes or writes anything; the user's link and file stay as they were."""
+    option, value, make, message = UNUSABLE_RUN_DIRS[case]
+    (tmp_path / "mine").write_text("my file\n")
+    make(tmp_path)
+
+    def entries() -> list[tuple[str, str | bytes | None]]:  # a link's target, a file's bytes
+        return [
+            (str(p), os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else None)
+            for p in sorted(tmp_path.rglob("*"))
+        ]
+
+    before = entries()
+    args = [str(REPO_ROOT / "train.py"), *(["-m"] if "sweep" in option else []), f"{option}={value}"]
+    result = cli([*args, *TINY, *MQAR_TINY], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stdout == "" and result.stderr == f"error: {option}={value}: {message.format(t=tmp_path)}\n"
+    assert entries() == before
+
+
 def make_run_dir(path: Path, log: str = "", extra: str | None = None) -> train_module.FoldersBefore:
     """Make ``path`` as Hydra makes a run directory (``.hydra/``, ``train.log`` holding ``log``), plus
     a folder ``extra``; return the record of what existed of it before (what train.py's Hydra
