@@ -613,7 +613,9 @@ def override_value(value: Any) -> str:
     pasted back: ``true`` / ``false``, ``null``, lists as ``[a,b]``, mappings as ``{k:v}``, numbers
     as Python writes them, and a string bare where Hydra reads it back as that string and it holds
     no whitespace (where a shell splits its argument), else quoted (``'1'``, ``'true'``, ``'a,b'``,
-    ``'my runs/last.ckpt'``)."""
+    ``'my runs/last.ckpt'``). A literal ``${`` in a string (a folder named ``${x}``) is escaped as
+    ``\\${`` (:func:`escape_interpolations`), which the composed config reads back as ``${`` instead
+    of interpolating it."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -624,13 +626,21 @@ def override_value(value: Any) -> str:
         return "{" + ",".join(f"{override_value(k)}:{override_value(v)}" for k, v in value.items()) + "}"
     if not isinstance(value, str):
         return str(value)
+    text = escape_interpolations(value)
     try:
-        bare = OverridesParser.create().parse_override(f"key={value}").value() == value
+        bare = OverridesParser.create().parse_override(f"key={text}").value() == text
     except HydraException:
         bare = False
-    if bare and not any(c.isspace() for c in value):
-        return value
-    return QuotedString(text=value, quote=Quote.single).with_quotes()
+    if bare and not any(c.isspace() for c in text):
+        return text
+    return QuotedString(text=text, quote=Quote.single).with_quotes()
+
+
+def escape_interpolations(text: str) -> str:
+    """``text`` as a config string that OmegaConf resolves back to ``text``: each ``${`` escaped as
+    ``\\${``, with the backslashes before it doubled (OmegaConf reads ``\\\\`` before ``${`` as one
+    backslash, and leaves the other backslashes as they are)."""
+    return re.sub(r"(\\*)\$\{", lambda m: 2 * m.group(1) + "\\${", text)
 
 
 # Characters a POSIX shell passes through unquoted (no globbing, brace expansion, variables, quotes).

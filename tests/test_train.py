@@ -21,6 +21,7 @@ import lightning as L
 import pytest
 import torch
 from helpers import MIXER_CONFIGS, REPO_ROOT, SHAKESPEARE, compose_eval, compose_train, metrics_rows
+from omegaconf import OmegaConf
 
 import train as train_module
 from data import build_datamodule
@@ -1328,6 +1329,26 @@ def test_printed_overrides_paste_into_a_shell_unchanged(override, tmp_path):
     )
     assert out.stdout.split("\0")[:-1] == [override], printed
     assert printed == override or printed[0] in "'\"", "bare only where nothing needs quoting"
+
+
+@pytest.mark.parametrize(
+    "value",
+    # a backslash before the ${, two of them, and an unclosed ${ (which Hydra refuses unescaped)
+    ["/runs/${x}/last.ckpt", "my runs/${now:%H}/last.ckpt", "/a\\${x}", "/a\\\\${x}", "/runs/${oops"],
+)
+@pytest.mark.parametrize("key", ["resume", "data.path"])
+def test_printed_overrides_paste_back_to_the_same_value(key, value, tmp_path):
+    """Found by a review: a path holding a literal ${...} (a folder named so) was printed as it is, so
+    the override pasted back made Hydra interpolate it (another value, or an error). It is printed
+    escaped (\\${), which a shell passes through and Hydra's composed config reads as the path."""
+    printed = train_module.pasteable(f"{key}={train_module.override_value(value)}")
+    out = subprocess.run(
+        ["bash", "-c", f"printf '%s\\0' {printed}"], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    pasted = out.stdout.split("\0")[:-1]
+    assert len(pasted) == 1, printed
+    cfg = compose_train(["data=text", *pasted])
+    assert OmegaConf.select(cfg, key) == value, printed
 
 
 @pytest.mark.parametrize(
