@@ -45,6 +45,7 @@ quiet_interrupt_while_starting(__name__)  # before the seconds of imports below
 
 import hydra
 import lightning as L
+import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -267,7 +268,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 f"params={lit.model.num_params():,} data={data_cfg['name']} run_dir={run_dir}"
             )
         interrupted = False
-        with sigterm_as_keyboard_interrupt():
+        # numpy_scalars_loadable: fit loads resume= again (Lightning's restore), as check_resume read it.
+        with sigterm_as_keyboard_interrupt(), numpy_scalars_loadable():
             try:
                 trainer.fit(lit, datamodule=dm, ckpt_path=resume)
             except SystemExit:
@@ -706,7 +708,8 @@ def check_resume(
     """
     if resume is None:
         return None
-    checkpoint = read_checkpoint(resume, arg="resume")
+    with numpy_scalars_loadable():
+        checkpoint = read_checkpoint(resume, arg="resume")
     given = pasteable(f"resume={override_value(resume)}")
     if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
         raise ValueError(
@@ -780,6 +783,24 @@ def check_resume(
 MAX_PROCESSES = 2**20
 
 
+# numpy's rebuilder of a scalar from its dtype and bytes, as a numpy scalar pickles (numpy 2 names it
+# numpy._core.multiarray.scalar; files numpy 1 wrote, numpy.core.multiarray.scalar).
+_NUMPY_SCALAR = np.int64(0).__reduce__()[0]
+# The dtypes of numpy's bool, integer and float scalars.
+_NUMPY_NUMBER_DTYPES = {type(np.dtype(c)) for c in "?" + np.typecodes["AllInteger"] + np.typecodes["Float"]}
+
+
+def numpy_scalars_loadable() -> torch.serialization.safe_globals:
+    """Within the block, weights-only loads (:func:`models.checkpoint.read_checkpoint`, Lightning's
+    restore of ``resume=``) accept numpy's bool, integer and float scalars, which some tools write
+    into a checkpoint (a :class:`WorldSizeRecord` count as ``np.int64(2)``), and which would
+    otherwise fail as an unreadable ("truncated or corrupt") file. Each is rebuilt from its dtype
+    and bytes: a plain value, no code run (other numpy types stay refused)."""
+    return torch.serialization.safe_globals(
+        [_NUMPY_SCALAR, (_NUMPY_SCALAR, "numpy.core.multiarray.scalar"), np.dtype, *_NUMPY_NUMBER_DTYPES]
+    )
+
+
 class WorldSizeRecord(Callback):
     """Stores the run's process count (``trainer.world_size``) and ``trainer.num_nodes`` in its
     checkpoints, as this callback's state (``checkpoint["callbacks"]["WorldSizeRecord"]``), for
@@ -811,8 +832,8 @@ def refuse_another_world_size(checkpoint: Mapping[str, Any], resume: str, world_
     Raises:
         ValueError: another process count, naming both and the ``trainer.devices`` /
             ``trainer.num_nodes`` pair that gives the checkpoint's; or a corrupt record (an entry
-            that is not a mapping, None included; a key missing; a count that is not an int, a
-            bool, None, below 1 or above :data:`MAX_PROCESSES`), naming the checkpoint.
+            that is not a mapping, None included; a key missing; a count that is not an int or a
+            numpy integer, a bool, None, below 1 or above :data:`MAX_PROCESSES`), naming the checkpoint.
     """
     given = pasteable(f"resume={override_value(resume)}")
     callbacks = checkpoint.get("callbacks", {})
@@ -820,13 +841,15 @@ def refuse_another_world_size(checkpoint: Mapping[str, Any], resume: str, world_
         return
     record = callbacks[WorldSizeRecord.__qualname__]
     counts = [record.get(key) if isinstance(record, Mapping) else None for key in ("world_size", "num_nodes")]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_PROCESSES for n in counts):
+    # A numpy integer (np.int64) is a count; a bool (Python's or numpy's) or a float is not.
+    integers = all(isinstance(n, int | np.integer) and not isinstance(n, bool) for n in counts)
+    if not (integers and all(1 <= n <= MAX_PROCESSES for n in counts)):
         raise ValueError(
             f"{given}: the checkpoint is corrupt (its {WorldSizeRecord.__qualname__} entry, the process "
             f"count it was trained on, is {record!r}, not the integers world_size and num_nodes, each from 1 "
             f"to {MAX_PROCESSES}); resume from an intact copy of it or from another checkpoint of the run"
         )
-    saved, nodes = counts
+    saved, nodes = (int(n) for n in counts)
     if saved == world_size:
         return
     if saved % nodes:  # a count no real run stores (Lightning runs as many devices on every node)
@@ -850,7 +873,8 @@ def check_resume_world_size(resume: str | None, world_size: int) -> None:
     if resume is None:
         return
     # Memory-mapped: check_resume has read and checked the whole file; this reads its small entries.
-    checkpoint = torch.load(resume, map_location="cpu", weights_only=True, mmap=True)
+    with numpy_scalars_loadable():
+        checkpoint = torch.load(resume, map_location="cpu", weights_only=True, mmap=True)
     refuse_another_world_size(checkpoint, resume, world_size)
 
 

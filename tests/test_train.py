@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from helpers import MIXER_CONFIGS, REPO_ROOT, SHAKESPEARE, compose_eval, compose_train, metrics_rows
@@ -1519,6 +1520,41 @@ def test_resume_refuses_a_process_count_record_of_none_or_out_of_range(jamba_run
     path = tmp_path / "largest.ckpt"
     torch.save({**checkpoint, "callbacks": {**checkpoint["callbacks"], "WorldSizeRecord": largest}}, path)
     assert train_module.check_resume_world_size(str(path), train_module.MAX_PROCESSES) is None
+
+
+def test_resume_accepts_a_process_count_record_of_numpy_integers(jamba_run, tmp_path):
+    """Found by a review: a WorldSizeRecord holding numpy integers (np.int64(1), which some tools write)
+    was reported as a truncated or corrupt file: the weights-only load refuses numpy scalars. A numpy
+    integer is a count, in the check and in Lightning's own load of the checkpoint; a numpy bool or
+    float is named as a corrupt record, not a corrupt file."""
+    checkpoint = read_checkpoint(jamba_run["last_ckpt"])
+    saved = checkpoint["hyper_parameters"]
+
+    def with_record(name: str, record: dict) -> Path:
+        path = tmp_path / f"{name}.ckpt"
+        torch.save({**checkpoint, "callbacks": {**checkpoint["callbacks"], "WorldSizeRecord": record}}, path)
+        return path
+
+    path = with_record("numpy", {"world_size": np.int64(1), "num_nodes": np.int32(1)})
+    assert train_module.check_resume(str(path), saved, max_steps=21, world_size=1) == str(path.resolve())
+    message = re.escape("was trained on 1 process(es), this run has 2: ")
+    with pytest.raises(ValueError, match=message + ".*trainer.devices=1 trainer.num_nodes=1$"):
+        train_module.check_resume(str(path), saved, max_steps=21, world_size=2)
+    resumed = run_train(tmp_path / "resumed", [*JAMBA_RESUME, f"resume={path}"])
+    assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 21
+    # As numpy 1 names the scalar's rebuilder (numpy.core), in torch's legacy format: its pickle is not
+    # in a zip archive, so the name can be edited in place.
+    numpy1 = tmp_path / "numpy1.ckpt"
+    torch.save(torch.load(path, weights_only=False), numpy1, _use_new_zipfile_serialization=False)
+    written = numpy1.read_bytes()
+    assert b"numpy._core.multiarray\nscalar" in written
+    numpy1.write_bytes(written.replace(b"numpy._core.multiarray\nscalar", b"numpy.core.multiarray\nscalar"))
+    assert train_module.check_resume(str(numpy1), saved, max_steps=21, world_size=1) == str(numpy1.resolve())
+    for name, count in {"numpy_bool": np.bool_(True), "numpy_float": np.float64(1.0)}.items():
+        path = with_record(name, {"world_size": count, "num_nodes": 1})
+        message = re.escape(f"resume={path}: the checkpoint is corrupt (its WorldSizeRecord entry, ")
+        with pytest.raises(ValueError, match=message + ".*not the integers world_size and num_nodes"):
+            train_module.check_resume(str(path), saved, max_steps=21, world_size=1)
 
 
 @pytest.mark.parametrize(
