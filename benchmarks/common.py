@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+import kernels
 from eval.records import check_creatable_dir, git_dirty, git_sha
 from models.checkpoint import atomic_write_bytes
 
@@ -246,13 +247,12 @@ def bench_graph_ms(
 
     def capture(body: Callable[[], Any]) -> torch.cuda.CUDAGraph:
         graph = torch.cuda.CUDAGraph()
+        # As LanguageModel.generate's decode step (models.model.DecodeStep): the warm-up on the
+        # current stream, the capture on a fresh stream whose per-stream buffers the ops made first.
+        body()
+        torch.cuda.synchronize()
         stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up on a side stream, as torch.cuda.graphs advises
-            body()
-        torch.cuda.current_stream().wait_stream(stream)
-        # Captured on the warm-up stream: what an op keeps per stream (flash_decode's split
-        # counters) then exists before capture, as in LanguageModel.generate's decode step.
+        kernels.prepare_graph_capture(stream)
         with torch.cuda.graph(graph, stream=stream):
             for _ in range(reps):
                 body()

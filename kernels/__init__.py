@@ -30,13 +30,14 @@ if importlib.util.find_spec("triton") is not None:
     from kernels.causal_conv1d import causal_conv1d_update as _triton_causal_conv1d_update
     from kernels.flash_attention import flash_attention as _triton_flash_attention
     from kernels.flash_decode import flash_decode as _triton_flash_decode
+    from kernels.flash_decode import reserve_split_counters as _reserve_split_counters
     from kernels.linear_attention import linear_attention as _triton_linear_attention
     from kernels.linear_attention import linear_attention_step as _triton_linear_attention_step
     from kernels.selective_scan import selective_scan as _triton_selective_scan
     from kernels.selective_scan import selective_state_update as _triton_selective_state_update
 else:  # pragma: no cover
     _triton_flash_attention = _triton_linear_attention = _triton_linear_attention_step = None
-    _triton_flash_decode = None
+    _triton_flash_decode = _reserve_split_counters = None
     _triton_selective_scan = _triton_selective_state_update = None
     _triton_causal_conv1d = _triton_causal_conv1d_update = None
 
@@ -49,6 +50,7 @@ __all__ = [
     "causal_conv1d_update",
     "linear_attention",
     "linear_attention_step",
+    "prepare_graph_capture",
 ]
 
 # The values every op's ``backend`` keyword accepts.
@@ -94,6 +96,24 @@ def _dispatch(op_name: str, backend: str | None, tensor: torch.Tensor) -> Callab
     if isinstance(tensor, torch.Tensor) and tensor.is_cuda and op_name in _TRITON_OPS:
         return _TRITON_OPS[op_name]
     return getattr(reference, op_name)
+
+
+def prepare_graph_capture(stream: torch.cuda.Stream) -> None:
+    """Make, before a CUDA graph is captured on ``stream``, what the Triton ops keep per stream:
+    :func:`kernels.flash_decode.reserve_split_counters` (its split counters, for launches of up to
+    4096 (sequence, KV head) pairs), so the graph does not zero-fill buffers of its own at every
+    replay. Nothing to do without Triton.
+
+    Raises:
+        TypeError: ``stream`` is not a ``torch.cuda.Stream``.
+        RuntimeError: called while a graph is being captured.
+    """
+    if _reserve_split_counters is not None:
+        _reserve_split_counters(stream)
+    elif not isinstance(stream, torch.cuda.Stream):  # pragma: no cover
+        raise TypeError(
+            f"prepare_graph_capture: stream must be a torch.cuda.Stream, got {type(stream).__name__}"
+        )
 
 
 def flash_attention(q, k, v, *, causal=True, window=None, scale=None, return_lse=False, backend=None):

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import kernels
 import mixers
 from models.config import ModelConfig
 
@@ -522,13 +523,16 @@ class DecodeStep:
     """One decode step of ``model`` over ``cache``: ``step(token (B,) int64) -> logits (B, vocab)``
     in the model's dtype; used by :meth:`LanguageModel.generate` and ``eval/decode.py``.
 
-    With ``graphed``, the first call runs eagerly on a side stream (Triton autotuning, lazy
-    initialisation and the allocator's warm-up must not happen during capture; what ops keep per
-    stream, like :func:`kernels.flash_decode`'s split counters, is then made on the stream the
-    capture uses), the second captures the step in a CUDA graph on that stream -- a static (B, 1)
-    token buffer in, a static (B, vocab) logits buffer out, the caches updated in place -- and
-    every call replays it. The returned logits are that static buffer:
-    read them before the next call. The caches' host-side ``seqlen`` counters are kept as an eager
+    With ``graphed``, the first call runs eagerly on the current stream (Triton autotuning, lazy
+    initialisation and the allocator's warm-up must not happen during capture), the second captures
+    the step in a CUDA graph on a stream of its own, prepared by :func:`kernels.prepare_graph_capture`
+    (flash_decode's split counters) -- a static (B, 1) token buffer in, a static (B, vocab) logits
+    buffer out, the caches updated in place -- and every call replays it. The warm-up stays on the
+    current stream: run on a side stream (as ``torch.cuda.graphs`` suggests), the graph, captured on
+    that stream or on a fresh one, replayed with gaps between its kernels, 1836-1867 instead of
+    1546-1560 us a step for ``model=small`` attention at 2k keys (H200, 2026-12-04, the same kernel
+    time; the cause is not known). The returned logits are that static buffer: read them before
+    the next call. The caches' host-side ``seqlen`` counters are kept as an eager
     loop would leave them (capture records the step without running it). Source: CUDA Graphs (CUDA
     C++ Programming Guide, Sec. 3.2.8.7) through ``torch.cuda.graph``.
 
@@ -542,29 +546,18 @@ class DecodeStep:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.token: torch.Tensor | None = None
         self.logits: torch.Tensor | None = None
-        self.stream: torch.cuda.Stream | None = None
 
     def _caches(self) -> list:
         return self.cache.layers + self.cache.shared
-
-    def _warm_up(self, token: torch.Tensor) -> torch.Tensor:
-        """The first step, eagerly on the side stream the capture will use (torch.cuda.graphs' advice
-        for warm-up), ordered after and before the current stream's work."""
-        current = torch.cuda.current_stream(token.device)
-        self.stream = torch.cuda.Stream(token.device)
-        self.stream.wait_stream(current)
-        with torch.cuda.stream(self.stream):
-            logits = self.model(token[:, None], cache=self.cache)[:, -1]
-        current.wait_stream(self.stream)
-        logits.record_stream(current)  # made on the side stream, read on the current one
-        return logits
 
     def _capture(self, token: torch.Tensor) -> None:
         self.token = token[:, None].clone()  # (B, 1) static input
         seqlens = [c.seqlen for c in self._caches()]
         graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream(token.device)
+        kernels.prepare_graph_capture(stream)
         try:
-            with torch.cuda.graph(graph, stream=self.stream):
+            with torch.cuda.graph(graph, stream=stream):
                 self.logits = self.model(self.token, cache=self.cache)[:, -1]  # (B, vocab) static output
             self.graph = graph
         except RuntimeError as err:
@@ -583,8 +576,6 @@ class DecodeStep:
         self.calls += 1
         if self.graphed and self.calls > 1 and self.graph is None:
             self._capture(token)
-        if self.graphed and self.graph is None:
-            return self._warm_up(token)
         if self.graph is None:
             return self.model(token[:, None], cache=self.cache)[:, -1]
         for c in self._caches():

@@ -589,24 +589,31 @@ def test_gpu_merge_by_the_last_split_is_race_free():
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("stream_seen", [False, True], ids=["new-stream", "seen-stream"])
-def test_gpu_graph_capture_counters(stream_seen):
+@pytest.mark.parametrize("stream_state", ["new", "seen", "reserved"])
+def test_gpu_graph_capture_counters(stream_state):
     """Captured on a stream that has no counters yet, the graph zero-fills its own buffer at every
-    replay; on a stream that has them (an eager call ran there), it counts in that buffer. Either
-    way every replay is right, and the eager calls after it too."""
+    replay; on a stream that has them (an eager call ran there, or kernels.prepare_graph_capture
+    made them), it counts in that buffer. Either way every replay is right, and the eager calls
+    after it too."""
     first, second = (make_paged([3000, 17, 0, 2049], 8, 2, 128, 16, torch.bfloat16) for _ in range(2))
     static = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t) for t in first]
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    if stream_seen:
+    if stream_state == "seen":
         with torch.cuda.stream(stream):
             kernels.flash_decode(*static, num_splits=16, check_values=False, backend="triton")
+    elif stream_state == "reserved":
+        kernels.prepare_graph_capture(stream)
     stream.synchronize()
     known = len(fd._COUNTERS)
+    own = fd._COUNTERS.get((stream.device, stream.cuda_stream))
+    assert (own is not None) == (stream_state != "new")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         graphed = kernels.flash_decode(*static, num_splits=16, check_values=False, backend="triton")
+        used = fd._split_counters(stream.device, 8)
     assert len(fd._COUNTERS) == known, "a buffer allocated while capturing must not be kept"
+    assert (used is own) == (stream_state != "new"), "the capture must count in the stream's own buffer"
     for inputs in (second, first, second):
         for t, new in zip(static, inputs, strict=True):
             t.copy_(new)
@@ -631,6 +638,18 @@ def test_split_counters_per_stream_grow_and_are_kept():
     # A batch with many splits per (sequence, KV head) leaves them at zero.
     inputs = make_paged(SEQLENS * 3, 6, 2, 64, 16, torch.float32)
     assert_decode_accuracy(*inputs, window=None, num_splits=5)
+
+
+def test_reserve_split_counters_refuses_bad_arguments():
+    """Not a CUDA stream, a count that is not a positive int: clear errors before anything is made."""
+    with pytest.raises(TypeError, match="stream must be a torch.cuda.Stream, got str"):
+        kernels.prepare_graph_capture("cuda")
+    with pytest.raises(TypeError, match="stream must be a torch.cuda.Stream, got NoneType"):
+        fd.reserve_split_counters(None)
+    with pytest.raises(TypeError, match="count must be an int, got bool"):
+        fd.reserve_split_counters(None, True)
+    with pytest.raises(ValueError, match="count must be >= 1, got 0"):
+        fd.reserve_split_counters(None, 0)
 
 
 def test_an_interrupted_launch_leaves_the_counters_at_zero(monkeypatch):
