@@ -107,6 +107,7 @@ __all__ = ["flash_decode", "num_splits_heuristic", "split_config"]
 
 _MAX_HEAD_DIM = 256
 _MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2
+_MAX_KEYS = 2**31 - 1  # the kernel holds lengths and key positions in int32
 _LOG2E = math.log2(math.e)
 
 # ----------------------------------------------------------------------------------------------
@@ -634,7 +635,8 @@ def flash_decode(
         num_splits < 1, head_dim 0 without a scale, tensors on different devices), and, for this
         backend only, RuntimeError for inputs that require grad in grad mode (no backward: run it
         under torch.no_grad()), ValueError for head_dim outside [1, 256], a scale beyond fp32's
-        range, batch or KV heads above 65535, devices other than CUDA, or CPU inputs without
+        range, batch or KV heads above 65535, a table of more than 2**31 - 1 keys a sequence
+        (``max_blocks * block_size``: lengths are int32 in the kernel), devices other than CUDA, or CPU inputs without
         ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     # An eager decode loop repeats one call signature: replay its launches (see _DecodePlan).
@@ -663,6 +665,12 @@ def flash_decode(
         raise ValueError(
             f"the Triton flash_decode supports batch and num_kv_heads up to {_MAX_GRID_YZ}, got "
             f"{batch} and {num_kv_heads}; split the batch"
+        )
+    if max_blocks * block_size > _MAX_KEYS:
+        raise ValueError(
+            f"the Triton flash_decode supports block tables of up to 2**31 - 1 keys a sequence, got "
+            f"max_blocks * block_size = {max_blocks} * {block_size} = {max_blocks * block_size}; drop the "
+            "table's unused columns, or use backend='reference'"
         )
 
     out = q.new_empty((batch, num_heads, head_dim))

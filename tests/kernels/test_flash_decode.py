@@ -640,6 +640,21 @@ def test_split_counters_per_stream_grow_and_are_kept():
     assert_decode_accuracy(*inputs, window=None, num_splits=5)
 
 
+def test_a_table_past_int32_keys_is_refused():
+    """The kernel holds lengths in int32: a table of 2**31 keys a sequence (here 2**21 columns of
+    1024-token pages, all naming page 0) is refused, not truncated into wrong outputs."""
+    q = torch.randn(1, 2, 16)
+    k_cache = torch.randn(1, 1024, 1, 16)
+    table = torch.zeros(1, 2**21, dtype=torch.int32)
+    seqlens = torch.tensor([5], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"up to 2\*\*31 - 1 keys a sequence, got max_blocks \* block_size = "
+                       r"2097152 \* 1024 = 2147483648; drop the table's unused columns"):
+        kernels.flash_decode(q, k_cache, k_cache, table, seqlens, backend="triton")
+    ok = kernels.flash_decode(q, k_cache, k_cache, table[:, : 2**21 - 1], seqlens, backend="triton")
+    want = kernels.flash_decode(q, k_cache, k_cache, table[:, :1], seqlens, backend="reference")
+    torch.testing.assert_close(ok, want)
+
+
 def test_reserve_split_counters_refuses_bad_arguments():
     """Not a CUDA stream, a count that is not a positive int: clear errors before anything is made."""
     with pytest.raises(TypeError, match="stream must be a torch.cuda.Stream, got str"):
