@@ -68,7 +68,7 @@ from eval.records import (
     write_records,
 )
 from models import ModelConfig
-from models.checkpoint import AtomicCheckpointIO, atomic_write_bytes, read_checkpoint
+from models.checkpoint import AtomicCheckpointIO, atomic_write_bytes, numpy_scalars_loadable, read_checkpoint
 from models.config import config_from_groups
 from models.lit import DEFAULT_OPTIM, LitLM, logged_metrics
 
@@ -708,8 +708,7 @@ def check_resume(
     """
     if resume is None:
         return None
-    with numpy_scalars_loadable():
-        checkpoint = read_checkpoint(resume, arg="resume")
+    checkpoint = read_checkpoint(resume, arg="resume")
     given = pasteable(f"resume={override_value(resume)}")
     if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
         raise ValueError(
@@ -781,24 +780,6 @@ def check_resume(
 # The largest process count (and node count) a WorldSizeRecord may hold: far above any training run's
 # (the largest use some 10**5 GPUs); a larger one is a corrupt record, not a count to resume on.
 MAX_PROCESSES = 2**20
-
-
-# numpy's rebuilder of a scalar from its dtype and bytes, as a numpy scalar pickles (numpy 2 names it
-# numpy._core.multiarray.scalar; files numpy 1 wrote, numpy.core.multiarray.scalar).
-_NUMPY_SCALAR = np.int64(0).__reduce__()[0]
-# The dtypes of numpy's bool, integer and float scalars.
-_NUMPY_NUMBER_DTYPES = {type(np.dtype(c)) for c in "?" + np.typecodes["AllInteger"] + np.typecodes["Float"]}
-
-
-def numpy_scalars_loadable() -> torch.serialization.safe_globals:
-    """Within the block, weights-only loads (:func:`models.checkpoint.read_checkpoint`, Lightning's
-    restore of ``resume=``) accept numpy's bool, integer and float scalars, which some tools write
-    into a checkpoint (a :class:`WorldSizeRecord` count as ``np.int64(2)``), and which would
-    otherwise fail as an unreadable ("truncated or corrupt") file. Each is rebuilt from its dtype
-    and bytes: a plain value, no code run (other numpy types stay refused)."""
-    return torch.serialization.safe_globals(
-        [_NUMPY_SCALAR, (_NUMPY_SCALAR, "numpy.core.multiarray.scalar"), np.dtype, *_NUMPY_NUMBER_DTYPES]
-    )
 
 
 class WorldSizeRecord(Callback):

@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -119,6 +120,24 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_write_bytes(path, lambda f: torch.save(checkpoint, f))
 
 
+# numpy's rebuilder of a scalar from its dtype and bytes, as a numpy scalar pickles (numpy 2 names it
+# numpy._core.multiarray.scalar; files numpy 1 wrote, numpy.core.multiarray.scalar).
+_NUMPY_SCALAR = np.int64(0).__reduce__()[0]
+# The dtypes of numpy's bool, integer and float scalars.
+_NUMPY_NUMBER_DTYPES = {type(np.dtype(c)) for c in "?" + np.typecodes["AllInteger"] + np.typecodes["Float"]}
+
+
+def numpy_scalars_loadable() -> torch.serialization.safe_globals:
+    """Within the block, weights-only loads (:func:`read_checkpoint` uses it; train.py wraps
+    Lightning's restore of ``resume=`` in it) accept numpy's bool, integer and float scalars, which
+    some tools write into a checkpoint (train.py's ``WorldSizeRecord`` count as ``np.int64(2)``),
+    and which would otherwise fail as an unreadable ("truncated or corrupt") file. Each is rebuilt
+    from its dtype and bytes: a plain value, no code run (other numpy types stay refused)."""
+    return torch.serialization.safe_globals(
+        [_NUMPY_SCALAR, (_NUMPY_SCALAR, "numpy.core.multiarray.scalar"), np.dtype, *_NUMPY_NUMBER_DTYPES]
+    )
+
+
 def read_checkpoint(path: str | os.PathLike, arg: str | None = None) -> dict[str, Any]:
     """Load a checkpoint dict on the CPU, turning every failure into an actionable error.
 
@@ -157,7 +176,8 @@ def read_checkpoint(path: str | os.PathLike, arg: str | None = None) -> dict[str
                 bad_entry = archive.testzip()
             if bad_entry is not None:
                 raise ValueError(f"the bytes of {bad_entry} do not match its stored CRC-32")
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        with numpy_scalars_loadable():
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except (
         RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, KeyError,
         IndexError,

@@ -1536,6 +1536,9 @@ def test_resume_accepts_a_process_count_record_of_numpy_integers(jamba_run, tmp_
         return path
 
     path = with_record("numpy", {"world_size": np.int64(1), "num_nodes": np.int32(1)})
+    # The evaluations read it too (models.checkpoint.read_checkpoint), the values as they were saved.
+    record = read_checkpoint(path)["callbacks"]["WorldSizeRecord"]
+    assert record == {"world_size": 1, "num_nodes": 1} and type(record["world_size"]) is np.int64
     assert train_module.check_resume(str(path), saved, max_steps=21, world_size=1) == str(path.resolve())
     message = re.escape("was trained on 1 process(es), this run has 2: ")
     with pytest.raises(ValueError, match=message + ".*trainer.devices=1 trainer.num_nodes=1$"):
