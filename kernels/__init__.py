@@ -41,6 +41,7 @@ else:  # pragma: no cover
     _triton_selective_scan = _triton_selective_state_update = None
     _triton_causal_conv1d = _triton_causal_conv1d_update = None
 
+# The ops (DESIGN.md); prepare_graph_capture below is a helper for CUDA-graph capture, not an op.
 __all__ = [
     "flash_attention",
     "flash_decode",
@@ -50,7 +51,6 @@ __all__ = [
     "causal_conv1d_update",
     "linear_attention",
     "linear_attention_step",
-    "prepare_graph_capture",
 ]
 
 # The values every op's ``backend`` keyword accepts.
