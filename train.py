@@ -28,7 +28,6 @@ import logging
 import math
 import os
 import re
-import shlex
 import shutil
 import signal
 import stat
@@ -48,9 +47,6 @@ import lightning as L
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Quote, QuotedString
-from hydra.errors import HydraException
 from hydra.experimental.callback import Callback as HydraCallback
 from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer
 from omegaconf import DictConfig, OmegaConf
@@ -58,7 +54,7 @@ from omegaconf import DictConfig, OmegaConf
 import data as datasets_lib
 from data.mqar import parse_slice_name
 from data.resumable import ResumableLoader
-from eval.cli import INTERRUPTED, user_errors
+from eval.cli import INTERRUPTED, override_value, pasteable, user_errors
 from eval.records import (
     check_flag,
     check_wandb_settings,
@@ -608,58 +604,6 @@ def resolve_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(resolved, datasets_lib.MQARDataModule):  # its slices are (seqlen, num_kv_pairs) pairs
         values["test_configs"] = [{"seqlen": t, "num_kv_pairs": kv} for t, kv in values["test_configs"]]
     return {**settings, **{f"data.{key}": value for key, value in values.items()}}
-
-
-def override_value(value: Any) -> str:
-    """``value`` as a Hydra command-line override writes it, so that a message's ``key=value`` can be
-    pasted back: ``true`` / ``false``, ``null``, lists as ``[a,b]``, mappings as ``{k:v}``, numbers
-    as Python writes them, and a string bare where Hydra reads it back as that string and it holds
-    no whitespace (where a shell splits its argument), else quoted (``'1'``, ``'true'``, ``'a,b'``,
-    ``'my runs/last.ckpt'``). A literal ``${`` in a string (a folder named ``${x}``) is escaped as
-    ``\\${`` (:func:`escape_interpolations`), which the composed config reads back as ``${`` instead
-    of interpolating it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(override_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{override_value(k)}:{override_value(v)}" for k, v in value.items()) + "}"
-    if not isinstance(value, str):
-        return str(value)
-    text = escape_interpolations(value)
-    try:
-        bare = OverridesParser.create().parse_override(f"key={text}").value() == text
-    except HydraException:
-        bare = False
-    if bare and not any(c.isspace() for c in text):
-        return text
-    return QuotedString(text=text, quote=Quote.single).with_quotes()
-
-
-def escape_interpolations(text: str) -> str:
-    """``text`` as a config string that OmegaConf resolves back to ``text``: each ``${`` escaped as
-    ``\\${``, with the backslashes before it doubled (OmegaConf reads ``\\\\`` before ``${`` as one
-    backslash, and leaves the other backslashes as they are)."""
-    return re.sub(r"(\\*)\$\{", lambda m: 2 * m.group(1) + "\\${", text)
-
-
-# Characters a POSIX shell passes through unquoted (no globbing, brace expansion, variables, quotes).
-_SHELL_SAFE = re.compile(r"[\w@%+=:,./-]+")
-
-
-def pasteable(override: str) -> str:
-    """A ``key=value`` override as a message prints it to paste into a shell: bare where the shell
-    leaves it as it is, else in double quotes (a list or mapping, ``[{seqlen:64,...}]``, whose brackets
-    and braces a shell would glob or expand; a Hydra-quoted path, ``resume='my runs/last.ckpt'``),
-    or single-quoted by :func:`shlex.quote` where double quotes would still expand something (``$``,
-    a backquote, a backslash, ``!``, ``"``)."""
-    if _SHELL_SAFE.fullmatch(override):
-        return override
-    if not any(c in override for c in '"$`\\!'):
-        return f'"{override}"'
-    return shlex.quote(override)
 
 
 def check_resume(

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import shlex
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Quote, QuotedString
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 
 from eval.records import check_creatable_dir
@@ -119,3 +125,55 @@ class OutputDirCheck(Callback):
                 raise
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
+
+
+def override_value(value: Any) -> str:
+    """``value`` as a Hydra command-line override writes it, so that a message's ``key=value`` can be
+    pasted back: ``true`` / ``false``, ``null``, lists as ``[a,b]``, mappings as ``{k:v}``, numbers
+    as Python writes them, and a string bare where Hydra reads it back as that string and it holds
+    no whitespace (where a shell splits its argument), else quoted (``'1'``, ``'true'``, ``'a,b'``,
+    ``'my runs/last.ckpt'``). A literal ``${`` in a string (a folder named ``${x}``) is escaped as
+    ``\\${`` (:func:`escape_interpolations`), which the composed config reads back as ``${`` instead
+    of interpolating it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{override_value(k)}:{override_value(v)}" for k, v in value.items()) + "}"
+    if not isinstance(value, str):
+        return str(value)
+    text = escape_interpolations(value)
+    try:
+        bare = OverridesParser.create().parse_override(f"key={text}").value() == text
+    except HydraException:
+        bare = False
+    if bare and not any(c.isspace() for c in text):
+        return text
+    return QuotedString(text=text, quote=Quote.single).with_quotes()
+
+
+def escape_interpolations(text: str) -> str:
+    """``text`` as a config string that OmegaConf resolves back to ``text``: each ``${`` escaped as
+    ``\\${``, with the backslashes before it doubled (OmegaConf reads ``\\\\`` before ``${`` as one
+    backslash, and leaves the other backslashes as they are)."""
+    return re.sub(r"(\\*)\$\{", lambda m: 2 * m.group(1) + "\\${", text)
+
+
+# Characters a POSIX shell passes through unquoted (no globbing, brace expansion, variables, quotes).
+_SHELL_SAFE = re.compile(r"[\w@%+=:,./-]+")
+
+
+def pasteable(override: str) -> str:
+    """A ``key=value`` override as a message prints it to paste into a shell: bare where the shell
+    leaves it as it is, else in double quotes (a list or mapping, ``[{seqlen:64,...}]``, whose brackets
+    and braces a shell would glob or expand; a Hydra-quoted path, ``resume='my runs/last.ckpt'``),
+    or single-quoted by :func:`shlex.quote` where double quotes would still expand something (``$``,
+    a backquote, a backslash, ``!``, ``"``)."""
+    if _SHELL_SAFE.fullmatch(override):
+        return override
+    if not any(c in override for c in '"$`\\!'):
+        return f'"{override}"'
+    return shlex.quote(override)

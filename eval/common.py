@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import math
-import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import data as data_lib
 from data.mqar import IGNORE_INDEX
+from eval.cli import override_value, pasteable
 from eval.records import (
     check_output,
     check_sweep_output,
@@ -181,15 +181,9 @@ def length_settings(cfg: DictConfig, default_multipliers: Sequence[int]) -> tupl
 
 def hydra_override(key: str, value: str) -> str:
     """``key=value`` as one shell word that Hydra parses back to ``value``, for commands printed in
-    messages: bare when ``value`` is plain; otherwise quoted for Hydra's override grammar (which
-    rejects a bare ``=`` and reads ``,`` as a sweep and brackets as a list) inside quotes for the
-    shell, ``"key='value'"``, or :func:`shlex.quote` around an escaped single-quoted value when
-    ``value`` holds quotes, ``$``, a backtick or a backslash."""
-    if not any(c in value for c in "=,[]{}()'\" \\$`:"):
-        return f"{key}={value}"
-    if not any(c in value for c in "'\"\\$`"):
-        return f"\"{key}='{value}'\""
-    return shlex.quote(f"{key}='" + value.replace("'", "\\'") + "'")
+    messages: :func:`eval.cli.override_value` (Hydra's quoting, ``${`` escaped) inside
+    :func:`eval.cli.pasteable` (the shell's), as train.py prints its overrides."""
+    return pasteable(f"{key}={override_value(value)}")
 
 
 def wrong_task_error(ckpt: Path, task: str | None, script: str, tasks: Sequence[str]) -> ValueError:

@@ -19,6 +19,7 @@ import pytest
 import torch
 from helpers import REPO_ROOT, compose_eval, compose_train, refuse_files_in
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 import eval.copying as copying_module
 import eval.long_context as long_context
@@ -449,16 +450,19 @@ def test_checkpoints_of_another_task_are_refused(copy_run, passkey_run, text_run
 
 
 def test_hydra_override_round_trips_through_the_shell_and_hydra():
-    """The commands printed in messages work when pasted: one shell word, parsed back by Hydra to
-    the same path, whatever the path holds."""
+    """The commands printed in messages work when pasted: one shell word, parsed back by Hydra and
+    resolved by OmegaConf to the same path, whatever the path holds (a new user's findings: a
+    folder named ``${x}`` was interpolated, ``!``, a trailing backslash and a leading ``~`` broke)."""
     parser = OverridesParser.create()
     paths = ["a/b.ckpt", "runs/lr=1e-3,b=8/best.ckpt", "x [1]/y.ckpt", "it's/lr=1/b.ckpt", 'q"uo/t.ckpt',
-             "a$b/c.ckpt", "back\\slash/x.ckpt", "c:d/x", "~/x y/z"]  # fmt: skip
+             "a$b/c.ckpt", "back\\slash/x.ckpt", "c:d/x", "~/x y/z", "d${x}/best.ckpt", "e\\${y}/z",
+             "a!b/x.ckpt", "trail\\", "back\\'quote", "~/x"]  # fmt: skip
     for path in paths:
         words = shlex.split(hydra_override("ckpt", path))
         assert len(words) == 1, (path, words)
         override = parser.parse_override(words[0])
-        assert override.key_or_group == "ckpt" and override.value() == path
+        assert override.key_or_group == "ckpt"
+        assert OmegaConf.create({"ckpt": override.value()}).ckpt == path, (path, words[0])
     assert hydra_override("ckpt", "a/b.ckpt") == "ckpt=a/b.ckpt"
 
 
