@@ -108,12 +108,12 @@ def prepare_graph_capture(stream: torch.cuda.Stream) -> None:
         TypeError: ``stream`` is not a ``torch.cuda.Stream``.
         RuntimeError: called while a graph is being captured.
     """
-    if _reserve_split_counters is not None:
-        _reserve_split_counters(stream)
-    elif not isinstance(stream, torch.cuda.Stream):  # pragma: no cover
+    if not isinstance(stream, torch.cuda.Stream):
         raise TypeError(
             f"prepare_graph_capture: stream must be a torch.cuda.Stream, got {type(stream).__name__}"
         )
+    if _reserve_split_counters is not None:
+        _reserve_split_counters(stream)
 
 
 def flash_attention(q, k, v, *, causal=True, window=None, scale=None, return_lse=False, backend=None):

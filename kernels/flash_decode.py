@@ -670,7 +670,7 @@ def flash_decode(
         raise ValueError(
             f"the Triton flash_decode supports block tables of up to 2**31 - 1 keys a sequence, got "
             f"max_blocks * block_size = {max_blocks} * {block_size} = {max_blocks * block_size}; drop the "
-            "table's unused columns, or use backend='reference'"
+            "table's unused columns (the reference is no way out: it builds every position of the table)"
         )
 
     out = q.new_empty((batch, num_heads, head_dim))

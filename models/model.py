@@ -537,7 +537,8 @@ class DecodeStep:
     C++ Programming Guide, Sec. 3.2.8.7) through ``torch.cuda.graph``.
 
     Raises:
-        ValueError: a step beyond the caches' ``max_seqlen`` (from the mixers' checks).
+        ValueError: a step beyond the caches' ``max_seqlen`` (from the mixers' checks); with
+            ``graphed``, a token that is not on a CUDA device (CUDA graphs are CUDA only).
     """
 
     def __init__(self, model: LanguageModel, cache: ModelCache, graphed: bool) -> None:
@@ -573,6 +574,11 @@ class DecodeStep:
                 c.seqlen = n
 
     def __call__(self, token: torch.Tensor) -> torch.Tensor:
+        if self.graphed and not token.is_cuda:
+            raise ValueError(
+                f"DecodeStep(graphed=True) captures a CUDA graph, which needs CUDA tensors; got a token on "
+                f"{token.device}: pass graphed=False (or use generate(), which graphs only on CUDA)"
+            )
         self.calls += 1
         if self.graphed and self.calls > 1 and self.graph is None:
             self._capture(token)

@@ -657,7 +657,8 @@ def test_a_table_past_int32_keys_is_refused():
 
 def test_reserve_split_counters_refuses_bad_arguments():
     """Not a CUDA stream, a count that is not a positive int: clear errors before anything is made."""
-    with pytest.raises(TypeError, match="stream must be a torch.cuda.Stream, got str"):
+    message = "^prepare_graph_capture: stream must be a torch.cuda.Stream, got str"
+    with pytest.raises(TypeError, match=message):
         kernels.prepare_graph_capture("cuda")
     with pytest.raises(TypeError, match="stream must be a torch.cuda.Stream, got NoneType"):
         fd.reserve_split_counters(None)

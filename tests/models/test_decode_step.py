@@ -35,6 +35,18 @@ def test_decode_step_keeps_the_caches_host_counters():
     torch.testing.assert_close(torch.stack(logits, 1), full[:, 5:9], rtol=1e-10, atol=1e-12)
 
 
+def test_a_graphed_step_of_cpu_tokens_is_refused():
+    """A new user's finding: DecodeStep(graphed=True) on CPU failed at its second call with torch's
+    "Tried to instantiate dummy base class CUDAGraph"; now the first call says what is wrong."""
+    model = tiny_model("attention")
+    cache = model.allocate_cache(2, 8)
+    step = DecodeStep(model, cache, graphed=True)
+    message = "needs CUDA tensors; got a token on cpu: pass graphed=False"
+    with torch.no_grad(), pytest.raises(ValueError, match=message):
+        step(torch.tensor([1, 2]))
+    assert cache.seqlen == 0, "a refused step must not advance the cache"
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize(
