@@ -50,6 +50,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback as HydraCallback
 from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 import data as datasets_lib
 from data.mqar import parse_slice_name
@@ -1255,6 +1256,9 @@ class RecordRunFolders(HydraCallback):
         with _refused_in_one_line():
             check_hydra_folder(config.hydra.sweep.dir, "hydra.sweep.dir")
             check_sweep_subdir(config.hydra.sweep.dir, subdir)
+            resolved = sweep_subdir_known_now(config, subdir)
+            if resolved is not None:
+                check_sweep_subdir(config.hydra.sweep.dir, resolved, written=subdir)
         _record_folders_before(config.hydra.sweep.dir, max(1, len(Path(str(subdir or "")).parts)))
         launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
         JOBS_RUN_HERE = [] if launcher.endswith(".BasicLauncher") else None
@@ -1264,30 +1268,53 @@ def check_hydra_folder(folder: str, option: str, output_subdir: str | None = Non
     """Refuse, before Hydra makes ``folder`` (``option``: ``hydra.run.dir`` or ``hydra.sweep.dir``)
     and writes its records there, what Hydra fails on in a traceback (``FileExistsError``): a
     symbolic link to a missing folder as ``folder``, as one above it or as ``output_subdir`` in it
-    (``hydra.output_subdir``, ``.hydra``: the run's settings), or a file of that name in it. Nothing
-    is touched: the link or file is the user's.
+    (``hydra.output_subdir``, ``.hydra``: the run's settings), or a file of that name in it; and a
+    path holding a literal ``${`` (Hydra's ``InterpolationKeyError`` traceback: it names the run's
+    log file by interpolating the folder's path again). Nothing is touched: the link or file is the
+    user's.
 
     Raises:
-        ValueError: naming the link and its missing target, or the file, and the fixes.
+        ValueError: naming the link and its missing target, the file, or the ``${``, and the fixes.
     """
+    given = pasteable(f"{option}={override_value(folder)}")
+    if "${" in folder:
+        raise ValueError(
+            f"{given}: the path holds '${{', which Hydra reads as an interpolation where it names the run's "
+            "log file (hydra.job_logging); use a folder whose path has no '${'"
+        )
     path = Path(folder).absolute()
     records = [path / output_subdir] if output_subdir is not None else []
     for entry in [*reversed(path.parents), path, *records]:
         if entry.is_symlink() and not entry.exists():
             target = Path(os.path.normpath(entry.parent / os.readlink(entry)))
             raise ValueError(
-                f"{option}={folder}: {entry} is a symbolic link to {target}, which does not exist; make "
+                f"{given}: {entry} is a symbolic link to {target}, which does not exist; make "
                 f"that folder or remove the link, or pass {option}=<another folder>"
             )
     if records and records[0].exists() and not records[0].is_dir():
         raise ValueError(
-            f"{option}={folder}: {records[0]} is a file, not a folder; Hydra writes the run's settings "
+            f"{given}: {records[0]} is a file, not a folder; Hydra writes the run's settings "
             f"into a folder of that name (hydra.output_subdir): move the file away or pass "
             f"{option}=<another folder>"
         )
 
 
-def check_sweep_subdir(sweep_dir: str, subdir: str | None) -> None:
+def sweep_subdir_known_now(config: DictConfig, subdir: str | None) -> str | None:
+    """``hydra.sweep.subdir`` resolved when it depends on nothing that only a job knows (no
+    ``hydra.job.*``): an environment variable (``${oc.env:X}``), ``${hydra:runtime.cwd}``, the base
+    config's values (which a sweep's overrides may change per job: those are not seen here). None
+    when it has no interpolation, names job values, or does not resolve yet."""
+    if subdir is None or "${" not in subdir or "hydra.job" in subdir or "hydra:job" in subdir:
+        return None
+    if not HydraConfig.initialized():  # ${hydra:...} reads it; Hydra sets it again for every job
+        HydraConfig.instance().set_config(config)
+    try:
+        return str(OmegaConf.select(config, "hydra.sweep.subdir", throw_on_resolution_failure=True))
+    except OmegaConfBaseException:
+        return None
+
+
+def check_sweep_subdir(sweep_dir: str, subdir: str | None, written: str | None = None) -> None:
     """Refuse a ``hydra.sweep.subdir`` (as written: its interpolations are resolved only per job)
     that does not lead to a folder inside ``hydra.sweep.dir``: an absolute path, one with a ``..``
     part, one that is the sweep folder itself (``.``), or one through a symbolic link (among its
@@ -1301,6 +1328,9 @@ def check_sweep_subdir(sweep_dir: str, subdir: str | None) -> None:
     neither apart from the other. (With ``.``, ``..`` or an absolute path without interpolation,
     every job of the sweep would also train into one folder.)
 
+    ``written``: the subdir as given when ``subdir`` is its resolved value
+    (:func:`sweep_subdir_known_now`); the message then names both.
+
     Raises:
         ValueError: naming the subdir, the sweep folder and the fix (a symbolic link with its target).
     """
@@ -1308,13 +1338,14 @@ def check_sweep_subdir(sweep_dir: str, subdir: str | None) -> None:
         return
     sweep = Path(sweep_dir)
     parts = Path(subdir).parts
-    where = f"hydra.sweep.subdir={subdir} leads outside hydra.sweep.dir={sweep_dir}"
+    named = f"hydra.sweep.subdir={written or subdir}" + ("" if written is None else f" (= {subdir})")
+    where = f"{named} leads outside hydra.sweep.dir={sweep_dir}"
     fix = "use a relative path inside it (without hydra.sweep.subdir: the default, a folder per job)"
     if Path(subdir).is_absolute() or ".." in parts:
         raise ValueError(f"{where}; {fix}")
     if not parts:
         raise ValueError(
-            f"hydra.sweep.subdir={subdir} leads to hydra.sweep.dir={sweep_dir} itself, not to a folder "
+            f"{named} leads to hydra.sweep.dir={sweep_dir} itself, not to a folder "
             f"inside it; {fix}"
         )
     folder = sweep

@@ -558,17 +558,24 @@ SUBDIRS_OUTSIDE_THE_SWEEP = {
         "link/${{hydra.job.num}}",
         "leads outside hydra.sweep.dir={sweep}: {sweep}/link is a symbolic link to {tmp_path}/elsewhere",
     ),
+    # Interpolations no job value enters are resolved before the sweep (a new user's finding: they
+    # wrote over an earlier run's records, or trained outside the sweep folder).
+    "environment": ("${{oc.env:SUBX}}", "(= {tmp_path}/elsewhere) leads outside hydra.sweep.dir={sweep}"),
+    "working dir": (
+        "${{hydra:runtime.cwd}}/zz", "(= {tmp_path}/work/zz) leads outside hydra.sweep.dir={sweep}"
+    ),
 }
 
 
 @pytest.mark.parametrize("case", SUBDIRS_OUTSIDE_THE_SWEEP)
-def test_a_sweep_subdir_outside_the_sweep_dir_is_refused_before_hydra_writes(tmp_path, case):
+def test_a_sweep_subdir_outside_the_sweep_dir_is_refused_before_hydra_writes(tmp_path, case, monkeypatch):
     """Found by a review: with hydra.sweep.subdir=. or .. a refused sweep's Hydra records went over an
     earlier run's (.hydra/ of the sweep folder or of the working directory) and were not put back:
     the clean-up's record covers the folders inside the sweep folder only. An absolute subdir or one
     through a symbolic link wrote into folders elsewhere, which it left behind. Such a subdir is
     refused before Hydra makes or writes anything."""
     subdir, reason = SUBDIRS_OUTSIDE_THE_SWEEP[case]
+    monkeypatch.setenv("SUBX", str(tmp_path / "elsewhere"))
     work, sweep = tmp_path / "work", tmp_path / "work" / "sweep"
     earlier_run(work)
     earlier_run(sweep)
@@ -685,6 +692,16 @@ UNUSABLE_RUN_DIRS = {
         "{t}/run/.hydra is a file, not a folder; Hydra writes the run's settings into a folder of that name "
         "(hydra.output_subdir): move the file away or pass hydra.run.dir=<another folder>",
     ),
+    "${ in the path": (
+        "hydra.run.dir", "d\\${x}/run", lambda t: None,
+        "the path holds '${{', which Hydra reads as an interpolation where it names the run's log file "
+        "(hydra.job_logging); use a folder whose path has no '${{'",
+    ),
+    "${ in the sweep dir": (
+        "hydra.sweep.dir", "s\\${x}", lambda t: None,
+        "the path holds '${{', which Hydra reads as an interpolation where it names the run's log file "
+        "(hydra.job_logging); use a folder whose path has no '${{'",
+    ),
 }  # fmt: skip
 
 
@@ -692,8 +709,9 @@ UNUSABLE_RUN_DIRS = {
 def test_a_dangling_link_or_a_hydra_file_in_the_run_dir_is_one_line(tmp_path, case):
     """Found by a review: a run directory that is a symbolic link to a missing folder (or lies below
     one), or that holds a file named .hydra, failed in Hydra's traceback (FileExistsError) and left
-    Hydra's train.log (a sweep's multirun.yaml) behind. It is one line saying what is in the way and
-    how to fix it, before Hydra makes or writes anything; the user's link and file stay as they were."""
+    Hydra's train.log (a sweep's multirun.yaml) behind; a path through a folder named ${x} failed in
+    InterpolationKeyError (a new user's finding). It is one line saying what is in the way and how to
+    fix it, before Hydra makes or writes anything; the user's link and file stay as they were."""
     option, value, make, message = UNUSABLE_RUN_DIRS[case]
     (tmp_path / "mine").write_text("my file\n")
     make(tmp_path)
@@ -708,7 +726,8 @@ def test_a_dangling_link_or_a_hydra_file_in_the_run_dir_is_one_line(tmp_path, ca
     args = [str(REPO_ROOT / "train.py"), *(["-m"] if "sweep" in option else []), f"{option}={value}"]
     result = cli([*args, *TINY, *MQAR_TINY], cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
-    assert result.stdout == "" and result.stderr == f"error: {option}={value}: {message.format(t=tmp_path)}\n"
+    given = train_module.pasteable(f"{option}={value}")
+    assert result.stdout == "" and result.stderr == f"error: {given}: {message.format(t=tmp_path)}\n"
     assert entries() == before
 
 
