@@ -409,8 +409,10 @@ class LanguageModel(nn.Module):
 
         Raises:
             TypeError: ``input_ids`` not a tensor, ``max_new_tokens`` / ``top_k`` not ints,
-                ``stop_tokens`` not a list of ints.
-            ValueError: ``input_ids`` not 2-D integer or outside ``[0, vocab_size)``, empty prompt,
+                ``stop_tokens`` not a list of ints, ``greedy`` / ``cuda_graph`` not bools,
+                ``generator`` not a ``torch.Generator``.
+            ValueError: ``input_ids`` not 2-D integer or outside ``[0, vocab_size)``, no prompt or an
+                empty one,
                 negative ``max_new_tokens``, ``temperature`` not a finite number > 0, ``top_k < 1``,
                 a stop token outside ``[0, vocab_size)`` (it could never stop), a learned position
                 table (``pos_emb="learned"``) with fewer than ``T + max_new_tokens - 1`` rows
@@ -418,9 +420,18 @@ class LanguageModel(nn.Module):
                 fit in memory.
         """
         input_ids = self._token_ids(input_ids).long()
-        if input_ids.shape[1] < 1:
+        if input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
             raise ValueError(
-                f"input_ids must hold a prompt of at least one token, got shape {tuple(input_ids.shape)}"
+                f"input_ids must hold at least one prompt of at least one token, (B >= 1, T >= 1), got shape "
+                f"{tuple(input_ids.shape)}"
+            )
+        for name, flag in (("greedy", greedy), ("cuda_graph", cuda_graph)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(
+                f"generator must be a torch.Generator or None, got {type(generator).__name__}; e.g. "
+                "generator=torch.Generator(device=input_ids.device).manual_seed(0)"
             )
         _check_int("max_new_tokens", max_new_tokens)
         max_new_tokens = int(max_new_tokens)  # numpy integers too

@@ -159,6 +159,12 @@ def test_generate_refuses_bad_arguments_with_clear_errors():
         ((prompt, 2), {"top_k": 2.5}, TypeError, r"top_k must be an int, got 2.5"),
         ((prompt, 2), {"stop_tokens": 5}, TypeError, r"stop_tokens must be a list of token ids \(ints\), got 5"),
         ((prompt, 2), {"stop_tokens": [1.0]}, TypeError, r"stop_tokens must be a list"),
+        # A new user's findings: a batch of 0 named a mixer's batch_size, a generator that is not one
+        # failed in torch.multinomial after the prefill, and greedy="yes" sampled greedily.
+        ((prompt[:0], 2), {}, ValueError, r"at least one prompt of at least one token.*got shape \(0, 4\)"),
+        ((prompt, 2), {"generator": "x"}, TypeError, r"generator must be a torch.Generator or None, got str"),
+        ((prompt, 2), {"greedy": "yes"}, TypeError, r"greedy must be True or False, got 'yes'"),
+        ((prompt, 2), {"cuda_graph": 1}, TypeError, r"cuda_graph must be True or False, got 1"),
     ]
     for args, kwargs, error, message in cases:
         with pytest.raises(error, match=message):
