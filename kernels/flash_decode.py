@@ -491,10 +491,16 @@ def _split_counters(device: torch.device, count: int) -> torch.Tensor:
         return counters
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return torch.zeros(count, dtype=torch.int32, device=device)
-    if counters is not None:
-        _OUTGROWN_COUNTERS.append(counters)
-        count = max(count, 2 * counters.numel())
-    counters = _COUNTERS[(device, stream)] = torch.zeros(count, dtype=torch.int32, device=device)
+    grown = count if counters is None else max(count, 2 * counters.numel())
+    return _replace_counters((device, stream), grown)
+
+
+def _replace_counters(key: tuple, count: int) -> torch.Tensor:
+    """A new zeroed (count,) int32 buffer for ``key`` = (device, stream); the one it replaces, if
+    any, joins ``_OUTGROWN_COUNTERS`` (a captured graph may still hold it)."""
+    if key in _COUNTERS:
+        _OUTGROWN_COUNTERS.append(_COUNTERS[key])
+    counters = _COUNTERS[key] = torch.zeros(count, dtype=torch.int32, device=key[0])
     return counters
 
 
@@ -532,12 +538,9 @@ def reserve_split_counters(stream: torch.cuda.Stream, count: int = RESERVED_COUN
             "reserve_split_counters: call it before the capture, not while a graph is being captured"
         )
     key = (stream.device, stream.cuda_stream)
-    counters = _COUNTERS.get(key)
-    if counters is not None and counters.numel() >= count:
+    if key in _COUNTERS and _COUNTERS[key].numel() >= count:
         return
-    if counters is not None:
-        _OUTGROWN_COUNTERS.append(counters)
-    _COUNTERS[key] = torch.zeros(count, dtype=torch.int32, device=stream.device)
+    _replace_counters(key, count)
     torch.cuda.current_stream(stream.device).synchronize()  # zero before any launch on ``stream``
 
 
@@ -636,8 +639,8 @@ def flash_decode(
         backend only, RuntimeError for inputs that require grad in grad mode (no backward: run it
         under torch.no_grad()), ValueError for head_dim outside [1, 256], a scale beyond fp32's
         range, batch or KV heads above 65535, a table of more than 2**31 - 1 keys a sequence
-        (``max_blocks * block_size``: lengths are int32 in the kernel), devices other than CUDA, or CPU inputs without
-        ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
+        (``max_blocks * block_size``: lengths are int32 in the kernel), devices other than CUDA, or
+        CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
     """
     # An eager decode loop repeats one call signature: replay its launches (see _DecodePlan).
     key = _plan_key(q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits, check_values)

@@ -585,7 +585,7 @@ class DecodeStep:
                 c.seqlen = n
 
     def __call__(self, token: torch.Tensor) -> torch.Tensor:
-        if self.graphed and not token.is_cuda:
+        if self.graphed and self.graph is None and not token.is_cuda:  # off the replay path
             raise ValueError(
                 f"DecodeStep(graphed=True) captures a CUDA graph, which needs CUDA tensors; got a token on "
                 f"{token.device}: pass graphed=False (or use generate(), which graphs only on CUDA)"
