@@ -15,7 +15,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from models.checkpoint import read_checkpoint
+from models.checkpoint import numpy_scalars_loadable, read_checkpoint
 from models.config import ModelConfig
 from models.model import LanguageModel
 
@@ -118,6 +118,17 @@ class LitLM(L.LightningModule):
         # The step this fit started at (after a resume, the checkpoint's): None until training starts.
         self.first_step: int | None = None
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.float64), persistent=True)
+
+    # Lightning's own decorator of load_from_checkpoint (a classmethod that refuses instance calls,
+    # whose result would be dropped), taken from the method it wraps rather than a private import.
+    @type(vars(L.LightningModule)["load_from_checkpoint"])
+    def load_from_checkpoint(cls, checkpoint_path, *args: Any, **kwargs: Any) -> LitLM:
+        """Lightning's ``load_from_checkpoint`` (same arguments and errors), reading the numpy
+        bool / integer / float scalars that :func:`load_model` reads too
+        (:func:`models.checkpoint.numpy_scalars_loadable`); torch's weights-only load refuses them
+        otherwise. :func:`load_model` gives the clearer errors for missing or corrupt files."""
+        with numpy_scalars_loadable():
+            return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
         """Logits ``(B, T, vocab_size)`` for ``input_ids (B, T)`` (see :meth:`LanguageModel.forward`)."""

@@ -1545,7 +1545,7 @@ def test_resume_accepts_a_process_count_record_of_numpy_integers(jamba_run, tmp_
     """Found by a review: a WorldSizeRecord holding numpy integers (np.int64(1), which some tools write)
     was reported as a truncated or corrupt file: the weights-only load refuses numpy scalars. A numpy
     integer is a count, in the check and in Lightning's own load of the checkpoint; a numpy bool or
-    float is named as a corrupt record, not a corrupt file."""
+    float is named as a corrupt record, not a corrupt file. LitLM.load_from_checkpoint reads it too."""
     checkpoint = read_checkpoint(jamba_run["last_ckpt"])
     saved = checkpoint["hyper_parameters"]
 
@@ -1558,6 +1558,12 @@ def test_resume_accepts_a_process_count_record_of_numpy_integers(jamba_run, tmp_
     # The evaluations read it too (models.checkpoint.read_checkpoint), the values as they were saved.
     record = read_checkpoint(path)["callbacks"]["WorldSizeRecord"]
     assert record == {"world_size": 1, "num_nodes": 1} and type(record["world_size"]) is np.int64
+    # So do load_model and Lightning's own classmethod (the weights-only unpickler refused it there).
+    want = load_model(path).state_dict()
+    loaded = LitLM.load_from_checkpoint(path, map_location="cpu")
+    assert all(torch.equal(t, want[name]) for name, t in loaded.state_dict().items())
+    with pytest.raises(TypeError, match="cannot be called on an instance"):
+        loaded.load_from_checkpoint(path)
     assert train_module.check_resume(str(path), saved, max_steps=21, world_size=1) == str(path.resolve())
     message = re.escape("was trained on 1 process(es), this run has 2: ")
     with pytest.raises(ValueError, match=message + ".*trainer.devices=1 trainer.num_nodes=1$"):
