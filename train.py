@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import inspect
 import itertools
 import logging
@@ -1264,6 +1265,17 @@ class RecordRunFolders(HydraCallback):
         JOBS_RUN_HERE = [] if launcher.endswith(".BasicLauncher") else None
 
 
+def _link_loops(path: Path) -> bool:
+    """Whether following the symbolic link ``path`` loops (``ln -s a a``, or a -> b -> a)."""
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # Python < 3.13 names a loop so
+        return True
+    except OSError as err:
+        return err.errno == errno.ELOOP
+    return False
+
+
 def check_hydra_folder(folder: str, option: str, output_subdir: str | None = None) -> None:
     """Refuse, before Hydra makes ``folder`` (``option``: ``hydra.run.dir`` or ``hydra.sweep.dir``)
     and writes its records there, what Hydra fails on in a traceback (``FileExistsError``): a
@@ -1287,6 +1299,11 @@ def check_hydra_folder(folder: str, option: str, output_subdir: str | None = Non
     for entry in [*reversed(path.parents), path, *records]:
         if entry.is_symlink() and not entry.exists():
             target = Path(os.path.normpath(entry.parent / os.readlink(entry)))
+            if _link_loops(entry):
+                raise ValueError(
+                    f"{given}: {entry} is a symbolic link to {target} that leads back to itself (a "
+                    f"loop of links, never a folder); remove the link, or pass {option}=<another folder>"
+                )
             raise ValueError(
                 f"{given}: {entry} is a symbolic link to {target}, which does not exist; make "
                 f"that folder or remove the link, or pass {option}=<another folder>"

@@ -682,6 +682,16 @@ UNUSABLE_RUN_DIRS = {
         "{t}/link is a symbolic link to {t}/gone, which does not exist; make that folder or remove the link, "
         "or pass hydra.run.dir=<another folder>",
     ),
+    "looping run dir": (
+        "hydra.run.dir", "run", lambda t: (t / "run").symlink_to(t / "run"),
+        "{t}/run is a symbolic link to {t}/run that leads back to itself (a loop of links, never a folder); "
+        "remove the link, or pass hydra.run.dir=<another folder>",
+    ),
+    "looping parent": (
+        "hydra.run.dir", "a/run", lambda t: ((t / "a").symlink_to(t / "b"), (t / "b").symlink_to(t / "a")),
+        "{t}/a is a symbolic link to {t}/b that leads back to itself (a loop of links, never a folder); "
+        "remove the link, or pass hydra.run.dir=<another folder>",
+    ),
     "dangling sweep dir": (
         "hydra.sweep.dir", "sweep", lambda t: (t / "sweep").symlink_to(t / "gone"),
         "{t}/sweep is a symbolic link to {t}/gone, which does not exist; make that folder or remove the "
@@ -710,7 +720,8 @@ def test_a_dangling_link_or_a_hydra_file_in_the_run_dir_is_one_line(tmp_path, ca
     """Found by a review: a run directory that is a symbolic link to a missing folder (or lies below
     one), or that holds a file named .hydra, failed in Hydra's traceback (FileExistsError) and left
     Hydra's train.log (a sweep's multirun.yaml) behind; a path through a folder named ${x} failed in
-    InterpolationKeyError (a new user's finding). It is one line saying what is in the way and how to
+    InterpolationKeyError (a new user's finding); a link that loops was called a link to a missing
+    folder. It is one line saying what is in the way and how to
     fix it, before Hydra makes or writes anything; the user's link and file stay as they were."""
     option, value, make, message = UNUSABLE_RUN_DIRS[case]
     (tmp_path / "mine").write_text("my file\n")
