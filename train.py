@@ -1269,7 +1269,7 @@ def _link_loops(path: Path) -> bool:
     """Whether following the symbolic link ``path`` loops (``ln -s a a``, or a -> b -> a)."""
     try:
         path.resolve(strict=True)
-    except RuntimeError:  # Python < 3.13 names a loop so
+    except RuntimeError:  # how Python < 3.13 reports a loop
         return True
     except OSError as err:
         return err.errno == errno.ELOOP
@@ -1279,7 +1279,7 @@ def _link_loops(path: Path) -> bool:
 def check_hydra_folder(folder: str, option: str, output_subdir: str | None = None) -> None:
     """Refuse, before Hydra makes ``folder`` (``option``: ``hydra.run.dir`` or ``hydra.sweep.dir``)
     and writes its records there, what Hydra fails on in a traceback (``FileExistsError``): a
-    symbolic link to a missing folder as ``folder``, as one above it or as ``output_subdir`` in it
+    symbolic link to a missing folder (or a loop of links) as ``folder``, as one above it or as ``output_subdir`` in it
     (``hydra.output_subdir``, ``.hydra``: the run's settings), or a file of that name in it; and a
     path holding a literal ``${`` (Hydra's ``InterpolationKeyError`` traceback: it names the run's
     log file by interpolating the folder's path again). Nothing is touched: the link or file is the
