@@ -1279,14 +1279,15 @@ def _link_loops(path: Path) -> bool:
 def check_hydra_folder(folder: str, option: str, output_subdir: str | None = None) -> None:
     """Refuse, before Hydra makes ``folder`` (``option``: ``hydra.run.dir`` or ``hydra.sweep.dir``)
     and writes its records there, what Hydra fails on in a traceback (``FileExistsError``): a
-    symbolic link to a missing folder (or a loop of links) as ``folder``, as one above it or as ``output_subdir`` in it
-    (``hydra.output_subdir``, ``.hydra``: the run's settings), or a file of that name in it; and a
-    path holding a literal ``${`` (Hydra's ``InterpolationKeyError`` traceback: it names the run's
-    log file by interpolating the folder's path again). Nothing is touched: the link or file is the
-    user's.
+    symbolic link to a missing folder (or a loop of links) as ``folder``, as one above it or as
+    ``output_subdir`` in it (``hydra.output_subdir``, ``.hydra``: the run's settings), or a file of
+    that name in it; and a path holding a literal ``${`` (Hydra's ``InterpolationKeyError``
+    traceback: it names the run's log file by interpolating the folder's path again). Nothing is
+    touched: the link or file is the user's.
 
     Raises:
-        ValueError: naming the link and its missing target, the file, or the ``${``, and the fixes.
+        ValueError: naming the link and its missing target (or its loop), the file, or the ``${``,
+            and the fixes.
     """
     given = pasteable(f"{option}={override_value(folder)}")
     if "${" in folder:
