@@ -54,6 +54,10 @@ def _interrupted_message() -> str:
     return f"interrupted: kept the files written before it ({', '.join(map(str, kept))})"
 
 
+def _sigterm_interrupts(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
 @contextmanager
 def user_errors(retry: str = "output=<another path>") -> Iterator[None]:
     """Report a user's mistake, a failed write or Ctrl+C as one line on stderr, not a traceback.
@@ -68,7 +72,9 @@ def user_errors(retry: str = "output=<another path>") -> Iterator[None]:
     - ``KeyboardInterrupt`` (Ctrl+C): ``interrupted: nothing written`` or the files kept (each
       written whole or not at all), exit status 130. From the block on, Ctrl+C raises it
       (Python's own handler, replacing for good the quiet exit a script sets while it imports;
-      in the main thread, and not where SIGINT is ignored).
+      in the main thread, and not where SIGINT is ignored), and within the block SIGTERM raises
+      it too (``kill``, ``timeout``: the same line and status; SIGTERM's handler is put back after
+      the block; not where SIGTERM is ignored).
 
     Set ``HYDRA_FULL_ERROR=1`` to get the full traceback instead.
 
@@ -82,6 +88,11 @@ def user_errors(retry: str = "output=<another path>") -> Iterator[None]:
     main_thread = threading.current_thread() is threading.main_thread()
     if main_thread and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # SIG_IGN: a background job
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # None: a handler set outside Python, which signal.signal could not put back.
+    sigterm_before = signal.getsignal(signal.SIGTERM) if main_thread else None
+    sigterm_taken = sigterm_before not in (None, signal.SIG_IGN)
+    if sigterm_taken:
+        signal.signal(signal.SIGTERM, _sigterm_interrupts)
     try:
         yield
     except (ValueError, TypeError, FileNotFoundError, WriteError, KeyboardInterrupt) as err:
@@ -95,6 +106,9 @@ def user_errors(retry: str = "output=<another path>") -> Iterator[None]:
             sys.exit(1)
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        if sigterm_taken:
+            signal.signal(signal.SIGTERM, sigterm_before)
 
 
 class OutputDirCheck(Callback):

@@ -41,10 +41,11 @@ def nothing_written_yet(monkeypatch):
 
 @pytest.fixture
 def sigint_restored():
-    """SIGINT's handler as it was before the test (user_errors replaces it)."""
-    before = signal.getsignal(signal.SIGINT)
+    """SIGINT's and SIGTERM's handlers as they were before the test (user_errors replaces them)."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     yield
-    signal.signal(signal.SIGINT, before)
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
 
 
 # --- atomic writes on a full disk ---------------------------------------------------------------
@@ -176,8 +177,31 @@ def test_user_errors_hands_ctrl_c_back_to_python(sigint_restored):
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
-def start_and_interrupt(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """Start ``python args`` and send it SIGINT once it is importing torch (its shared library is
+def test_user_errors_takes_sigterm_as_ctrl_c_within_the_block(monkeypatch, capsys, nothing_written_yet, sigint_restored):
+    """Found by a new-user check: `timeout -s TERM` on an evaluation ended it with status 143 and no
+    word. Within the block SIGTERM raises KeyboardInterrupt (one line, status 130); the handler
+    before it is back after the block; an ignored SIGTERM stays ignored."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+
+    def before(signum, frame):
+        pass
+
+    signal.signal(signal.SIGTERM, before)
+    with pytest.raises(SystemExit) as exc, user_errors():
+        signal.raise_signal(signal.SIGTERM)
+    assert exc.value.code == 130 and capsys.readouterr().err == "interrupted: nothing written\n"
+    assert signal.getsignal(signal.SIGTERM) is before
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with user_errors():
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        signal.raise_signal(signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+
+
+def start_and_interrupt(
+    args: list[str], cwd: Path, env: dict[str, str], sig: signal.Signals = signal.SIGINT
+) -> subprocess.CompletedProcess:
+    """Start ``python args`` and send it ``sig`` once it is importing torch (its shared library is
     mapped), i.e. after the script's first lines ran and before Hydra composed its config."""
     proc = subprocess.Popen(
         [sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -191,24 +215,28 @@ def start_and_interrupt(args: list[str], cwd: Path, env: dict[str, str]) -> subp
         except FileNotFoundError:  # it ended (and was reaped) since poll()
             break
         time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/maps")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
 @pytest.mark.parametrize("script", ["train.py", "eval/recall.py"])
-def test_ctrl_c_while_a_command_starts_is_one_line(tmp_path, script):
+def test_ctrl_c_while_a_command_starts_is_one_line(tmp_path, script, sig):
+    """SIGTERM too: a new-user check found `timeout -s TERM` in the first seconds ending train.py with
+    status 143 and no word, where the README promises Ctrl+C's line and status."""
     env = {**os.environ, "WANDB_MODE": "offline"}
     env.pop("HYDRA_FULL_ERROR", None)
     args = [str(REPO_ROOT / script), "trainer=cpu" if script == "train.py" else "ckpt=none.ckpt"]
-    result = start_and_interrupt(args, tmp_path, env)
+    result = start_and_interrupt(args, tmp_path, env, sig)
     assert result.returncode == 130, result.stderr[-3000:]
     assert result.stderr == "interrupted: nothing written\n"
     assert list(tmp_path.iterdir()) == []
-    # HYDRA_FULL_ERROR=1 keeps Python's own answer: the traceback, and death by SIGINT.
-    result = start_and_interrupt(args, tmp_path, {**env, "HYDRA_FULL_ERROR": "1"})
-    assert result.returncode == -signal.SIGINT and "KeyboardInterrupt" in result.stderr
+    # HYDRA_FULL_ERROR=1 keeps Python's own answer: a traceback for SIGINT, and death by the signal.
+    result = start_and_interrupt(args, tmp_path, {**env, "HYDRA_FULL_ERROR": "1"}, sig)
+    assert result.returncode == -sig
+    assert ("KeyboardInterrupt" in result.stderr) == (sig == signal.SIGINT)
 
 
 # --- strict JSON records -------------------------------------------------------------------------

@@ -670,8 +670,10 @@ def test_test_lengths_beyond_a_learned_position_table_are_refused_up_front(copy_
     check_position_limit(model, 10**6, "seqlens")
 
 
-def test_ctrl_c_during_an_evaluation_is_one_line_and_status_130(copy_run, tmp_path):
-    # It printed a KeyboardInterrupt traceback through the evaluation loop and Hydra.
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_ctrl_c_during_an_evaluation_is_one_line_and_status_130(copy_run, tmp_path, sig):
+    # It printed a KeyboardInterrupt traceback through the evaluation loop and Hydra; SIGTERM
+    # (`timeout -s TERM`, a new-user check) ended it with status 143 and no word.
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     output = tmp_path / "copying.json"
@@ -682,7 +684,7 @@ def test_ctrl_c_during_an_evaluation_is_one_line_and_status_130(copy_run, tmp_pa
     for line in proc.stdout:
         if line.startswith("evaluating"):
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and err == "interrupted: nothing written\n", err[-3000:]
     assert list(tmp_path.iterdir()) == []
