@@ -17,6 +17,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Quote, QuotedString
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
+from omegaconf.errors import InterpolationResolutionError
 
 from eval.records import check_creatable_dir
 from eval.startup import INTERRUPTED
@@ -54,6 +55,19 @@ def _interrupted_message() -> str:
     return f"interrupted: kept the files written before it ({', '.join(map(str, kept))})"
 
 
+def interpolation_error_message(err: InterpolationResolutionError) -> str:
+    """One line for a setting whose ``${...}`` does not resolve: the setting, OmegaConf's reason and
+    the fix for a path that holds a literal ``${`` (OmegaConf's own message runs over three lines,
+    with its ``full_key`` and ``object_type``)."""
+    key = getattr(err, "full_key", None)
+    reason = (getattr(err, "msg", None) or str(err)).splitlines()[0]
+    example = f" (e.g. '{key}=/data/d\\${{x}}')" if key else ""
+    return (
+        f"{f'{key}: ' if key else ''}{reason}; Hydra reads '${{' in a value as an interpolation: pass a "
+        f"literal '${{' escaped, '\\${{', in single quotes for the shell{example}"
+    )
+
+
 def _sigterm_interrupts(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
@@ -65,7 +79,8 @@ def user_errors(retry: str = "output=<another path>") -> Iterator[None]:
     - ``ValueError``, ``TypeError`` (e.g. ``mixer.settings.mamba.d_state=abc``) and
       ``FileNotFoundError`` raised by mixerlab carry messages that say what is wrong and how to fix
       it; a traceback through Hydra and Lightning would bury them: ``error: <message>``, exit
-      status 2.
+      status 2. A ``${...}`` that does not resolve (a path holding a literal ``${``) is one line
+      too (:func:`interpolation_error_message`).
     - :class:`models.checkpoint.WriteError` (a full disk, read-only storage while writing records,
       plots or checkpoints): ``error: cannot write <path>: <reason>; <fix>``
       (:func:`write_error_message`), exit status 1. Other ``OSError`` keep their traceback.
@@ -104,7 +119,10 @@ def user_errors(retry: str = "output=<another path>") -> Iterator[None]:
         if isinstance(err, WriteError):
             print(f"error: {write_error_message(err, retry)}", file=sys.stderr)
             sys.exit(1)
-        print(f"error: {err}", file=sys.stderr)
+        if isinstance(err, InterpolationResolutionError):
+            print(f"error: {interpolation_error_message(err)}", file=sys.stderr)
+        else:
+            print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     finally:
         if sigterm_taken:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO_ROOT, compose_eval
+from omegaconf import OmegaConf
 
 import models.checkpoint as checkpoint_module
 from eval.cli import INTERRUPTED, user_errors, write_error_message
@@ -147,6 +148,25 @@ def test_hydra_full_error_gives_the_traceback(monkeypatch, sigint_restored):
         raise WriteError(errno.ENOSPC, "No space left on device", "x.json")
     with pytest.raises(KeyboardInterrupt), user_errors():
         raise KeyboardInterrupt
+
+
+def test_an_unresolved_interpolation_is_one_line_with_the_fix(monkeypatch, capsys, sigint_restored):
+    """Found by a new-user check: `'ckpt=/d${x}/best.ckpt'` printed OmegaConf's three-line message
+    (full_key, object_type) with no fix. The fix it names reads the path back literally."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    cfg = OmegaConf.create({"ckpt": "/data/d${x}/best.ckpt"})
+    with pytest.raises(SystemExit) as exc, user_errors():
+        str(cfg.ckpt)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: ckpt: Interpolation key 'x' not found; Hydra reads '${' in a value as an interpolation: pass "
+        "a literal '${' escaped, '\\${', in single quotes for the shell (e.g. 'ckpt=/data/d\\${x}')\n"
+    )
+    assert OmegaConf.create({"ckpt": "/data/d\\${x}"}).ckpt == "/data/d${x}"
+    # Without a setting's name (a whole config resolved at once), the fix without the example.
+    with pytest.raises(SystemExit), user_errors():
+        OmegaConf.to_container(OmegaConf.create({"a": {"b": "${x}"}}), resolve=True)
+    assert capsys.readouterr().err.startswith("error: a.b: Interpolation key 'x' not found; Hydra reads")
 
 
 # --- user_errors: Ctrl+C -------------------------------------------------------------------------
