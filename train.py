@@ -39,7 +39,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from eval.startup import quiet_interrupt_while_starting
+from eval.startup import end_quiet_sigterm, quiet_interrupt_while_starting
 
 quiet_interrupt_while_starting(__name__)  # before the seconds of imports below
 
@@ -56,7 +56,7 @@ from omegaconf.errors import OmegaConfBaseException
 import data as datasets_lib
 from data.mqar import parse_slice_name
 from data.resumable import ResumableLoader
-from eval.cli import INTERRUPTED, override_value, pasteable, user_errors
+from eval.cli import INTERRUPTED, override_value, pasteable, raise_keyboard_interrupt, user_errors
 from eval.records import (
     check_flag,
     check_wandb_settings,
@@ -853,10 +853,7 @@ def sigterm_as_keyboard_interrupt():
     ``timeout`` and schedulers get Lightning's graceful Ctrl+C shutdown instead of an abrupt exit
     that would leave no last checkpoint and no records."""
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    return _signal_handler((signal.SIGTERM,), interrupt)
+    return _signal_handler((signal.SIGTERM,), raise_keyboard_interrupt)
 
 
 @contextlib.contextmanager
@@ -1266,7 +1263,8 @@ class RecordRunFolders(HydraCallback):
 
 
 def _link_loops(path: Path) -> bool:
-    """Whether following the symbolic link ``path`` loops (``ln -s a a``, or a -> b -> a)."""
+    """Whether following the symbolic link ``path`` runs into a loop of links (``ln -s a a``, a -> b
+    -> a, or a -> b -> c -> b; the OS's limit on links followed, 40 on Linux, counts as one)."""
     try:
         path.resolve(strict=True)
     except RuntimeError:  # how Python < 3.13 reports a loop
@@ -1302,8 +1300,8 @@ def check_hydra_folder(folder: str, option: str, output_subdir: str | None = Non
             target = Path(os.path.normpath(entry.parent / os.readlink(entry)))
             if _link_loops(entry):
                 raise ValueError(
-                    f"{given}: {entry} is a symbolic link to {target} that leads back to itself (a "
-                    f"loop of links, never a folder); remove the link, or pass {option}=<another folder>"
+                    f"{given}: {entry} is a symbolic link to {target}, and following it runs into a loop "
+                    f"of symbolic links (never a folder); remove the loop, or pass {option}=<another folder>"
                 )
             raise ValueError(
                 f"{given}: {entry} is a symbolic link to {target}, which does not exist; make "
@@ -1433,7 +1431,8 @@ def run_from_command_line() -> None:
     try:
         # A SIGTERM (kill, timeout, a scheduler) before training ends the run as Ctrl+C does: one
         # line, status 130, Hydra's folder undone; training and its final evaluation handle it their
-        # own way inside.
+        # own way inside. After it, SIGTERM's default (not the start-up's quiet exit).
+        end_quiet_sigterm()
         with sigterm_as_keyboard_interrupt():
             main()
     except SystemExit as exc:

@@ -17,10 +17,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Quote, QuotedString
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
-from omegaconf.errors import InterpolationResolutionError
+from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
 
 from eval.records import check_creatable_dir
-from eval.startup import INTERRUPTED
+from eval.startup import INTERRUPTED, end_quiet_sigterm
 from models.checkpoint import WriteError, written_files
 
 
@@ -56,19 +56,27 @@ def _interrupted_message() -> str:
 
 
 def interpolation_error_message(err: InterpolationResolutionError) -> str:
-    """One line for a setting whose ``${...}`` does not resolve: the setting, OmegaConf's reason and
-    the fix for a path that holds a literal ``${`` (OmegaConf's own message runs over three lines,
-    with its ``full_key`` and ``object_type``)."""
-    key = getattr(err, "full_key", None)
+    """One line for a setting whose ``${...}`` does not resolve: the setting and OmegaConf's reason
+    (its own message runs over three lines, with ``full_key`` and ``object_type``). For a key that
+    is not found (``InterpolationKeyError``, as for a path holding a literal ``${``, a folder named
+    ``${x}``), also the override that reads the value literally, ready to paste (``\\${`` escaped,
+    quoted for the shell), where the setting can be named on the command line."""
+    key = getattr(err, "full_key", None) or ""
     reason = (getattr(err, "msg", None) or str(err)).splitlines()[0]
-    example = f" (e.g. '{key}=/data/d\\${{x}}')" if key else ""
-    return (
-        f"{f'{key}: ' if key else ''}{reason}; Hydra reads '${{' in a value as an interpolation: pass a "
-        f"literal '${{' escaped, '\\${{', in single quotes for the shell{example}"
-    )
+    message = f"{key}: {reason}" if key else reason
+    if not isinstance(err, InterpolationKeyError):
+        return message
+    node = getattr(err, "child_node", None)
+    raw = node._value() if node is not None else None
+    if isinstance(raw, str) and re.fullmatch(r"[\w.]+", key):
+        fix = f": {pasteable(f'{key}={override_value(raw)}')}"
+    else:
+        fix = ", as '\\${'"
+    return f"{message}; if its '${{' is meant literally (a folder named '${{x}}'), pass it escaped{fix}"
 
 
-def _sigterm_interrupts(signum, frame) -> None:
+def raise_keyboard_interrupt(signum, frame) -> None:
+    """A signal handler answering like Ctrl+C: raises ``KeyboardInterrupt("signal SIGTERM")``."""
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
@@ -88,8 +96,10 @@ def user_errors(retry: str = "output=<another path>") -> Iterator[None]:
       written whole or not at all), exit status 130. From the block on, Ctrl+C raises it
       (Python's own handler, replacing for good the quiet exit a script sets while it imports;
       in the main thread, and not where SIGINT is ignored), and within the block SIGTERM raises
-      it too (``kill``, ``timeout``: the same line and status; SIGTERM's handler is put back after
-      the block; not where SIGTERM is ignored).
+      it too (``kill``, ``timeout``: the same line and status; not where SIGTERM is ignored, nor
+      with ``HYDRA_FULL_ERROR=1``). After the block SIGTERM has the handler it had before, or the
+      default where that was the quiet exit a script sets while it imports
+      (:func:`eval.startup.end_quiet_sigterm`).
 
     Set ``HYDRA_FULL_ERROR=1`` to get the full traceback instead.
 
@@ -103,11 +113,13 @@ def user_errors(retry: str = "output=<another path>") -> Iterator[None]:
     main_thread = threading.current_thread() is threading.main_thread()
     if main_thread and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # SIG_IGN: a background job
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if main_thread:
+        end_quiet_sigterm()
     # None: a handler set outside Python, which signal.signal could not put back.
     sigterm_before = signal.getsignal(signal.SIGTERM) if main_thread else None
-    sigterm_taken = sigterm_before not in (None, signal.SIG_IGN)
+    sigterm_taken = sigterm_before not in (None, signal.SIG_IGN) and os.environ.get("HYDRA_FULL_ERROR") != "1"
     if sigterm_taken:
-        signal.signal(signal.SIGTERM, _sigterm_interrupts)
+        signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
     try:
         yield
     except (ValueError, TypeError, FileNotFoundError, WriteError, KeyboardInterrupt) as err:

@@ -41,3 +41,12 @@ def quiet_interrupt_while_starting(module_name: str) -> None:
         signal.signal(signal.SIGINT, _interrupted_while_starting)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _interrupted_while_starting)
+
+
+def end_quiet_sigterm() -> None:
+    """The command has started: a SIGTERM taken by :func:`quiet_interrupt_while_starting` goes back to
+    the default (death by SIGTERM, status 143), so that a handler saved now and restored later
+    (:func:`eval.cli.user_errors`, train.py's) does not bring back ``interrupted: nothing written``
+    after files were written. Main thread only (elsewhere Python cannot set handlers)."""
+    if signal.getsignal(signal.SIGTERM) is _interrupted_while_starting:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -7,6 +7,7 @@ checkpoint alone (DESIGN.md, contract 4).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -121,7 +122,7 @@ class LitLM(L.LightningModule):
 
     # Lightning's own decorator of load_from_checkpoint (a classmethod that refuses instance calls,
     # whose result would be dropped), taken from the method it wraps rather than a private import.
-    @type(vars(L.LightningModule)["load_from_checkpoint"])
+    @type(inspect.getattr_static(L.LightningModule, "load_from_checkpoint"))
     def load_from_checkpoint(cls, checkpoint_path, *args: Any, **kwargs: Any) -> LitLM:
         """Lightning's ``load_from_checkpoint`` (same arguments and errors), reading the numpy
         bool / integer / float scalars that :func:`load_model` reads too

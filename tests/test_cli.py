@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO_ROOT, compose_eval
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 import models.checkpoint as checkpoint_module
@@ -27,6 +29,7 @@ from eval.perplexity import perplexity_eval
 from eval.recall import recall_eval
 from eval.records import check_output, finite_or_none, write_records
 from eval.report import read_record_file
+from eval.startup import quiet_interrupt_while_starting
 from models.checkpoint import WriteError, atomic_write_bytes
 
 
@@ -152,21 +155,35 @@ def test_hydra_full_error_gives_the_traceback(monkeypatch, sigint_restored):
 
 def test_an_unresolved_interpolation_is_one_line_with_the_fix(monkeypatch, capsys, sigint_restored):
     """Found by a new-user check: `'ckpt=/d${x}/best.ckpt'` printed OmegaConf's three-line message
-    (full_key, object_type) with no fix. The fix it names reads the path back literally."""
+    (full_key, object_type) with no fix. It is one line; a key not found comes with the override that
+    reads the value literally, which Hydra's parser and OmegaConf read back as the given path. Other
+    unresolved interpolations (a missing environment variable, a missing value) get no escape advice."""
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    cfg = OmegaConf.create({"ckpt": "/data/d${x}/best.ckpt"})
-    with pytest.raises(SystemExit) as exc, user_errors():
-        str(cfg.ckpt)
-    assert exc.value.code == 2
-    assert capsys.readouterr().err == (
-        "error: ckpt: Interpolation key 'x' not found; Hydra reads '${' in a value as an interpolation: pass "
-        "a literal '${' escaped, '\\${', in single quotes for the shell (e.g. 'ckpt=/data/d\\${x}')\n"
+
+    def refused(config: dict, get) -> str:
+        with pytest.raises(SystemExit) as exc, user_errors():
+            get(OmegaConf.create(config))
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1
+        return err[len("error: "):-1]
+
+    path = "/data/my runs/d${x}/best.ckpt"
+    message = refused({"ckpt": path}, lambda cfg: cfg.ckpt)
+    head = "ckpt: Interpolation key 'x' not found; if its '${' is meant literally (a folder named '${x}'), pass it escaped: "
+    assert message.startswith(head)
+    (override,) = shlex.split(message[len(head):])
+    parsed = OverridesParser.create().parse_override(override)
+    assert parsed.key_or_group == "ckpt"
+    assert OmegaConf.create({"ckpt": parsed.value()}).ckpt == path
+    # A list element cannot be named on the command line: the escape alone.
+    assert refused({"runs": ["/d${x}"]}, lambda cfg: cfg.runs[0]).endswith("pass it escaped, as '\\${'")
+    assert refused({"o": "${oc.env:MIXERLAB_NOT_SET}"}, lambda cfg: cfg.o) == (
+        "o: KeyError raised while resolving interpolation: \"Environment variable 'MIXERLAB_NOT_SET' not found\""
     )
-    assert OmegaConf.create({"ckpt": "/data/d\\${x}"}).ckpt == "/data/d${x}"
-    # Without a setting's name (a whole config resolved at once), the fix without the example.
-    with pytest.raises(SystemExit), user_errors():
-        OmegaConf.to_container(OmegaConf.create({"a": {"b": "${x}"}}), resolve=True)
-    assert capsys.readouterr().err.startswith("error: a.b: Interpolation key 'x' not found; Hydra reads")
+    assert refused({"ckpt": "???", "out": "${ckpt}"}, lambda cfg: cfg.out) == (
+        "out: MissingMandatoryValue while resolving interpolation: Missing mandatory value: ckpt"
+    )
 
 
 # --- user_errors: Ctrl+C -------------------------------------------------------------------------
@@ -216,6 +233,21 @@ def test_user_errors_takes_sigterm_as_ctrl_c_within_the_block(monkeypatch, capsy
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
         signal.raise_signal(signal.SIGTERM)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    # Found by a review: the quiet exit a script sets while it imports came back after the block,
+    # so a SIGTERM at exit said "nothing written" after files were written (and status 0 from an
+    # atexit hook). After the block SIGTERM has its default.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    quiet_interrupt_while_starting("__main__")
+    quiet_exit = signal.getsignal(signal.SIGTERM)
+    assert quiet_exit is not signal.SIG_DFL
+    with user_errors():
+        assert signal.getsignal(signal.SIGTERM) is not quiet_exit
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    # HYDRA_FULL_ERROR=1 keeps Python's own answer: SIGTERM is not taken.
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    signal.signal(signal.SIGTERM, before)
+    with user_errors():
+        assert signal.getsignal(signal.SIGTERM) is before
 
 
 def start_and_interrupt(

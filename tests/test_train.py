@@ -684,13 +684,14 @@ UNUSABLE_RUN_DIRS = {
     ),
     "looping run dir": (
         "hydra.run.dir", "run", lambda t: (t / "run").symlink_to(t / "run"),
-        "{t}/run is a symbolic link to {t}/run that leads back to itself (a loop of links, never a folder); "
-        "remove the link, or pass hydra.run.dir=<another folder>",
+        "{t}/run is a symbolic link to {t}/run, and following it runs into a loop of symbolic links (never a "
+        "folder); remove the loop, or pass hydra.run.dir=<another folder>",
     ),
     "looping parent": (
-        "hydra.run.dir", "a/run", lambda t: ((t / "a").symlink_to(t / "b"), (t / "b").symlink_to(t / "a")),
-        "{t}/a is a symbolic link to {t}/b that leads back to itself (a loop of links, never a folder); "
-        "remove the link, or pass hydra.run.dir=<another folder>",
+        "hydra.run.dir", "a/run", lambda t: ((t / "a").symlink_to(t / "b"), (t / "b").symlink_to(t / "c"),
+                                            (t / "c").symlink_to(t / "b")),
+        "{t}/a is a symbolic link to {t}/b, and following it runs into a loop of symbolic links (never a "
+        "folder); remove the loop, or pass hydra.run.dir=<another folder>",
     ),
     "dangling sweep dir": (
         "hydra.sweep.dir", "sweep", lambda t: (t / "sweep").symlink_to(t / "gone"),
