@@ -33,7 +33,6 @@ import shutil
 import signal
 import stat
 import sys
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -56,7 +55,15 @@ from omegaconf.errors import OmegaConfBaseException
 import data as datasets_lib
 from data.mqar import parse_slice_name
 from data.resumable import ResumableLoader
-from eval.cli import INTERRUPTED, override_value, pasteable, raise_keyboard_interrupt, user_errors
+from eval.cli import (
+    INTERRUPTED,
+    check_known_settings,
+    override_value,
+    pasteable,
+    raise_keyboard_interrupt,
+    signal_handlers,
+    user_errors,
+)
 from eval.records import (
     check_flag,
     check_wandb_settings,
@@ -160,8 +167,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         interrupted True when Ctrl+C or SIGTERM stopped training early).
 
     Raises:
-        ValueError: invalid model, mixer or data settings, with the offending key named.
+        ValueError: invalid model, mixer or data settings, with the offending key named; a top-level
+            setting conf/train.yaml does not define (:func:`eval.cli.check_known_settings`).
     """
+    check_known_settings(cfg, "train", "train.py")
     if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError(
             f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and none is available; "
@@ -833,27 +842,12 @@ def discard_unfinished_batch(trainer: L.Trainer) -> None:
             loader.put_back()
 
 
-@contextlib.contextmanager
-def _signal_handler(signals: tuple[signal.Signals, ...], handler) -> Iterator[None]:
-    """``handler`` for ``signals`` within the block, the previous handlers back after it; nothing
-    outside the main thread (where Python cannot set handlers)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def sigterm_as_keyboard_interrupt():
     """Within the block, SIGTERM raises KeyboardInterrupt in the main thread, so ``kill``,
     ``timeout`` and schedulers get Lightning's graceful Ctrl+C shutdown instead of an abrupt exit
     that would leave no last checkpoint and no records."""
 
-    return _signal_handler((signal.SIGTERM,), raise_keyboard_interrupt)
+    return signal_handlers((signal.SIGTERM,), raise_keyboard_interrupt)
 
 
 @contextlib.contextmanager
@@ -883,7 +877,7 @@ def defer_stop_signals(trainer: L.Trainer | None = None) -> Iterator[None]:
         )
         received.append(name)
 
-    with _signal_handler((signal.SIGINT, signal.SIGTERM), note):
+    with signal_handlers((signal.SIGINT, signal.SIGTERM), note):
         yield
     if received:
         raise SystemExit(1)

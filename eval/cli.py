@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import errno
+import functools
 import os
 import re
 import shlex
@@ -11,12 +13,14 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Quote, QuotedString
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
 
 from eval.records import check_creatable_dir
@@ -75,6 +79,72 @@ def interpolation_error_message(err: InterpolationResolutionError) -> str:
     return f"{message}; if its '${{' is meant literally (a folder named '${{x}}'), pass it escaped{fix}"
 
 
+# The configs the command lines compose (conf/train.yaml, conf/eval/*.yaml).
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+@functools.cache
+def config_settings(config_name: str) -> frozenset[str]:
+    """The top-level settings of ``conf/<config_name>.yaml``: its keys and the config groups of its
+    defaults list (``model: tiny`` or ``/model: tiny`` -> ``model``), without ``defaults``,
+    ``hydra`` and Hydra's own groups.
+
+    Raises:
+        FileNotFoundError: no such config (a caller's bug: the names are fixed in the scripts).
+    """
+    conf = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")
+    names = set(conf.keys()) - {"defaults", "hydra"}
+    for entry in conf.get("defaults", []):
+        for group in entry if not isinstance(entry, str) else ():  # "_self_" is a string
+            group = group.removeprefix("/").split("/")[0]
+            if not group.startswith(("override ", "hydra")):
+                names.add(group)
+    return frozenset(names)
+
+
+def check_known_settings(cfg: Mapping, config_name: str, script: str) -> None:
+    """Refuse top-level settings that ``conf/<config_name>.yaml`` does not define: Hydra composes a
+    ``+key=value`` override whatever its name, and a misspelt one (``+seeds=1``, ``+lr=1e-3``) would be
+    ignored without a word, the run going on with the defaults. Settings below the top level are
+    checked where they are read (``model.*``, ``optim.*``, ``trainer.*``).
+
+    Args:
+        cfg: the composed config (``hydra`` left out, as the task function receives it).
+        config_name: ``train`` or ``eval/<name>``.
+        script: the command's name for the message (``train.py``, ``eval/recall.py``).
+
+    Raises:
+        ValueError: a top-level key the config does not define, named, with the closest setting
+            when one is near and the list of settings.
+    """
+    known = config_settings(config_name)
+    unknown = sorted(str(key) for key in cfg.keys() if key not in known and key != "hydra")
+    if not unknown:
+        return
+    near = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    raise ValueError(
+        f"{script} has no setting {', '.join(map(repr, unknown))}{hint}: a '+' override adds a key that "
+        f"nothing reads; remove it or fix its name. The settings are {', '.join(sorted(known))}"
+    )
+
+
+@contextmanager
+def signal_handlers(signals: tuple[signal.Signals, ...], handler) -> Iterator[None]:
+    """``handler`` for ``signals`` within the block, the previous handlers back after it. Nothing
+    outside the main thread (where Python cannot set handlers), and nothing for a signal whose
+    handler was set outside Python (``signal.getsignal`` gives None: it could not be put back)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in signals if signal.getsignal(sig) is not None}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def raise_keyboard_interrupt(signum, frame) -> None:
     """A signal handler answering like Ctrl+C: raises ``KeyboardInterrupt("signal SIGTERM")``."""
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
@@ -115,30 +185,26 @@ def user_errors(retry: str = "output=<another path>") -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if main_thread:
         end_quiet_sigterm()
-    # None: a handler set outside Python, which signal.signal could not put back.
-    sigterm_before = signal.getsignal(signal.SIGTERM) if main_thread else None
-    sigterm_taken = sigterm_before not in (None, signal.SIG_IGN) and os.environ.get("HYDRA_FULL_ERROR") != "1"
-    if sigterm_taken:
-        signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
-    try:
-        yield
-    except (ValueError, TypeError, FileNotFoundError, WriteError, KeyboardInterrupt) as err:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        if isinstance(err, KeyboardInterrupt):
-            print(_interrupted_message(), file=sys.stderr)
-            sys.exit(INTERRUPTED)
-        if isinstance(err, WriteError):
-            print(f"error: {write_error_message(err, retry)}", file=sys.stderr)
-            sys.exit(1)
-        if isinstance(err, InterpolationResolutionError):
-            print(f"error: {interpolation_error_message(err)}", file=sys.stderr)
-        else:
-            print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    finally:
-        if sigterm_taken:
-            signal.signal(signal.SIGTERM, sigterm_before)
+    sigterm_taken = (
+        signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN and os.environ.get("HYDRA_FULL_ERROR") != "1"
+    )
+    with signal_handlers((signal.SIGTERM,) if sigterm_taken else (), raise_keyboard_interrupt):
+        try:
+            yield
+        except (ValueError, TypeError, FileNotFoundError, WriteError, KeyboardInterrupt) as err:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            if isinstance(err, KeyboardInterrupt):
+                print(_interrupted_message(), file=sys.stderr)
+                sys.exit(INTERRUPTED)
+            if isinstance(err, WriteError):
+                print(f"error: {write_error_message(err, retry)}", file=sys.stderr)
+                sys.exit(1)
+            if isinstance(err, InterpolationResolutionError):
+                print(f"error: {interpolation_error_message(err)}", file=sys.stderr)
+            else:
+                print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
 
 
 class OutputDirCheck(Callback):

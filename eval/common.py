@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import data as data_lib
 from data.mqar import IGNORE_INDEX
-from eval.cli import override_value, pasteable
+from eval.cli import check_known_settings, override_value, pasteable
 from eval.records import (
     check_output,
     check_sweep_output,
@@ -106,12 +106,14 @@ def check_settings(
         positive: keys that must hold integers >= 1.
 
     Raises:
-        ValueError: ``wandb.enabled`` not a bool, or ``wandb.mode`` not online / offline while
-            enabled; no checkpoint given; ``decode_paths`` not a list, empty, with an unknown or a
-            repeated path; a non-positive count; an ``output`` that cannot be written as a file
-            (:func:`eval.records.check_output`) or that an earlier job of the same ``-m`` sweep wrote
-            (:func:`eval.records.check_sweep_output`).
+        ValueError: a top-level setting ``conf/eval/<name>.yaml`` does not define
+            (:func:`eval.cli.check_known_settings`); ``wandb.enabled`` not a bool, or ``wandb.mode``
+            not online / offline while enabled; no checkpoint given; ``decode_paths`` not a list,
+            empty, with an unknown or a repeated path; a non-positive count; an ``output`` that
+            cannot be written as a file (:func:`eval.records.check_output`) or that an earlier job of
+            the same ``-m`` sweep wrote (:func:`eval.records.check_sweep_output`).
     """
+    check_known_settings(cfg, f"eval/{name}", f"eval/{name}.py")
     if "decode_paths" in cfg:
         paths = cfg.decode_paths
         choices = f"choose from [{', '.join(PATHS)}], e.g. decode_paths=[{','.join(PATHS)}]"

@@ -86,7 +86,7 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
 from data import DATAMODULES
-from eval.cli import user_errors
+from eval.cli import check_known_settings, user_errors
 from eval.records import check_creatable_dir, check_flag, check_wandb_settings
 from eval.report_plots import PLOTS, plot_points
 from eval.report_tables import (
@@ -849,13 +849,15 @@ def build_report(cfg: DictConfig) -> Report:
     Raises:
         FileNotFoundError: a ``runs`` entry that matches nothing, or no record file, metrics.csv or
             W&B summary under any of them (the message lists the paths searched and the files looked for).
-        ValueError: ``wandb.enabled``, ``skip_invalid`` or ``best_over_lr`` not true / false (checked
-            first, with a ``wandb.mode`` other than online / offline with W&B enabled); empty
-            ``runs`` or an empty entry; an ``out`` that is not one folder path, is (inside) a file
-            or cannot be written; a bad ``recall_path`` or ``seqlen``; a ``task`` that is neither a
-            known task nor in the records; or an invalid record file, metrics.csv or W&B summary
-            (named; unless ``skip_invalid=true``).
+        ValueError: a top-level setting ``conf/eval/report.yaml`` does not define (checked first,
+            :func:`eval.cli.check_known_settings`); ``wandb.enabled``, ``skip_invalid`` or
+            ``best_over_lr`` not true / false (checked next, with a ``wandb.mode`` other than
+            online / offline with W&B enabled); empty ``runs`` or an empty entry; an ``out`` that is
+            not one folder path, is (inside) a file or cannot be written; a bad ``recall_path`` or
+            ``seqlen``; a ``task`` that is neither a known task nor in the records; or an invalid
+            record file, metrics.csv or W&B summary (named; unless ``skip_invalid=true``).
     """
+    check_known_settings(cfg, "eval/report", "eval/report.py")
     check_wandb_settings(cfg.wandb)
     skip_invalid = check_flag(cfg.skip_invalid, "skip_invalid")
     best_over_lr = check_flag(cfg.best_over_lr, "best_over_lr")

@@ -41,7 +41,7 @@ quiet_interrupt_while_starting(__name__)  # before the seconds of imports below
 import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from eval.cli import user_errors
+from eval.cli import check_known_settings, user_errors
 
 GB = 1e9
 MB = 1e6
@@ -398,10 +398,12 @@ def roofline(cfg: DictConfig) -> dict[str, Any]:
         ``{"figures": ..., "measured": [...]}``.
 
     Raises:
-        ValueError: a bad setting (:func:`check_config`), records file (:func:`load_records`) or
-            record (:func:`check_record`).
+        ValueError: a top-level setting ``conf/eval/roofline.yaml`` does not define
+            (:func:`eval.cli.check_known_settings`), a bad setting (:func:`check_config`), records
+            file (:func:`load_records`) or record (:func:`check_record`).
         FileNotFoundError: a records file that does not exist.
     """
+    check_known_settings(cfg, "eval/roofline", "eval/roofline.py")
     check_config(cfg)
     given = cfg.records
     if isinstance(given, str):  # records=a.json: one file (list(a string) was its characters)

@@ -17,18 +17,22 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO_ROOT, compose_eval
+from helpers import REPO_ROOT, compose_eval, compose_train
+from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 import models.checkpoint as checkpoint_module
-from eval.cli import INTERRUPTED, user_errors, write_error_message
+import train as train_module
+from eval.cli import INTERRUPTED, config_settings, user_errors, write_error_message
 from eval.copying import copying_eval
+from eval.decode import decode_eval
 from eval.long_context import long_context_eval
 from eval.perplexity import perplexity_eval
 from eval.recall import recall_eval
 from eval.records import check_output, finite_or_none, write_records
-from eval.report import read_record_file
+from eval.report import build_report, read_record_file
+from eval.roofline import roofline
 from eval.startup import quiet_interrupt_while_starting
 from models.checkpoint import WriteError, atomic_write_bytes
 
@@ -363,3 +367,58 @@ def test_evaluations_refuse_a_non_json_output_before_reading_the_checkpoint(tmp_
     with pytest.raises(ValueError, match=re.escape(message)):
         fn(compose_eval(name, [f"ckpt={tmp_path / 'missing.ckpt'}", f"output={output}"]))
     assert list(tmp_path.iterdir()) == []
+
+
+# --- settings added with '+' that nothing reads ---------------------------------------------------
+
+
+def compose_decode(overrides: list[str]):
+    """conf/eval/decode.yaml, whose defaults name the root's model and mixer groups."""
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="eval/decode", overrides=overrides)
+
+
+@pytest.mark.parametrize(
+    "script,config,run,typo,meant",
+    [
+        ("train.py", "train", lambda o: train_module.train(compose_train(o)), "seeds", "seed"),
+        ("eval/recall.py", "eval/recall", lambda o: recall_eval(compose_eval("recall", o)), "num_example",
+         "num_examples"),
+        ("eval/copying.py", "eval/copying", lambda o: copying_eval(compose_eval("copying", o)), "device_",
+         "device"),
+        ("eval/long_context.py", "eval/long_context",
+         lambda o: long_context_eval(compose_eval("long_context", o)), "seqlen", "seqlens"),
+        ("eval/perplexity.py", "eval/perplexity", lambda o: perplexity_eval(compose_eval("perplexity", o)),
+         "max_batch", "max_batches"),
+        ("eval/decode.py", "eval/decode", lambda o: decode_eval(compose_decode(o)), "batch", "batch_size"),
+        ("eval/report.py", "eval/report", lambda o: build_report(compose_eval("report", o)), "runs_", "runs"),
+        ("eval/roofline.py", "eval/roofline", lambda o: roofline(compose_eval("roofline", o)), "record",
+         "records"),
+    ],
+)  # fmt: skip
+def test_a_setting_added_with_plus_that_nothing_reads_is_refused(tmp_path, script, config, run, typo, meant):
+    # Before anything is read or written: the checkpoint does not exist, the outputs go to tmp_path.
+    base = [f"ckpt={tmp_path / 'missing.ckpt'}"] if "ckpt" in config_settings(config) else []
+    if script == "train.py":
+        base = [f"run_dir={tmp_path / 'run'}"]
+    if script == "eval/report.py":
+        base = [f"runs=[{tmp_path}]", f"out={tmp_path / 'report'}"]
+    message = (f"{script} has no setting '{typo}' (did you mean {meant}?): a '+' override adds a key that "
+               f"nothing reads; remove it or fix its name. The settings are ")  # fmt: skip
+    with pytest.raises(ValueError, match="^" + re.escape(message)) as caught:
+        run([*base, f"+{typo}=1"])
+    assert str(caught.value).endswith(", ".join(sorted(config_settings(config))))
+    assert meant in config_settings(config)
+    assert list(tmp_path.iterdir()) == []
+    # Several unknown keys are all named; a key far from every setting gets no guess.
+    with pytest.raises(ValueError, match=re.escape(f"{script} has no setting 'aaa', 'zzz': a '+' override")):
+        run([*base, "+zzz=1", "+aaa=2"])
+
+
+def test_the_settings_of_a_config_are_its_keys_and_groups():
+    assert config_settings("train") == {
+        "model", "mixer", "data", "trainer", "logger", "experiment", "seed", "run_dir", "optim", "resume",
+        "early_stopping",
+    }  # fmt: skip
+    assert {"model", "mixer", "context_lengths", "wandb"} <= config_settings("eval/decode")
+    assert not {"hydra", "defaults", "_self_"} & config_settings("eval/decode")
