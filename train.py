@@ -168,9 +168,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     Raises:
         ValueError: invalid model, mixer or data settings, with the offending key named; a top-level
-            setting conf/train.yaml does not define (:func:`eval.cli.check_known_settings`).
+            setting conf/train.yaml does not define and nothing reads
+            (:func:`eval.cli.check_known_settings`).
     """
-    check_known_settings(cfg, "train", "train.py")
+    check_known_settings(cfg, "train")
     if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError(
             f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and none is available; "
@@ -845,7 +846,8 @@ def discard_unfinished_batch(trainer: L.Trainer) -> None:
 def sigterm_as_keyboard_interrupt():
     """Within the block, SIGTERM raises KeyboardInterrupt in the main thread, so ``kill``,
     ``timeout`` and schedulers get Lightning's graceful Ctrl+C shutdown instead of an abrupt exit
-    that would leave no last checkpoint and no records."""
+    that would leave no last checkpoint and no records. Not where SIGTERM's handler was set outside
+    Python (:func:`eval.cli.signal_handlers`: it could not be put back)."""
 
     return signal_handlers((signal.SIGTERM,), raise_keyboard_interrupt)
 
@@ -856,7 +858,8 @@ def defer_stop_signals(trainer: L.Trainer | None = None) -> Iterator[None]:
     after the block the previous handlers are back, and a noted signal ends the process with status
     1. A second signal within the block ends it at once (SystemExit(1): the final evaluation is
     lost; checkpoints are written atomically, so none is left half-written). Main thread only
-    (elsewhere it does nothing).
+    (elsewhere it does nothing), and not for a signal whose handler was set outside Python
+    (:func:`eval.cli.signal_handlers`).
 
     ``trainer``: the Trainer whose ``validate`` runs in the block. ``validate`` registers Lightning's
     own SIGTERM handler, which runs before this one and flags the trainer; its evaluation loop then
@@ -1433,14 +1436,11 @@ def run_from_command_line() -> None:
         if exc.code in (2, INTERRUPTED):
             # Not stopped half-way by a second Ctrl+C or a SIGTERM: it writes an earlier run's
             # records back.
-            handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                remove_unused_folders(RUN_FOLDERS_BEFORE, JOBS_RUN_HERE)
-            except OSError as err:  # the refusal above stays the run's one line of output
-                print(f"warning: could not undo what Hydra wrote for this run: {err}", file=sys.stderr)
-            finally:
-                for sig, handler in handlers.items():
-                    signal.signal(sig, handler)
+            with signal_handlers((signal.SIGINT, signal.SIGTERM), signal.SIG_IGN):
+                try:
+                    remove_unused_folders(RUN_FOLDERS_BEFORE, JOBS_RUN_HERE)
+                except OSError as err:  # the refusal above stays the run's one line of output
+                    print(f"warning: could not undo what Hydra wrote for this run: {err}", file=sys.stderr)
         raise
 
 

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Quote, QuotedString
 from hydra.errors import HydraException
@@ -102,30 +103,83 @@ def config_settings(config_name: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def check_known_settings(cfg: Mapping, config_name: str, script: str) -> None:
-    """Refuse top-level settings that ``conf/<config_name>.yaml`` does not define: Hydra composes a
-    ``+key=value`` override whatever its name, and a misspelt one (``+seeds=1``, ``+lr=1e-3``) would be
-    ignored without a word, the run going on with the defaults. Settings below the top level are
-    checked where they are read (``model.*``, ``optim.*``, ``trainer.*``).
+# The first key of a ${...} interpolation (``${tag}``, ``${model.d_model}``; resolvers such as
+# ``${oc.env:X}`` give their namespace, ``oc``, which is no setting).
+_INTERPOLATED_KEY = re.compile(r"\$\{\s*([A-Za-z_]\w*)")
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string of a nested container (OmegaConf's raw values, lists and dicts)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def _leaf_paths(value: Any, prefix: str = "") -> Iterator[str]:
+    """The dotted paths of a nested dict's leaves (``optim.lr``, ``model.d_model``)."""
+    if isinstance(value, Mapping) and value:
+        for key, item in value.items():
+            yield from _leaf_paths(item, f"{prefix}{key}.")
+    elif prefix:
+        yield prefix[:-1]
+
+
+def _closest_setting(key: str, known: frozenset[str], paths: list[str]) -> list[str]:
+    """What a misplaced or misspelt top-level ``key`` probably meant: the settings below the top level
+    of that name (``lr`` -> ``optim.lr``), else the closest top-level setting (``seeds`` -> ``seed``),
+    else the closest name below it; [] when nothing is close."""
+    exact = [path for path in paths if path.rsplit(".", 1)[-1] == key]
+    if exact:
+        return exact[:3]
+    near = difflib.get_close_matches(key, sorted(known), n=1)
+    if near:
+        return near
+    leaves = {path.rsplit(".", 1)[-1]: path for path in reversed(paths)}
+    return [leaves[name] for name in difflib.get_close_matches(key, sorted(leaves), n=1)]
+
+
+def check_known_settings(cfg: Mapping, config_name: str) -> None:
+    """Refuse top-level settings that ``conf/<config_name>.yaml`` does not define and that nothing
+    refers to: Hydra composes a ``+key=value`` override whatever its name, and a misspelt one
+    (``+seeds=1``, ``+lr=1e-3`` for ``optim.lr``) would be ignored without a word, the run going on
+    with the defaults. A key that a ``${...}`` of the config or of Hydra's own settings reads (``+tag=x
+    'hydra.run.dir=runs/${tag}'``, a helper key of an experiment config) is kept. Settings below the
+    top level are checked where they are read (``model.*``, ``optim.*``, ``trainer.*``).
 
     Args:
         cfg: the composed config (``hydra`` left out, as the task function receives it).
         config_name: ``train`` or ``eval/<name>``.
-        script: the command's name for the message (``train.py``, ``eval/recall.py``).
 
     Raises:
-        ValueError: a top-level key the config does not define, named, with the closest setting
-            when one is near and the list of settings.
+        ValueError: such keys, each named with what it probably meant (:func:`_closest_setting`),
+            and the list of top-level settings.
     """
     known = config_settings(config_name)
     unknown = sorted(str(key) for key in cfg.keys() if key not in known and key != "hydra")
     if not unknown:
         return
-    near = difflib.get_close_matches(unknown[0], sorted(known), n=1)
-    hint = f" (did you mean {near[0]}?)" if near else ""
+    raw = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else dict(cfg)
+    texts = list(_strings(raw))
+    if HydraConfig.initialized():  # hydra.run.dir=runs/${tag}, in Hydra's config and its overrides
+        texts += _strings(OmegaConf.to_container(HydraConfig.get(), resolve=False))
+    read = {match for text in texts for match in _INTERPOLATED_KEY.findall(text)}
+    unread = [key for key in unknown if key not in read]
+    if not unread:
+        return
+    paths = [path for path in _leaf_paths(raw) if path.split(".", 1)[0] in known]
+    named = []
+    for key in unread:
+        meant = _closest_setting(key, known, paths)
+        named.append(f"'{key}'" + (f" (did you mean {' or '.join(meant)}?)" if meant else ""))
     raise ValueError(
-        f"{script} has no setting {', '.join(map(repr, unknown))}{hint}: a '+' override adds a key that "
-        f"nothing reads; remove it or fix its name. The settings are {', '.join(sorted(known))}"
+        f"unknown setting {', '.join(named)}: conf/{config_name}.yaml has no such key and no setting "
+        "refers to it, so nothing would read it (Hydra adds any key given with '+'); remove it or fix "
+        f"its name. The top-level settings are {', '.join(sorted(known))}"
     )
 
 

@@ -106,14 +106,14 @@ def check_settings(
         positive: keys that must hold integers >= 1.
 
     Raises:
-        ValueError: a top-level setting ``conf/eval/<name>.yaml`` does not define
-            (:func:`eval.cli.check_known_settings`); ``wandb.enabled`` not a bool, or ``wandb.mode``
-            not online / offline while enabled; no checkpoint given; ``decode_paths`` not a list,
-            empty, with an unknown or a repeated path; a non-positive count; an ``output`` that
-            cannot be written as a file (:func:`eval.records.check_output`) or that an earlier job of
-            the same ``-m`` sweep wrote (:func:`eval.records.check_sweep_output`).
+        ValueError: a top-level setting ``conf/eval/<name>.yaml`` does not define and nothing reads
+            (:func:`eval.cli.check_known_settings`); ``wandb.enabled`` not a bool, or ``wandb.mode`` not
+            online / offline while enabled; no checkpoint given; ``decode_paths`` not a list, empty, with an
+            unknown or a repeated path; a non-positive count; an ``output`` that cannot be written as a file
+            (:func:`eval.records.check_output`) or that an earlier job of the same ``-m`` sweep wrote
+            (:func:`eval.records.check_sweep_output`).
     """
-    check_known_settings(cfg, f"eval/{name}", f"eval/{name}.py")
+    check_known_settings(cfg, f"eval/{name}")
     if "decode_paths" in cfg:
         paths = cfg.decode_paths
         choices = f"choose from [{', '.join(PATHS)}], e.g. decode_paths=[{','.join(PATHS)}]"

@@ -207,15 +207,14 @@ def check_decode_settings(cfg: DictConfig) -> list[int]:
     """Check the settings of ``cfg`` that need no model, before any work; returns the context lengths.
 
     Raises:
-        ValueError: a top-level setting ``conf/eval/decode.yaml`` does not define
-            (:func:`eval.cli.check_known_settings`); ``wandb.enabled`` not a bool, or ``wandb.mode``
-            not online / offline while enabled; ``batch_size``, ``decode_steps`` or ``vocab_size``
-            not an integer >= 1 (``true`` is not one); ``context_lengths`` not a list of them or
-            listing a length twice; ``output`` not one file path, a ``.png`` path (the plot's,
-            beside the records), or a path that cannot be written as a file
-            (:func:`eval.records.check_output`).
+        ValueError: a top-level setting ``conf/eval/decode.yaml`` does not define and nothing reads
+            (:func:`eval.cli.check_known_settings`); ``wandb.enabled`` not a bool, or ``wandb.mode`` not
+            online / offline while enabled; ``batch_size``, ``decode_steps`` or ``vocab_size`` not an integer
+            >= 1 (``true`` is not one); ``context_lengths`` not a list of them or listing a length twice;
+            ``output`` not one file path, a ``.png`` path (the plot's, beside the records), or a path that
+            cannot be written as a file (:func:`eval.records.check_output`).
     """
-    check_known_settings(cfg, "eval/decode", "eval/decode.py")
+    check_known_settings(cfg, "eval/decode")
     check_wandb_settings(cfg.wandb)
     for key in ("batch_size", "decode_steps", "vocab_size"):
         if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:

@@ -849,15 +849,15 @@ def build_report(cfg: DictConfig) -> Report:
     Raises:
         FileNotFoundError: a ``runs`` entry that matches nothing, or no record file, metrics.csv or
             W&B summary under any of them (the message lists the paths searched and the files looked for).
-        ValueError: a top-level setting ``conf/eval/report.yaml`` does not define (checked first,
-            :func:`eval.cli.check_known_settings`); ``wandb.enabled``, ``skip_invalid`` or
-            ``best_over_lr`` not true / false (checked next, with a ``wandb.mode`` other than
-            online / offline with W&B enabled); empty ``runs`` or an empty entry; an ``out`` that is
-            not one folder path, is (inside) a file or cannot be written; a bad ``recall_path`` or
-            ``seqlen``; a ``task`` that is neither a known task nor in the records; or an invalid
-            record file, metrics.csv or W&B summary (named; unless ``skip_invalid=true``).
+        ValueError: a top-level setting ``conf/eval/report.yaml`` does not define and nothing reads (checked
+            first, :func:`eval.cli.check_known_settings`); ``wandb.enabled``, ``skip_invalid`` or
+            ``best_over_lr`` not true / false (checked next, with a ``wandb.mode`` other than online / offline
+            with W&B enabled); empty ``runs`` or an empty entry; an ``out`` that is not one folder path, is
+            (inside) a file or cannot be written; a bad ``recall_path`` or ``seqlen``; a ``task`` that is
+            neither a known task nor in the records; or an invalid record file, metrics.csv or W&B summary
+            (named; unless ``skip_invalid=true``).
     """
-    check_known_settings(cfg, "eval/report", "eval/report.py")
+    check_known_settings(cfg, "eval/report")
     check_wandb_settings(cfg.wandb)
     skip_invalid = check_flag(cfg.skip_invalid, "skip_invalid")
     best_over_lr = check_flag(cfg.best_over_lr, "best_over_lr")

@@ -398,12 +398,12 @@ def roofline(cfg: DictConfig) -> dict[str, Any]:
         ``{"figures": ..., "measured": [...]}``.
 
     Raises:
-        ValueError: a top-level setting ``conf/eval/roofline.yaml`` does not define
-            (:func:`eval.cli.check_known_settings`), a bad setting (:func:`check_config`), records
-            file (:func:`load_records`) or record (:func:`check_record`).
+        ValueError: a top-level setting ``conf/eval/roofline.yaml`` does not define and nothing
+            reads (:func:`eval.cli.check_known_settings`), a bad setting (:func:`check_config`),
+            records file (:func:`load_records`) or record (:func:`check_record`).
         FileNotFoundError: a records file that does not exist.
     """
-    check_known_settings(cfg, "eval/roofline", "eval/roofline.py")
+    check_known_settings(cfg, "eval/roofline")
     check_config(cfg)
     given = cfg.records
     if isinstance(given, str):  # records=a.json: one file (list(a string) was its characters)

@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +25,14 @@ from omegaconf import OmegaConf
 
 import models.checkpoint as checkpoint_module
 import train as train_module
-from eval.cli import INTERRUPTED, config_settings, user_errors, write_error_message
+from eval.cli import (
+    INTERRUPTED,
+    check_known_settings,
+    config_settings,
+    signal_handlers,
+    user_errors,
+    write_error_message,
+)
 from eval.copying import copying_eval
 from eval.decode import decode_eval
 from eval.long_context import long_context_eval
@@ -379,40 +387,100 @@ def compose_decode(overrides: list[str]):
 
 
 @pytest.mark.parametrize(
-    "script,config,run,typo,meant",
+    "config,run,typo,meant",
     [
-        ("train.py", "train", lambda o: train_module.train(compose_train(o)), "seeds", "seed"),
-        ("eval/recall.py", "eval/recall", lambda o: recall_eval(compose_eval("recall", o)), "num_example",
-         "num_examples"),
-        ("eval/copying.py", "eval/copying", lambda o: copying_eval(compose_eval("copying", o)), "device_",
-         "device"),
-        ("eval/long_context.py", "eval/long_context",
-         lambda o: long_context_eval(compose_eval("long_context", o)), "seqlen", "seqlens"),
-        ("eval/perplexity.py", "eval/perplexity", lambda o: perplexity_eval(compose_eval("perplexity", o)),
-         "max_batch", "max_batches"),
-        ("eval/decode.py", "eval/decode", lambda o: decode_eval(compose_decode(o)), "batch", "batch_size"),
-        ("eval/report.py", "eval/report", lambda o: build_report(compose_eval("report", o)), "runs_", "runs"),
-        ("eval/roofline.py", "eval/roofline", lambda o: roofline(compose_eval("roofline", o)), "record",
-         "records"),
+        ("train", lambda o: train_module.train(compose_train(o)), "seeds", "seed"),
+        ("eval/recall", lambda o: recall_eval(compose_eval("recall", o)), "num_example", "num_examples"),
+        ("eval/copying", lambda o: copying_eval(compose_eval("copying", o)), "device_", "device"),
+        ("eval/long_context", lambda o: long_context_eval(compose_eval("long_context", o)), "seqlen",
+         "seqlens"),
+        ("eval/perplexity", lambda o: perplexity_eval(compose_eval("perplexity", o)), "max_batch",
+         "max_batches"),
+        ("eval/decode", lambda o: decode_eval(compose_decode(o)), "batch", "batch_size"),
+        ("eval/report", lambda o: build_report(compose_eval("report", o)), "runs_", "runs"),
+        ("eval/roofline", lambda o: roofline(compose_eval("roofline", o)), "record", "records"),
     ],
 )  # fmt: skip
-def test_a_setting_added_with_plus_that_nothing_reads_is_refused(tmp_path, script, config, run, typo, meant):
+def test_a_setting_added_with_plus_that_nothing_reads_is_refused(tmp_path, config, run, typo, meant):
     # Before anything is read or written: the checkpoint does not exist, the outputs go to tmp_path.
     base = [f"ckpt={tmp_path / 'missing.ckpt'}"] if "ckpt" in config_settings(config) else []
-    if script == "train.py":
+    if config == "train":
         base = [f"run_dir={tmp_path / 'run'}"]
-    if script == "eval/report.py":
+    if config == "eval/report":
         base = [f"runs=[{tmp_path}]", f"out={tmp_path / 'report'}"]
-    message = (f"{script} has no setting '{typo}' (did you mean {meant}?): a '+' override adds a key that "
-               f"nothing reads; remove it or fix its name. The settings are ")  # fmt: skip
+    message = (f"unknown setting '{typo}' (did you mean {meant}?): conf/{config}.yaml has no such key and "
+               "no setting refers to it, so nothing would read it (Hydra adds any key given with '+'); "
+               "remove it or fix its name. The top-level settings are ")  # fmt: skip
     with pytest.raises(ValueError, match="^" + re.escape(message)) as caught:
         run([*base, f"+{typo}=1"])
     assert str(caught.value).endswith(", ".join(sorted(config_settings(config))))
     assert meant in config_settings(config)
     assert list(tmp_path.iterdir()) == []
-    # Several unknown keys are all named; a key far from every setting gets no guess.
-    with pytest.raises(ValueError, match=re.escape(f"{script} has no setting 'aaa', 'zzz': a '+' override")):
-        run([*base, "+zzz=1", "+aaa=2"])
+    # Several unknown keys are each named; a key far from every name gets no guess.
+    with pytest.raises(ValueError, match=re.escape(f"unknown setting 'aaaa', 'zzzz': conf/{config}.yaml")):
+        run([*base, "+zzzz=1", "+aaaa=2"])
+
+
+def test_a_misplaced_setting_is_named_where_it_belongs(tmp_path):
+    # A key of a group given at the top level: the setting of that name below it.
+    message = ("unknown setting 'd_model' (did you mean model.d_model?), 'lr' (did you mean optim.lr?), "
+               "'max_step' (did you mean trainer.max_steps?): conf/train.yaml")  # fmt: skip
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        train_module.train(compose_train([f"run_dir={tmp_path}", "+lr=1e-3", "+d_model=64", "+max_step=5"]))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_key_that_an_interpolation_reads_is_kept(tmp_path):
+    # +tag=x read by ${tag} elsewhere in the config, or in Hydra's run dir (a real command line): the
+    # check lets it through, and the next check refuses the bad max_steps instead.
+    with pytest.raises(TypeError, match="trainer.max_steps"):
+        train_module.train(compose_train(["+tag=abc", f"run_dir={tmp_path}/${{tag}}", "trainer.max_steps=x"]))
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "train.py"), "+tag=abc", f"hydra.run.dir={tmp_path}/runs/${{tag}}",
+         "trainer.max_steps=x"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "trainer.max_steps" in proc.stderr
+    assert "unknown setting" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # the refused run's folder is undone
+
+
+def test_signal_handlers_swap_and_restore(sigint_restored, monkeypatch):
+    def mine(signum, frame):
+        pass
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with signal_handlers((signal.SIGTERM, signal.SIGINT), mine):
+        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGINT) is mine
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGINT) is not mine
+    # A handler set outside Python (getsignal gives None) could not be put back: it is left alone.
+    real_getsignal = signal.getsignal
+    monkeypatch.setattr(
+        signal, "getsignal", lambda sig: None if sig == signal.SIGTERM else real_getsignal(sig)
+    )
+    with signal_handlers((signal.SIGTERM,), mine):
+        assert real_getsignal(signal.SIGTERM) is signal.SIG_DFL
+    monkeypatch.undo()
+    # Outside the main thread nothing is set (Python would raise).
+    seen = []
+    worker = threading.Thread(
+        target=lambda: seen.append(signal_handlers((signal.SIGTERM,), mine).__enter__())
+    )
+    worker.start()
+    worker.join()
+    assert seen == [None] and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_every_experiment_and_mixer_passes_the_settings_check():
+    experiments = sorted(path.stem for path in (REPO_ROOT / "conf" / "experiment").glob("*.yaml"))
+    mixers = sorted(path.stem for path in (REPO_ROOT / "conf" / "mixer").glob("*.yaml"))
+    assert len(experiments) >= 3 and len(mixers) >= 8
+    for experiment in experiments:
+        check_known_settings(compose_train([f"experiment={experiment}"]), "train")
+    for mixer in mixers:
+        check_known_settings(compose_train([f"mixer={mixer}"]), "train")
+        check_known_settings(compose_decode([f"mixer={mixer}", "model=small"]), "eval/decode")
 
 
 def test_the_settings_of_a_config_are_its_keys_and_groups():
