@@ -65,6 +65,7 @@ from eval.cli import (
     user_errors,
 )
 from eval.records import (
+    WANDB_KEYS,
     check_flag,
     check_wandb_settings,
     git_sha,
@@ -178,8 +179,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             "use trainer=cpu (or trainer=ddp for several CPU processes)"
         )
     check_trainer_settings(cfg)
-    check_wandb_settings(cfg.logger.wandb, "logger.wandb")
-    check_flag(cfg.logger.csv.enabled, "logger.csv.enabled")
+    check_logger_settings(cfg.logger)
     run_dir = Path(cfg.run_dir).resolve()
     earlier = sorted(p.name for p in (run_dir / "checkpoints").glob("*.ckpt"))
     if earlier:
@@ -884,6 +884,27 @@ def defer_stop_signals(trainer: L.Trainer | None = None) -> Iterator[None]:
         yield
     if received:
         raise SystemExit(1)
+
+
+def check_logger_settings(logger: DictConfig) -> None:
+    """The ``logger.*`` group (``conf/logger/*.yaml``): only the ``wandb`` and ``csv`` loggers and
+    the keys :func:`_loggers` reads (a ``+logger.wandb.entity=...`` or ``+logger.csv.foo=...``
+    would be dropped without a word), the flags booleans, W&B's mode online / offline.
+
+    Raises:
+        ValueError: an unknown logger or key, named with the valid ones; a flag that is not true /
+            false; ``logger.wandb.mode`` not online / offline with W&B enabled.
+    """
+    unknown = sorted(str(key) for key in logger.keys() if key not in ("wandb", "csv"))
+    if unknown:
+        raise ValueError(
+            f"unknown loggers {unknown}; valid ones: ['csv', 'wandb'] (logger.csv, logger.wandb)"
+        )
+    check_wandb_settings(logger.wandb, "logger.wandb", (*WANDB_KEYS, "tags"))
+    unknown = sorted(str(key) for key in logger.csv.keys() if key != "enabled")
+    if unknown:
+        raise ValueError(f"unknown logger.csv keys {unknown}; valid keys: ['enabled']")
+    check_flag(logger.csv.enabled, "logger.csv.enabled")
 
 
 def check_trainer_settings(cfg: DictConfig) -> None:

@@ -317,15 +317,25 @@ def check_flag(value: Any, option: str) -> bool:
     return value
 
 
-def check_wandb_settings(wandb_cfg: Any, prefix: str = "wandb") -> None:
-    """Check a ``wandb`` config group before any work: ``enabled`` a bool and, when it is true,
-    ``mode`` online / offline (checked only when records were about to be logged, a typo cost a
-    whole evaluation).
+WANDB_KEYS = ("enabled", "project", "mode")
+
+
+def check_wandb_settings(wandb_cfg: Any, prefix: str = "wandb", keys: tuple[str, ...] = WANDB_KEYS) -> None:
+    """Check a ``wandb`` config group before any work: no key but ``keys`` (the ones mixerlab passes
+    to W&B: ``+wandb.entity=team`` would be dropped without a word), ``enabled`` a bool and, when it
+    is true, ``mode`` online / offline (checked only when records were about to be logged, a typo
+    cost a whole evaluation).
 
     Raises:
-        ValueError: from :func:`check_flag` or :func:`check_wandb_mode`, naming ``<prefix>.enabled``
-            or ``<prefix>.mode``.
+        ValueError: a key not in ``keys``, named with the valid ones; from :func:`check_flag` or
+            :func:`check_wandb_mode`, naming ``<prefix>.enabled`` or ``<prefix>.mode``.
     """
+    unknown = sorted(str(key) for key in wandb_cfg.keys() if key not in keys)
+    if unknown:
+        raise ValueError(
+            f"unknown {prefix} keys {unknown}; valid keys: {sorted(keys)} (mixerlab passes no other "
+            "setting to W&B)"
+        )
     if check_flag(wandb_cfg.enabled, f"{prefix}.enabled"):
         check_wandb_mode(wandb_cfg.mode, f"{prefix}.mode")
 

@@ -472,6 +472,13 @@ def test_signal_handlers_swap_and_restore(sigint_restored, monkeypatch):
     assert seen == [None] and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
+def test_an_evaluation_refuses_a_wandb_key_it_does_not_pass_on(tmp_path):
+    message = "unknown wandb keys ['entity']; valid keys: ['enabled', 'mode', 'project'] (mixerlab passes no"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        recall_eval(compose_eval("recall", [f"ckpt={tmp_path / 'missing.ckpt'}", "+wandb.entity=team"]))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_every_experiment_and_mixer_passes_the_settings_check():
     experiments = sorted(path.stem for path in (REPO_ROOT / "conf" / "experiment").glob("*.yaml"))
     mixers = sorted(path.stem for path in (REPO_ROOT / "conf" / "mixer").glob("*.yaml"))

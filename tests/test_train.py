@@ -246,6 +246,20 @@ def test_bad_configs_raise_clear_errors(tmp_path):
         run_train(tmp_path, ["+optim.momentum=0.9"])
     with pytest.raises(ValueError, match=r"unknown model keys \['foo'\]; valid keys: \['d_model', "):
         run_train(tmp_path, ["+model.foo=1"])
+    # Keys no logger reads (W&B's entity, a logger mixerlab does not build) are refused, not dropped.
+    for overrides, message in [
+        (
+            ["logger=wandb", "+logger.wandb.entity=team"],
+            "unknown logger.wandb keys ['entity']; valid keys: ['enabled', ",
+        ),
+        (["+logger.csv.flush=1"], "unknown logger.csv keys ['flush']; valid keys: ['enabled']"),
+        (
+            ["+logger.tensorboard.enabled=true"],
+            "unknown loggers ['tensorboard']; valid ones: ['csv', 'wandb']",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            run_train(tmp_path, overrides)
     with pytest.raises(ValueError, match="logger.wandb.mode must be 'online' or 'offline', got 'onlin'"):
         run_train(tmp_path, ["logger=wandb", "logger.wandb.mode=onlin"])
     # Hydra passes enabled=no as the string "no", which Python takes as true (W&B was switched on).
