@@ -172,7 +172,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             setting conf/train.yaml does not define and nothing reads
             (:func:`eval.cli.check_known_settings`).
     """
-    check_known_settings(cfg, "train")
+    check_known_settings(cfg, "train", hints=SETTING_HINTS, settings=lightning_settings())
     if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError(
             f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and none is available; "
@@ -256,7 +256,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     callbacks = [checkpoint_cb, WorldSizeRecord()]
     callbacks += [LearningRateMonitor(logging_interval="step")] if loggers else []
     if cfg.get("early_stopping"):
-        callbacks.append(EarlyStopping(**OmegaConf.to_container(cfg.early_stopping, resolve=True)))
+        early_stopping = OmegaConf.to_container(cfg.early_stopping, resolve=True)
+        # Not strict unless asked: the monitor was checked against the metrics this run logs
+        # (check_early_stopping), and Lightning's strict check raised instead when a run
+        # validating once an epoch stopped mid-epoch (max_steps, max_time) before its first
+        # validation, with the metric not logged yet.
+        early_stopping.setdefault("strict", False)
+        callbacks.append(EarlyStopping(**early_stopping))
     with trainer_settings_errors():
         trainer = L.Trainer(
             **trainer_cfg,
@@ -884,6 +890,23 @@ def defer_stop_signals(trainer: L.Trainer | None = None) -> Iterator[None]:
         yield
     if received:
         raise SystemExit(1)
+
+
+# What a top-level key that is no setting's name means, for check_known_settings' message.
+SETTING_HINTS = {"device": "trainer=cpu or trainer=gpu", "gpu": "trainer=gpu", "gpus": "trainer=gpu"}
+
+
+def lightning_settings() -> tuple[str, ...]:
+    """``trainer.<name>`` for every argument of Lightning's Trainer and ``early_stopping.<name>`` for
+    EarlyStopping's: settings the configs do not spell out (``+trainer.max_time=...``), for the
+    guesses of :func:`eval.cli.check_known_settings`. (Not cached with functools: a joblib sweep
+    pickles this module's functions by value, and a cache wrapper by a name the workers lack.)"""
+    return tuple(
+        f"{group}.{name}"
+        for group, cls in (("trainer", L.Trainer), ("early_stopping", EarlyStopping))
+        for name in inspect.signature(cls.__init__).parameters
+        if name != "self"
+    )
 
 
 def check_logger_settings(logger: DictConfig) -> None:

@@ -103,9 +103,12 @@ def config_settings(config_name: str) -> frozenset[str]:
     return frozenset(names)
 
 
-# The first key of a ${...} interpolation (``${tag}``, ``${model.d_model}``; resolvers such as
-# ``${oc.env:X}`` give their namespace, ``oc``, which is no setting).
-_INTERPOLATED_KEY = re.compile(r"\$\{\s*([A-Za-z_]\w*)")
+# The first key of a ${...} interpolation (``${tag}``, ``${model.d_model}``), not a resolver's name
+# (``${now:...}``, ``${oc.env:X}``); and the key that ``${oc.select:tag,default}`` reads.
+_INTERPOLATED_KEY = re.compile(r"\$\{\s*([A-Za-z_]\w*)(?![\w.]*\s*:)")
+_SELECTED_KEY = re.compile(r"\$\{\s*oc\.select\s*:\s*([A-Za-z_]\w*)")
+# Hydra's folder name made of the command line's overrides: every key given there is read by it.
+_OVERRIDE_DIRNAME = re.compile(r"\$\{\s*hydra\s*[.:]\s*job\.override_dirname")
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -129,31 +132,61 @@ def _leaf_paths(value: Any, prefix: str = "") -> Iterator[str]:
         yield prefix[:-1]
 
 
-def _closest_setting(key: str, known: frozenset[str], paths: list[str]) -> list[str]:
-    """What a misplaced or misspelt top-level ``key`` probably meant: the settings below the top level
-    of that name (``lr`` -> ``optim.lr``), else the closest top-level setting (``seeds`` -> ``seed``),
-    else the closest name below it; [] when nothing is close."""
-    exact = [path for path in paths if path.rsplit(".", 1)[-1] == key]
-    if exact:
-        return exact[:3]
-    near = difflib.get_close_matches(key, sorted(known), n=1)
-    if near:
-        return near
-    leaves = {path.rsplit(".", 1)[-1]: path for path in reversed(paths)}
-    return [leaves[name] for name in difflib.get_close_matches(key, sorted(leaves), n=1)]
+# A name's letters without the underscores, for comparing ``dmodel`` with ``d_model``.
+def _bare(name: str) -> str:
+    return name.replace("_", "").lower()
 
 
-def check_known_settings(cfg: Mapping, config_name: str) -> None:
+def _likeness(key: str, name: str) -> float:
+    """How much ``key`` looks like the setting name ``name``: 2 for the same letters (``dmodel``,
+    ``d_model``), else difflib's ratio, with 0.15 more when one is the start of the other
+    (``batch`` / ``batch_size``, ``seeds`` / ``seed``)."""
+    key_bare, name_bare = _bare(key), _bare(name)
+    if key_bare == name_bare:
+        return 2.0
+    score = max(difflib.SequenceMatcher(None, key, name).ratio(),
+                difflib.SequenceMatcher(None, key_bare, name_bare).ratio())  # fmt: skip
+    if key_bare.startswith(name_bare) or name_bare.startswith(key_bare):
+        score += 0.15
+    return score
+
+
+# Below this likeness no guess is printed (``dstate`` is not ``strategy``).
+_GUESS_LIKENESS = 0.75
+
+
+def _closest_setting(key: str, candidates: dict[str, list[str]]) -> list[str]:
+    """What a misplaced or misspelt top-level ``key`` probably meant: the settings whose name (the
+    last part of its path, or the whole path with ``_`` for the dots: ``data_seed`` ->
+    ``data.seed``) looks most like it (:func:`_likeness`), up to three that tie; [] when none comes
+    near. ``candidates``: setting -> the names it goes by."""
+    scored = sorted(
+        ((max(_likeness(key, name) for name in names), setting) for setting, names in candidates.items()),
+        key=lambda item: (-item[0], len(item[1]), item[1]),
+    )
+    if not scored or scored[0][0] < _GUESS_LIKENESS:
+        return []
+    return [setting for score, setting in scored[:3] if score >= scored[0][0] - 0.005]
+
+
+def check_known_settings(cfg: Mapping, config_name: str, hints: Mapping[str, str] | None = None,
+                         settings: tuple[str, ...] = ()) -> None:  # fmt: skip
     """Refuse top-level settings that ``conf/<config_name>.yaml`` does not define and that nothing
     refers to: Hydra composes a ``+key=value`` override whatever its name, and a misspelt one
     (``+seeds=1``, ``+lr=1e-3`` for ``optim.lr``) would be ignored without a word, the run going on
-    with the defaults. A key that a ``${...}`` of the config or of Hydra's own settings reads (``+tag=x
-    'hydra.run.dir=runs/${tag}'``, a helper key of an experiment config) is kept. Settings below the
-    top level are checked where they are read (``model.*``, ``optim.*``, ``trainer.*``).
+    with the defaults. A key that a ``${...}`` of the config or of Hydra's settings reads is kept:
+    ``+tag=x 'hydra.run.dir=runs/${tag}'``, ``${oc.select:tag,none}``, a folder named by
+    ``${hydra.job.override_dirname}`` (every key of the command line), a helper key of an experiment
+    config. Settings below the top level are checked where they are read (``model.*``, ``optim.*``,
+    ``trainer.*``, ``logger.*``).
 
     Args:
         cfg: the composed config (``hydra`` left out, as the task function receives it).
         config_name: ``train`` or ``eval/<name>``.
+        hints: what a key that is no setting's name means (train.py: ``device`` -> ``trainer=cpu or
+            trainer=gpu``), given instead of a guess.
+        settings: dotted settings the config does not spell out but the command reads, for the
+            guesses (train.py: Lightning's Trainer arguments as ``trainer.<name>``).
 
     Raises:
         ValueError: such keys, each named with what it probably meant (:func:`_closest_setting`),
@@ -167,14 +200,19 @@ def check_known_settings(cfg: Mapping, config_name: str) -> None:
     texts = list(_strings(raw))
     if HydraConfig.initialized():  # hydra.run.dir=runs/${tag}, in Hydra's config and its overrides
         texts += _strings(OmegaConf.to_container(HydraConfig.get(), resolve=False))
-    read = {match for text in texts for match in _INTERPOLATED_KEY.findall(text)}
+    if any(_OVERRIDE_DIRNAME.search(text) for text in texts):
+        return
+    patterns = (_INTERPOLATED_KEY, _SELECTED_KEY)
+    read = {key for text in texts for pattern in patterns for key in pattern.findall(text)}
     unread = [key for key in unknown if key not in read]
     if not unread:
         return
-    paths = [path for path in _leaf_paths(raw) if path.split(".", 1)[0] in known]
+    candidates = {name: [name] for name in known}
+    for path in [*_leaf_paths({key: raw[key] for key in raw if key in known}), *settings]:
+        candidates.setdefault(path, [path.rsplit(".", 1)[-1], path.replace(".", "_")])
     named = []
     for key in unread:
-        meant = _closest_setting(key, known, paths)
+        meant = [hints[key]] if hints and key in hints else _closest_setting(key, candidates)
         named.append(f"'{key}'" + (f" (did you mean {' or '.join(meant)}?)" if meant else ""))
     raise ValueError(
         f"unknown setting {', '.join(named)}: conf/{config_name}.yaml has no such key and no setting "

@@ -1038,6 +1038,17 @@ def test_an_interrupt_before_the_first_step_saves_nothing(tmp_path, monkeypatch,
     assert not list(run.rglob("*.ckpt")) and not list(run.rglob("train.json"))
 
 
+def test_early_stopping_survives_a_run_cut_before_its_first_validation(tmp_path):
+    # Validation once an epoch, the run cut mid-epoch by max_steps: Lightning's strict check raised
+    # "Early stopping conditioned on metric `val/acc` which is not available" (a new-user check found
+    # it with experiment=zoology_mqar). The monitor is checked before training instead.
+    out = run_train(tmp_path, [
+        "trainer.max_steps=3", "trainer.max_epochs=1", "trainer.val_check_interval=1.0",
+        "trainer.check_val_every_n_epoch=1", "early_stopping={monitor:val/acc,mode:max}",
+    ])  # fmt: skip
+    assert 0.0 <= out["metrics"]["val/acc"] <= 1.0 and Path(out["last_ckpt"]).exists()
+
+
 @pytest.mark.parametrize(
     "override,error,message",
     [
