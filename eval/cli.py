@@ -132,8 +132,8 @@ def _leaf_paths(value: Any, prefix: str = "") -> Iterator[str]:
         yield prefix[:-1]
 
 
-# A name's letters without the underscores, for comparing ``dmodel`` with ``d_model``.
 def _bare(name: str) -> str:
+    """A name's letters without the underscores, lower case: ``dmodel`` and ``d_model`` compare equal."""
     return name.replace("_", "").lower()
 
 
