@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import struct
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -176,16 +178,21 @@ def read_checkpoint(path: str | os.PathLike, arg: str | None = None) -> dict[str
                 bad_entry = archive.testzip()
             if bad_entry is not None:
                 raise ValueError(f"the bytes of {bad_entry} do not match its stored CRC-32")
-        with numpy_scalars_loadable():
+        with numpy_scalars_loadable(), warnings.catch_warnings():
+            # Bytes that are no checkpoint can start like a pickle of an unknown protocol: torch's
+            # warning about it would precede the one-line error below.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
             checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except (
         RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, KeyError,
-        IndexError,
+        IndexError, struct.error,
     ) as err:  # fmt: skip
         # A text file read as a legacy pickle raises KeyError (IndexError when it is a few bytes:
-        # the unpickler pops an empty stack), random bytes or a foreign pickle fail the weights-only
-        # unpickler, whose advice (retry with weights_only=False) must not reach the user.
-        if isinstance(err, KeyError | IndexError) or str(err).startswith("Weights only load failed"):
+        # the unpickler pops an empty stack; struct.error when an opcode's argument is cut short,
+        # "junk"), random bytes or a foreign pickle fail the weights-only unpickler, whose advice
+        # (retry with weights_only=False) must not reach the user.
+        unreadable = isinstance(err, KeyError | IndexError | struct.error)
+        if unreadable or str(err).startswith("Weights only load failed"):
             reason = "not a file of tensors and plain containers that torch.load can read"
         else:
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__

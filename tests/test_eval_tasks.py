@@ -580,7 +580,9 @@ def test_foreign_files_and_edited_configs_give_clear_checkpoint_errors(copy_run,
     noise.write_bytes(bytes(range(256)) * 8)
     short = tmp_path / "short.ckpt"  # a few bytes: the unpickler raised IndexError, a traceback
     short.write_text("bad\n")
-    for path in (text, noise, short):
+    cut = tmp_path / "cut.ckpt"  # an opcode whose argument is cut short: struct.error, a traceback
+    cut.write_text("junk")
+    for path in (text, noise, short, cut):
         with pytest.raises(ValueError, match="truncated or corrupt.*tensors and plain containers") as info:
             load_model(path)
         assert "weights_only" not in str(info.value)
