@@ -57,7 +57,9 @@ from data.mqar import parse_slice_name
 from data.resumable import ResumableLoader
 from eval.cli import (
     INTERRUPTED,
+    check_group_options,
     check_known_settings,
+    closest_settings,
     override_value,
     pasteable,
     raise_keyboard_interrupt,
@@ -76,7 +78,7 @@ from eval.records import (
 from models import ModelConfig
 from models.checkpoint import AtomicCheckpointIO, atomic_write_bytes, numpy_scalars_loadable, read_checkpoint
 from models.config import config_from_groups
-from models.lit import DEFAULT_OPTIM, LitLM, logged_metrics
+from models.lit import DEFAULT_OPTIM, LitLM, check_optim, logged_metrics
 
 # Hydra writes its records to the console and to <run_dir>/train.log (conf/train.yaml).
 log = logging.getLogger("mixerlab.train")
@@ -180,6 +182,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         )
     check_trainer_settings(cfg)
     check_logger_settings(cfg.logger)
+    check_optim(OmegaConf.to_container(cfg.optim, resolve=True))  # LitLM checks it too, after the seeding
     run_dir = Path(cfg.run_dir).resolve()
     earlier = sorted(p.name for p in (run_dir / "checkpoints").glob("*.ckpt"))
     if earlier:
@@ -930,6 +933,11 @@ def check_logger_settings(logger: DictConfig) -> None:
     check_flag(logger.csv.enabled, "logger.csv.enabled")
 
 
+# Trainer arguments that train() passes itself, from the run's folder and its loggers, callbacks
+# and checkpoint writer: a trainer.* key of the same name would clash with them.
+TRAINER_ARGS_SET_BY_TRAIN = frozenset({"default_root_dir", "logger", "callbacks", "plugins"})
+
+
 def check_trainer_settings(cfg: DictConfig) -> None:
     """The ``trainer.*`` and ``seed`` settings that Lightning would reject late (after a step, with
     a traceback) or take silently in a wrong type, checked before anything starts.
@@ -937,7 +945,9 @@ def check_trainer_settings(cfg: DictConfig) -> None:
     Raises:
         TypeError: a setting of the wrong type (``trainer.max_steps=abc`` or ``=2.5``, ``seed=abc``,
             ``trainer.enable_progress_bar=no``: Lightning's flags must be booleans).
-        ValueError: ``seed`` outside [0, 2**32), ``trainer.gradient_clip_val`` < 0,
+        ValueError: a ``trainer.*`` key that is no argument of Lightning's Trainer
+            (``+trainer.max_step=3``, named with a guess) or one that train.py passes itself
+            (:data:`TRAINER_ARGS_SET_BY_TRAIN`); ``seed`` outside [0, 2**32), ``trainer.gradient_clip_val`` < 0,
             ``trainer.max_steps`` or ``trainer.max_epochs`` not -1 (no limit) or >= 1, or
             both -1 (the schedule needs a length),
             ``trainer.val_check_interval`` not a step count >= 1 or an epoch fraction in (0, 1],
@@ -953,6 +963,20 @@ def check_trainer_settings(cfg: DictConfig) -> None:
     if not 0 <= integer("seed", cfg.seed) < 2**32:
         raise ValueError(f"seed must be in [0, 2**32) (numpy's seed range), got {cfg.seed}")
     trainer = cfg.trainer
+    accepted = {name.removeprefix("trainer.") for name in lightning_settings() if name.startswith("trainer.")}
+    accepted -= TRAINER_ARGS_SET_BY_TRAIN
+    unknown = sorted(str(key) for key in trainer.keys() if key not in accepted)
+    if unknown:
+        named = []
+        for key in unknown:
+            meant = [] if key in TRAINER_ARGS_SET_BY_TRAIN else closest_settings(key, {a: [a] for a in accepted})
+            guess = " or ".join(f"trainer.{name}" for name in meant)
+            named.append(f"'{key}'" + (f" (did you mean {guess}?)" if meant else ""))
+        raise ValueError(
+            f"unknown trainer keys {', '.join(named)}: the trainer.* settings are Lightning Trainer's "
+            f"arguments, less {', '.join(sorted(TRAINER_ARGS_SET_BY_TRAIN))}, which train.py sets itself "
+            "(logger=... chooses the loggers)"
+        )
     clip = trainer.get("gradient_clip_val")
     if clip is not None:
         if isinstance(clip, bool) or not isinstance(clip, (int, float)):
@@ -1469,6 +1493,8 @@ def run_from_command_line() -> None:
     Raises:
         SystemExit: :func:`main`'s (Hydra's) exit.
     """
+    with user_errors():
+        check_group_options(sys.argv[1:])  # before Hydra: its own message is several lines
     try:
         # A SIGTERM (kill, timeout, a scheduler) before training ends the run as Ctrl+C does: one
         # line, status 130, Hydra's folder undone; training and its final evaluation handle it their

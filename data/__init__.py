@@ -11,6 +11,8 @@ Every data module yields batches ``{"input_ids": (B, T) int64, "labels": (B, T) 
 ``setup()`` for text) and ``slice_names``.
 """
 
+import inspect
+
 from data.copying import CopyDataModule, char_accuracy, copy_examples, string_exact_match
 from data.induction import InductionHeadsDataModule, induction_heads
 from data.mqar import (
@@ -62,11 +64,17 @@ def build_datamodule(name: str, **kwargs):
     also the ``name`` of its ``conf/data/<name>.yaml``) with ``kwargs``.
 
     Raises:
-        ValueError: unknown ``name`` (the message lists the known ones).
+        ValueError: unknown ``name``, or a key of ``kwargs`` that the module does not take
+            (``+data.foo=1``); the message lists the known ones.
     """
     if name not in DATAMODULES:
         raise ValueError(f"unknown data module {name!r}; choose one of {sorted(DATAMODULES)}")
-    return DATAMODULES[name](**kwargs)
+    module = DATAMODULES[name]
+    valid = inspect.signature(module).parameters
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in valid.values()):
+        raise ValueError(f"unknown data keys {unknown} for data={name}; valid keys: {sorted(valid)}")
+    return module(**kwargs)
 
 
 __all__ = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import errno
 import functools
@@ -18,7 +19,7 @@ from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Quote, QuotedString
+from hydra.core.override_parser.types import ChoiceSweep, Quote, QuotedString
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
@@ -155,7 +156,7 @@ def _likeness(key: str, name: str) -> float:
 _GUESS_LIKENESS = 0.75
 
 
-def _closest_setting(key: str, candidates: dict[str, list[str]]) -> list[str]:
+def closest_settings(key: str, candidates: dict[str, list[str]]) -> list[str]:
     """What a misplaced or misspelt top-level ``key`` probably meant: the settings whose name (the
     last part of its path, or the whole path with ``_`` for the dots: ``data_seed`` ->
     ``data.seed``) looks most like it (:func:`_likeness`), up to three that tie; [] when none comes
@@ -189,7 +190,7 @@ def check_known_settings(cfg: Mapping, config_name: str, hints: Mapping[str, str
             guesses (train.py: Lightning's Trainer arguments as ``trainer.<name>``).
 
     Raises:
-        ValueError: such keys, each named with what it probably meant (:func:`_closest_setting`),
+        ValueError: such keys, each named with what it probably meant (:func:`closest_settings`),
             and the list of top-level settings.
     """
     known = config_settings(config_name)
@@ -212,13 +213,63 @@ def check_known_settings(cfg: Mapping, config_name: str, hints: Mapping[str, str
         candidates.setdefault(path, [path.rsplit(".", 1)[-1], path.replace(".", "_")])
     named = []
     for key in unread:
-        meant = [hints[key]] if hints and key in hints else _closest_setting(key, candidates)
+        meant = [hints[key]] if hints and key in hints else closest_settings(key, candidates)
         named.append(f"'{key}'" + (f" (did you mean {' or '.join(meant)}?)" if meant else ""))
     raise ValueError(
         f"unknown setting {', '.join(named)}: conf/{config_name}.yaml has no such key and no setting "
         "refers to it, so nothing would read it (Hydra adds any key given with '+'); remove it or fix "
         f"its name. The top-level settings are {', '.join(sorted(known))}"
     )
+
+
+def check_group_options(argv: list[str], config_dir: Path = CONF_DIR) -> None:
+    """Refuse, before Hydra composes anything, a config group option of the command line that has no
+    file: ``mixer=nonexistent``, ``+experiment=zoology``, or one choice of a sweep
+    (``-m mixer=attention,mambaa``). Hydra's own error for it is several lines with its search path
+    and status 1; this is one line naming the group's options, with a guess when one is close.
+
+    Left to Hydra: an override it cannot parse, its own groups (``hydra/launcher=...``), sweeps other
+    than a list of choices, and every override when the command line changes the config's location
+    (``--config-dir``, ``--config-path``, ``--config-name``, ``hydra.searchpath=...``).
+
+    Args:
+        argv: the command line's arguments after the script (``sys.argv[1:]``).
+        config_dir: the folder of the config groups (``conf/``).
+
+    Raises:
+        ValueError: ``unknown <group> '<option>' in <override>: conf/<group> has no <option>.yaml; the
+            <group> options are ...``.
+    """
+    from hydra._internal.utils import get_args_parser  # Hydra's own command-line grammar
+
+    parser = get_args_parser()
+    parser.exit_on_error = False
+    try:
+        args, _ = parser.parse_known_args(argv)
+        overrides = OverridesParser.create().parse_overrides(args.overrides)
+    except (argparse.ArgumentError, HydraException):
+        return  # Hydra reports these itself
+    if args.config_dir or args.config_path or args.config_name or args.shell_completion:
+        return
+    if any(override.key_or_group.startswith("hydra.searchpath") for override in overrides):
+        return
+    for override in overrides:
+        group = override.key_or_group
+        folder = config_dir / group
+        if override.is_delete() or group.startswith("hydra") or not folder.is_dir():
+            continue
+        value = override.value()
+        choices = value.list if isinstance(value, ChoiceSweep) else [value]
+        for choice in choices:
+            if not isinstance(choice, str) or (folder / f"{choice}.yaml").is_file():
+                continue
+            options = sorted(path.stem for path in folder.glob("*.yaml"))
+            meant = closest_settings(choice, {option: [option] for option in options})
+            raise ValueError(
+                f"unknown {group} '{choice}' in {override.input_line}: conf/{group} has no {choice}.yaml"
+                + (f" (did you mean {' or '.join(meant)}?)" if meant else "")
+                + f"; the {group} options are {', '.join(options)}"
+            )
 
 
 @contextmanager

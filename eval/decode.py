@@ -40,6 +40,7 @@ for tests).
 from __future__ import annotations
 
 import io
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from eval.cli import check_known_settings, user_errors
+from eval.cli import check_group_options, check_known_settings, user_errors
 from eval.common import check_lengths, is_out_of_memory, resolve_device
 from eval.records import (
     check_output,
@@ -452,4 +453,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    with user_errors():
+        check_group_options(sys.argv[1:])  # before Hydra: its own message is several lines
     main()

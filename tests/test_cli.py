@@ -27,6 +27,7 @@ import models.checkpoint as checkpoint_module
 import train as train_module
 from eval.cli import (
     INTERRUPTED,
+    check_group_options,
     check_known_settings,
     config_settings,
     signal_handlers,
@@ -419,6 +420,48 @@ def test_a_setting_added_with_plus_that_nothing_reads_is_refused(tmp_path, confi
     # Several unknown keys are each named; a key far from every name gets no guess.
     with pytest.raises(ValueError, match=re.escape(f"unknown setting 'aaaa', 'zzzz': conf/{config}.yaml")):
         run([*base, "+zzzz=1", "+aaaa=2"])
+
+
+MIXERS = "attention, hybrid_based, hybrid_jamba, hybrid_samba, hybrid_zamba, linear_attention, mamba, sliding_window"
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["mixer=nonexistent"],
+         f"unknown mixer 'nonexistent' in mixer=nonexistent: conf/mixer has no nonexistent.yaml; the mixer "
+         f"options are {MIXERS}"),
+        (["model=small", "+experiment=zoology"],
+         "unknown experiment 'zoology' in +experiment=zoology: conf/experiment has no zoology.yaml (did you "
+         "mean zoology_mqar?); the experiment options are induction_extrapolation, nanogpt_shakespeare, "
+         "zoology_mqar"),
+        (["-m", "mixer=attention,mambaa"],  # one choice of a sweep
+         "unknown mixer 'mambaa' in mixer=attention,mambaa: conf/mixer has no mambaa.yaml (did you mean "
+         f"mamba?); the mixer options are {MIXERS}"),
+        (["trainer=gpus"],
+         "unknown trainer 'gpus' in trainer=gpus: conf/trainer has no gpus.yaml (did you mean gpu?); the "
+         "trainer options are cpu, ddp, gpu"),
+    ],
+)  # fmt: skip
+def test_an_unknown_group_option_is_one_line_with_the_options(argv, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        check_group_options(argv)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["mixer=mamba", "model=small", "trainer=cpu", "data=text", "logger=none", "+experiment=zoology_mqar"],
+        ["-m", "mixer=attention,mamba", "model.d_model=32"],
+        ["mixer=null", "~logger", "mixer.settings.mamba.d_state=8"],  # no option, a deletion, a key
+        ["hydra/launcher=joblib", "mixer=glob(*)"],  # Hydra's own group; a sweep it expands itself
+        ["--config-dir", "/elsewhere", "mixer=custom"],  # another search path: Hydra's to judge
+        ["hydra.searchpath=[file:///elsewhere]", "mixer=custom"],
+        ["mixer=[unclosed"],  # Hydra's own parse error, left to it
+    ],
+)
+def test_group_options_that_exist_or_that_hydra_judges_pass(argv):
+    check_group_options(argv)
 
 
 @pytest.mark.parametrize(

@@ -268,6 +268,21 @@ def test_decode_sweep_refuses_one_output_file_for_every_job(tmp_path):
     assert "decode-mamba" not in result.stdout  # the second job measured nothing
 
 
+def test_decode_refuses_an_unknown_mixer_of_a_sweep_before_hydra(tmp_path):
+    # Checked on the command line, before Hydra composes or makes anything (its own message is
+    # several lines with its search path, and a refused sweep would leave multirun.yaml behind).
+    args = [sys.executable, str(REPO_ROOT / "eval" / "decode.py"), "-m", "mixer=attention,mambaa"]
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        "error: unknown mixer 'mambaa' in mixer=attention,mambaa: conf/mixer has no mambaa.yaml (did you mean "
+        "mamba?); the mixer options are attention, "
+    )
+    assert result.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
 def test_sweep_output_check_is_silent_outside_a_sweep(tmp_path):
     output = tmp_path / "dd.json"
     write_records(output, [])

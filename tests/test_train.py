@@ -424,8 +424,37 @@ def test_recall_cli_reports_missing_and_corrupt_checkpoints(tmp_path):
 
 def test_train_cli_rejects_unknown_mixer(tmp_path):
     result = cli([str(REPO_ROOT / "train.py"), "mixer=transformer"], cwd=tmp_path)
-    assert result.returncode != 0
-    assert "mixer/transformer" in result.stderr and "hybrid_jamba" in result.stderr
+    options = ", ".join(sorted(p.stem for p in (REPO_ROOT / "conf" / "mixer").glob("*.yaml")))
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: unknown mixer 'transformer' in mixer=transformer: conf/mixer has no transformer.yaml; "
+        f"the mixer options are {options}\n"
+    )
+    assert "hybrid_jamba" in options and list(tmp_path.iterdir()) == []  # no outputs/ folder made
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("+trainer.max_step=3",
+         "unknown trainer keys 'max_step' (did you mean trainer.max_steps?): the trainer.* settings are "
+         "Lightning Trainer's arguments, less callbacks, default_root_dir, logger, plugins, which train.py "
+         "sets itself (logger=... chooses the loggers)"),
+        ("+trainer.logger=false", "unknown trainer keys 'logger': the trainer.* settings are Lightning"),
+        ("+optim.lrr=1", "unknown optim keys ['lrr']; valid keys: ['betas', 'lr', "),
+        ("+data.foo=1", "unknown data keys ['foo'] for data=mqar; valid keys: ['batch_size', "),
+    ],
+)  # fmt: skip
+def test_unknown_group_keys_are_refused_before_the_seeding(tmp_path, monkeypatch, override, message):
+    # Found by a new-user check: these refusals came after Lightning's "Seed set to 0" line, or (data,
+    # trainer) as the constructor's TypeError without the valid keys.
+    def seeded(*args, **kwargs):
+        raise AssertionError("seeded before the refusal")
+
+    monkeypatch.setattr(train_module.L, "seed_everything", seeded)
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        train_module.train(compose_train([f"run_dir={tmp_path}", override]))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_train_cli_reports_a_mistyped_setting_in_one_line(tmp_path):

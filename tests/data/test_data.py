@@ -1,5 +1,6 @@
 """Tests of the data package: the MQAR generator and data module, tokenizers, the text data module."""
 
+import inspect
 import re
 import tempfile
 from pathlib import Path
@@ -289,6 +290,12 @@ def test_build_datamodule():
     assert isinstance(build_datamodule("mqar", seqlen=16, num_kv_pairs=2), MQARDataModule)
     with pytest.raises(ValueError, match="unknown data module 'bogus'"):
         build_datamodule("bogus")
+    # A key the module does not take is named with the module's keys, not as its TypeError.
+    valid = sorted(inspect.signature(MQARDataModule).parameters)
+    message = f"unknown data keys ['foo', 'seq_len'] for data=mqar; valid keys: {valid}"
+    assert "seqlen" in valid
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_datamodule("mqar", seqlen=16, seq_len=16, foo=1)
 
 
 class _Probe(L.LightningModule):
