@@ -947,7 +947,8 @@ def check_trainer_settings(cfg: DictConfig) -> None:
             ``trainer.enable_progress_bar=no``: Lightning's flags must be booleans).
         ValueError: a ``trainer.*`` key that is no argument of Lightning's Trainer
             (``+trainer.max_step=3``, named with a guess) or one that train.py passes itself
-            (:data:`TRAINER_ARGS_SET_BY_TRAIN`); ``seed`` outside [0, 2**32), ``trainer.gradient_clip_val`` < 0,
+            (:data:`TRAINER_ARGS_SET_BY_TRAIN`); ``seed`` outside [0, 2**32),
+            ``trainer.gradient_clip_val`` < 0,
             ``trainer.max_steps`` or ``trainer.max_epochs`` not -1 (no limit) or >= 1, or
             both -1 (the schedule needs a length),
             ``trainer.val_check_interval`` not a step count >= 1 or an epoch fraction in (0, 1],
@@ -967,9 +968,10 @@ def check_trainer_settings(cfg: DictConfig) -> None:
     accepted -= TRAINER_ARGS_SET_BY_TRAIN
     unknown = sorted(str(key) for key in trainer.keys() if key not in accepted)
     if unknown:
+        arguments = {name: [name] for name in accepted}
         named = []
         for key in unknown:
-            meant = [] if key in TRAINER_ARGS_SET_BY_TRAIN else closest_settings(key, {a: [a] for a in accepted})
+            meant = closest_settings(key, arguments) if key not in TRAINER_ARGS_SET_BY_TRAIN else []
             guess = " or ".join(f"trainer.{name}" for name in meant)
             named.append(f"'{key}'" + (f" (did you mean {guess}?)" if meant else ""))
         raise ValueError(

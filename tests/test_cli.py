@@ -422,7 +422,8 @@ def test_a_setting_added_with_plus_that_nothing_reads_is_refused(tmp_path, confi
         run([*base, "+zzzz=1", "+aaaa=2"])
 
 
-MIXERS = "attention, hybrid_based, hybrid_jamba, hybrid_samba, hybrid_zamba, linear_attention, mamba, sliding_window"
+MIXERS = ("attention, hybrid_based, hybrid_jamba, hybrid_samba, hybrid_zamba, linear_attention, mamba, "
+          "sliding_window")
 
 
 @pytest.mark.parametrize(

@@ -277,8 +277,8 @@ def test_decode_refuses_an_unknown_mixer_of_a_sweep_before_hydra(tmp_path):
     result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert result.stderr.startswith(
-        "error: unknown mixer 'mambaa' in mixer=attention,mambaa: conf/mixer has no mambaa.yaml (did you mean "
-        "mamba?); the mixer options are attention, "
+        "error: unknown mixer 'mambaa' in mixer=attention,mambaa: conf/mixer has no mambaa.yaml (did you "
+        "mean mamba?); the mixer options are attention, "
     )
     assert result.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
 
