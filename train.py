@@ -57,7 +57,7 @@ from data.mqar import parse_slice_name
 from data.resumable import ResumableLoader
 from eval.cli import (
     INTERRUPTED,
-    check_group_options,
+    check_command_line,
     check_known_settings,
     closest_settings,
     override_value,
@@ -1495,8 +1495,8 @@ def run_from_command_line() -> None:
     Raises:
         SystemExit: :func:`main`'s (Hydra's) exit.
     """
-    with user_errors():
-        check_group_options(sys.argv[1:])  # before Hydra: its own message is several lines
+    with user_errors():  # before Hydra, whose own messages run over several lines
+        check_command_line(sys.argv[1:], "train", hints=SETTING_HINTS, settings=lightning_settings())
     try:
         # A SIGTERM (kill, timeout, a scheduler) before training ends the run as Ctrl+C does: one
         # line, status 130, Hydra's folder undone; training and its final evaluation handle it their

@@ -70,7 +70,7 @@ from omegaconf import DictConfig  # noqa: E402
 import kernels  # noqa: E402
 import train as train_module  # noqa: E402
 from benchmarks.common import RESULTS_DIR, format_table, gpu_name, results_path, versions, write_json  # noqa: E402
-from eval.cli import user_errors  # noqa: E402
+from eval.cli import check_command_line, user_errors  # noqa: E402
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 NAME = "train-parity"
@@ -116,7 +116,8 @@ def compose_config(overrides: Sequence[str], steps: int, run_dir: Path) -> DictC
 
     Raises:
         ValueError: an override Hydra rejects (unknown group option or key, bad syntax), with
-            Hydra's message; a trainer of more than one process (both runs must share this one).
+            :func:`eval.cli.check_command_line`'s message or Hydra's; a trainer of more than one
+            process (both runs must share this one).
     """
     forced = [
         "logger.wandb.enabled=false",
@@ -126,6 +127,15 @@ def compose_config(overrides: Sequence[str], steps: int, run_dir: Path) -> DictC
         "trainer.limit_val_batches=1",
         f"run_dir={run_dir}",
     ]
+    try:  # one line for an unknown option or key, as train.py's command line gives it
+        check_command_line(
+            [*DEFAULT_OVERRIDES, *overrides],
+            "train",
+            hints=train_module.SETTING_HINTS,
+            settings=train_module.lightning_settings(),
+        )
+    except ValueError as err:
+        raise ValueError(f"bad override: {err}") from None
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="train", overrides=[*DEFAULT_OVERRIDES, *overrides, *forced])

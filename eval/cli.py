@@ -17,10 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, Quote, QuotedString
-from hydra.errors import HydraException
+from hydra.core.override_parser.types import ChoiceSweep, Override, OverrideType, Quote, QuotedString
+from hydra.errors import ConfigCompositionException, HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
@@ -140,11 +141,14 @@ def _bare(name: str) -> str:
 
 def _likeness(key: str, name: str) -> float:
     """How much ``key`` looks like the setting name ``name``: 2 for the same letters (``dmodel``,
-    ``d_model``), else difflib's ratio, with 0.15 more when one is the start of the other
-    (``batch`` / ``batch_size``, ``seeds`` / ``seed``)."""
+    ``d_model``), 1.5 for the same letters in another order (``modle``, ``model``), else difflib's
+    ratio, with 0.15 more when one is the start of the other (``batch`` / ``batch_size``, ``seeds`` /
+    ``seed``)."""
     key_bare, name_bare = _bare(key), _bare(name)
     if key_bare == name_bare:
         return 2.0
+    if sorted(key_bare) == sorted(name_bare):  # letters swapped: modle, lenght
+        return 1.5
     score = max(difflib.SequenceMatcher(None, key, name).ratio(),
                 difflib.SequenceMatcher(None, key_bare, name_bare).ratio())  # fmt: skip
     if key_bare.startswith(name_bare) or name_bare.startswith(key_bare):
@@ -168,6 +172,16 @@ def closest_settings(key: str, candidates: dict[str, list[str]]) -> list[str]:
     if not scored or scored[0][0] < _GUESS_LIKENESS:
         return []
     return [setting for score, setting in scored[:3] if score >= scored[0][0] - 0.005]
+
+
+def _setting_candidates(raw: Mapping[str, Any], settings: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """The guesses :func:`closest_settings` weighs for a config (``raw``, unresolved): each top-level
+    key by its name, and each leaf and each of ``settings`` by its last part and by its path with
+    ``_`` for the dots (``data.seed``: ``seed``, ``data_seed``)."""
+    candidates = {str(name): [str(name)] for name in raw}
+    for path in [*_leaf_paths(raw), *settings]:
+        candidates.setdefault(path, [path.rsplit(".", 1)[-1], path.replace(".", "_")])
+    return candidates
 
 
 def check_known_settings(cfg: Mapping, config_name: str, hints: Mapping[str, str] | None = None,
@@ -208,9 +222,7 @@ def check_known_settings(cfg: Mapping, config_name: str, hints: Mapping[str, str
     unread = [key for key in unknown if key not in read]
     if not unread:
         return
-    candidates = {name: [name] for name in known}
-    for path in [*_leaf_paths({key: raw[key] for key in raw if key in known}), *settings]:
-        candidates.setdefault(path, [path.rsplit(".", 1)[-1], path.replace(".", "_")])
+    candidates = _setting_candidates({key: raw[key] for key in raw if key in known}, settings)
     named = []
     for key in unread:
         meant = [hints[key]] if hints and key in hints else closest_settings(key, candidates)
@@ -222,15 +234,58 @@ def check_known_settings(cfg: Mapping, config_name: str, hints: Mapping[str, str
     )
 
 
+def _command_line_overrides(argv: list[str]) -> list[Override] | None:
+    """The overrides of a script's command line (``sys.argv[1:]``) as Hydra parses them; None where
+    Hydra is left to judge them: flags it refuses, shell completion, and a command line that changes
+    the config's location (``--config-dir``, ``--config-path``, ``--config-name``,
+    ``hydra.searchpath=...``).
+
+    Raises:
+        ValueError: an override Hydra cannot parse (``seed``, ``model.d_model=[``), with its reason
+            in one line.
+    """
+    from hydra._internal.utils import get_args_parser  # Hydra's own command-line grammar
+
+    parser = get_args_parser()
+    parser.exit_on_error = False
+    try:
+        args, _ = parser.parse_known_args(argv)
+    except argparse.ArgumentError:
+        return None  # Hydra reports these itself
+    overrides = []
+    for text in args.overrides:
+        try:
+            overrides += OverridesParser.create().parse_overrides([text])
+        except HydraException as err:
+            lines = [line.strip() for line in str(err).splitlines()]
+            reason = [line for line in lines if line and not line.startswith(("Error parsing", "See ", "^"))]
+            grammar = [line[4:].removesuffix(" for details") for line in lines if line.startswith("See ")]
+            raise ValueError(
+                f"cannot parse the override {text!r}: {' '.join(reason) or 'not key=value'}"
+                + (f"; see Hydra's override grammar, {grammar[0]}" if grammar else "")
+            ) from None
+    if args.config_dir or args.config_path or args.config_name or args.shell_completion:
+        return None
+    if any(override.key_or_group.startswith("hydra.searchpath") for override in overrides):
+        return None
+    return overrides
+
+
+def _is_group(override: Override, config_dir: Path = CONF_DIR) -> bool:
+    """Whether ``override`` chooses a config group's option (``mixer=mamba``, ``hydra/launcher=...``)
+    rather than a setting's value."""
+    group = override.key_or_group
+    return "/" in group or (config_dir / group).is_dir()
+
+
 def check_group_options(argv: list[str], config_dir: Path = CONF_DIR) -> None:
     """Refuse, before Hydra composes anything, a config group option of the command line that has no
     file: ``mixer=nonexistent``, ``+experiment=zoology``, or one choice of a sweep
     (``-m mixer=attention,mambaa``). Hydra's own error for it is several lines with its search path
     and status 1; this is one line naming the group's options, with a guess when one is close.
 
-    Left to Hydra: an override it cannot parse, its own groups (``hydra/launcher=...``), sweeps other
-    than a list of choices, and every override when the command line changes the config's location
-    (``--config-dir``, ``--config-path``, ``--config-name``, ``hydra.searchpath=...``).
+    Left to Hydra: its own groups (``hydra/launcher=...``), sweeps other than a list of choices, and
+    the command lines :func:`_command_line_overrides` leaves to it.
 
     Args:
         argv: the command line's arguments after the script (``sys.argv[1:]``).
@@ -240,20 +295,7 @@ def check_group_options(argv: list[str], config_dir: Path = CONF_DIR) -> None:
         ValueError: ``unknown <group> '<option>' in <override>: conf/<group> has no <option>.yaml; the
             <group> options are ...``.
     """
-    from hydra._internal.utils import get_args_parser  # Hydra's own command-line grammar
-
-    parser = get_args_parser()
-    parser.exit_on_error = False
-    try:
-        args, _ = parser.parse_known_args(argv)
-        overrides = OverridesParser.create().parse_overrides(args.overrides)
-    except (argparse.ArgumentError, HydraException):
-        return  # Hydra reports these itself
-    if args.config_dir or args.config_path or args.config_name or args.shell_completion:
-        return
-    if any(override.key_or_group.startswith("hydra.searchpath") for override in overrides):
-        return
-    for override in overrides:
+    for override in _command_line_overrides(argv) or ():
         group = override.key_or_group
         folder = config_dir / group
         if override.is_delete() or group.startswith("hydra") or not folder.is_dir():
@@ -270,6 +312,102 @@ def check_group_options(argv: list[str], config_dir: Path = CONF_DIR) -> None:
                 + (f" (did you mean {' or '.join(meant)}?)" if meant else "")
                 + f"; the {group} options are {', '.join(options)}"
             )
+
+
+def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> Any:
+    """``<config_dir>/<config_name>.yaml`` composed with ``overrides`` by Hydra's compose API, as the
+    script's ``@hydra.main`` composes it (unresolved)."""
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return compose(config_name=config_name, overrides=overrides)
+
+
+def _node(raw: Any, path: list[str]) -> tuple[bool, Any]:
+    """(whether the dotted ``path`` names a key of the nested dict ``raw``, the value there)."""
+    for part in path:
+        if not isinstance(raw, Mapping) or part not in raw:
+            return False, None
+        raw = raw[part]
+    return True, raw
+
+
+def check_command_line(
+    argv: list[str],
+    config_name: str,
+    config_dir: Path = CONF_DIR,
+    hints: Mapping[str, str] | None = None,
+    settings: tuple[str, ...] = (),
+) -> None:
+    """Refuse, in one line and before Hydra runs, a command line that Hydra would answer with a
+    message of several lines and status 1 (and for a misspelt key, advice to add it with ``+``):
+
+    - an unknown config group option (:func:`check_group_options`);
+    - a setting given a value that the composed config does not have (``trainer.max_step=3``,
+      ``modle.d_model=64``): named with a guess (:func:`closest_settings`; a ``+`` before a setting
+      the config leaves out, such as ``+trainer.max_time``) and the settings where it was looked for;
+    - ``+key=value`` for a key the config already sets (``+seed=3``), with the override to use.
+
+    A sweep (``-m`` with several values) has only its group options checked; anything else Hydra
+    refuses is left to it.
+
+    Args:
+        argv: the command line's arguments after the script (``sys.argv[1:]``).
+        config_name, config_dir: the script's config and the folder of its groups, as its
+            ``@hydra.main`` names them (``train`` in ``conf/``, ``recall`` in ``conf/eval/``).
+        hints: what a key that is no setting's name means, given instead of a guess (train.py:
+            ``device`` -> ``trainer=cpu or trainer=gpu``).
+        settings: dotted settings the config leaves out but the command reads (train.py: Lightning's
+            Trainer arguments as ``trainer.<name>``), for the guesses.
+
+    Raises:
+        ValueError: as above, naming the override.
+    """
+    check_group_options(argv, config_dir)
+    shown = f"{config_dir.relative_to(CONF_DIR.parent) / config_name}.yaml"  # conf/eval/recall.yaml
+    overrides = _command_line_overrides(argv)
+    if overrides is None or any(override.is_sweep_override() for override in overrides):
+        return
+    try:
+        _compose(config_dir, config_name, [override.input_line for override in overrides])
+        return
+    except ConfigCompositionException:
+        pass
+    except Exception:  # noqa: BLE001 -- Hydra composes again and reports it its own way
+        return
+    groups = [override for override in overrides if _is_group(override, config_dir)]
+    try:
+        base = _compose(config_dir, config_name, [override.input_line for override in groups])
+    except Exception:  # noqa: BLE001 -- as above
+        return
+    raw = OmegaConf.to_container(base, resolve=False)
+    for override in overrides:
+        key, line = override.key_or_group, override.input_line
+        if override in groups or key.startswith("hydra") or override.is_delete():
+            continue
+        path = key.split(".")
+        exists, _ = _node(raw, path)
+        if override.is_add() and exists:
+            raise ValueError(
+                f"{line} adds {key}, which {shown} already sets; write {line[1:]} to "
+                "change it ('+' adds a key the config lacks)"
+            )
+        if override.type is not OverrideType.CHANGE or exists:
+            continue
+        found = max(i for i in range(len(path)) if _node(raw, path[:i])[0])
+        _, node = _node(raw, path[:found])
+        if hints and key in hints:
+            meant = [hints[key]]
+        else:
+            # A dotted key by its last part: model.lr means optim.lr (its full path looks like model).
+            guesses = closest_settings(path[-1], _setting_candidates(raw, settings))
+            leaves = set(_leaf_paths(raw)) | set(raw)
+            meant = [name if name in leaves else f"+{name}" for name in guesses]
+        where = "top-level settings" if not found else f"settings under {'.'.join(path[:found])}"
+        listing = (f"the {where} are {', '.join(sorted(map(str, node)))}" if isinstance(node, Mapping)
+                   else f"{'.'.join(path[:found])} is a value, not a group of settings")  # fmt: skip
+        raise ValueError(
+            f"unknown setting '{key}' in {line}" + (f" (did you mean {' or '.join(meant)}?)" if meant else "")
+            + f": {shown} and its groups have no such key to change; {listing}"
+        )
 
 
 @contextmanager

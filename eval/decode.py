@@ -53,7 +53,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from eval.cli import check_group_options, check_known_settings, user_errors
+from eval.cli import check_command_line, check_known_settings, user_errors
 from eval.common import check_lengths, is_out_of_memory, resolve_device
 from eval.records import (
     check_output,
@@ -453,6 +453,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    with user_errors():
-        check_group_options(sys.argv[1:])  # before Hydra: its own message is several lines
+    with user_errors():  # before Hydra, whose own messages run over several lines
+        check_command_line(sys.argv[1:], "eval/decode")
     main()

@@ -39,6 +39,7 @@ evaluated, ``reason``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,7 +52,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from data.synthetic import TaskSlice, exact_match
-from eval.cli import user_errors
+from eval.cli import CONF_DIR, check_command_line, user_errors
 from eval.common import (
     EvalContext,
     Scores,
@@ -257,4 +258,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    with user_errors():  # before Hydra, whose own messages run over several lines
+        check_command_line(sys.argv[1:], "long_context", CONF_DIR / "eval")
     main()

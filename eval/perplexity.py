@@ -24,6 +24,7 @@ and logs them to W&B when ``wandb.enabled=true``.
 from __future__ import annotations
 
 import math
+import sys
 import time
 import warnings
 from typing import Any
@@ -36,7 +37,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from eval.cli import user_errors
+from eval.cli import CONF_DIR, check_command_line, user_errors
 from eval.common import (
     EvalContext,
     build_datamodule,
@@ -256,4 +257,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    with user_errors():  # before Hydra, whose own messages run over several lines
+        check_command_line(sys.argv[1:], "perplexity", CONF_DIR / "eval")
     main()

@@ -69,6 +69,7 @@ import json
 import math
 import os
 import re
+import sys
 import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -86,7 +87,7 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
 from data import DATAMODULES
-from eval.cli import check_known_settings, user_errors
+from eval.cli import CONF_DIR, check_command_line, check_known_settings, user_errors
 from eval.records import check_creatable_dir, check_flag, check_wandb_settings
 from eval.report_plots import PLOTS, plot_points
 from eval.report_tables import (
@@ -1063,4 +1064,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    with user_errors():  # before Hydra, whose own messages run over several lines
+        check_command_line(sys.argv[1:], "report", CONF_DIR / "eval")
     main()

@@ -27,6 +27,7 @@ import models.checkpoint as checkpoint_module
 import train as train_module
 from eval.cli import (
     INTERRUPTED,
+    check_command_line,
     check_group_options,
     check_known_settings,
     config_settings,
@@ -458,11 +459,85 @@ def test_an_unknown_group_option_is_one_line_with_the_options(argv, message):
         ["hydra/launcher=joblib", "mixer=glob(*)"],  # Hydra's own group; a sweep it expands itself
         ["--config-dir", "/elsewhere", "mixer=custom"],  # another search path: Hydra's to judge
         ["hydra.searchpath=[file:///elsewhere]", "mixer=custom"],
-        ["mixer=[unclosed"],  # Hydra's own parse error, left to it
     ],
 )
 def test_group_options_that_exist_or_that_hydra_judges_pass(argv):
     check_group_options(argv)
+
+
+TRAIN_CHECK = dict(hints=train_module.SETTING_HINTS, settings=train_module.lightning_settings())
+
+
+@pytest.mark.parametrize(
+    "argv,config,message",
+    [
+        (["trainer.max_step=3"], "train",
+         "unknown setting 'trainer.max_step' in trainer.max_step=3 (did you mean trainer.max_steps?): "
+         "conf/train.yaml and its groups have no such key to change; the settings under trainer are "
+         "accelerator, check_val_every_n_epoch, "),
+        (["modle.d_model=64"], "train",  # a misspelt group: the top-level settings
+         "unknown setting 'modle.d_model' in modle.d_model=64 (did you mean model.d_model?): conf/train.yaml "
+         "and its groups have no such key to change; the top-level settings are data, early_stopping, "),
+        (["modle=small"], "train", "unknown setting 'modle' in modle=small (did you mean model?): "),
+        (["model.lr=1e-3"], "train",
+         "unknown setting 'model.lr' in model.lr=1e-3 (did you mean optim.lr?): "),
+        (["trainer.max_time=00:01:00:00"], "train",  # a Trainer argument the config leaves out: add it
+         "unknown setting 'trainer.max_time' in trainer.max_time=00:01:00:00 (did you mean "
+         "+trainer.max_time?): "),
+        (["device=cpu"], "train", "unknown setting 'device' in device=cpu (did you mean trainer=cpu or "
+         "trainer=gpu?): "),
+        (["mixer=mamba", "mixer.settings.mamba.d_stat=8"], "train",  # the chosen mixer's settings
+         "unknown setting 'mixer.settings.mamba.d_stat' in mixer.settings.mamba.d_stat=8 (did you mean "
+         "mixer.settings.mamba.d_state?): conf/train.yaml and its groups have no such key to change; the "
+         "settings under mixer.settings.mamba are d_conv, d_state, expand"),
+        (["seed.x=1"], "train", "unknown setting 'seed.x' in seed.x=1: "  # x is like no setting
+         "conf/train.yaml and its groups have no such key to change; seed is a value, not a group of "
+         "settings"),
+        (["+seed=3"], "train",
+         "+seed=3 adds seed, which conf/train.yaml already sets; write seed=3 to change it ('+' adds a key "
+         "the config lacks)"),
+        (["ckpt=x.ckpt", "num_example=3"], "recall",
+         "unknown setting 'num_example' in num_example=3 (did you mean num_examples?): "
+         "conf/eval/recall.yaml "),
+        (["model=small", "batch=2"], "eval/decode",
+         "unknown setting 'batch' in batch=2 (did you mean batch_size?): conf/eval/decode.yaml "),
+        (["seed"], "train",
+         "cannot parse the override 'seed': missing EQUAL at '<EOF>'; see Hydra's override grammar, "
+         "https://"),
+        (["model.d_model=["], "train", "cannot parse the override 'model.d_model=[': no viable alternative "),
+    ],
+)  # fmt: skip
+def test_a_command_line_hydra_would_refuse_is_one_line(argv, config, message):
+    config_dir = REPO_ROOT / "conf" / ("eval" if config == "recall" else "")
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        check_command_line(argv, config, config_dir, **(TRAIN_CHECK if config == "train" else {}))
+
+
+def test_an_evaluation_refuses_a_misspelt_setting_in_one_line_before_hydra(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    args = [sys.executable, str(REPO_ROOT / "eval" / "recall.py"), "ckpt=x.ckpt", "num_example=3"]
+    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(
+        "error: unknown setting 'num_example' in num_example=3 (did you mean num_examples?): "
+        "conf/eval/recall.yaml and its groups have no such key to change; the top-level settings are "
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["++seed=5", "+trainer.max_time=00:01:00:00", "hydra.run.dir=/tmp/x", "model.d_model=64"],
+        ["mixer=hybrid_jamba", "model=small", "mixer.settings.mamba.d_state=8", "~early_stopping"],
+        ["+experiment=zoology_mqar", "trainer.max_steps=5", "data.seqlen=64"],  # the experiment's keys
+        ["-m", "mixer=attention,mamba", "trainer.max_step=3"],  # a sweep: only its group options
+        ["--cfg", "job", "data=text", "data.path=x.txt", "+tag=a", "hydra.job.name=${tag}"],
+    ],
+)
+def test_command_lines_hydra_composes_pass_the_check(argv):
+    check_command_line(argv, "train", **TRAIN_CHECK)
 
 
 @pytest.mark.parametrize(
