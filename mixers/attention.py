@@ -20,7 +20,7 @@ from einops import rearrange
 from torch import nn
 
 import kernels
-from mixers.common import MixerCache, check_bool, check_input, check_positive_int
+from mixers.common import MixerCache, check_bool, check_cache, check_input, check_number, check_positive_int
 
 POS_EMBS = ("rope", "learned", "none")
 
@@ -131,10 +131,12 @@ class Attention(nn.Module):
     Raises:
         TypeError: bias is not a bool (e.g. the config string "no").
         TypeError / ValueError: non-positive or non-int sizes, num_heads not dividing d_model (without
-            head_dim), num_kv_heads not dividing num_heads, unknown pos_emb, odd head_dim with RoPE.
+            head_dim), num_kv_heads not dividing num_heads, unknown pos_emb, odd head_dim with RoPE,
+            rope_base not a finite number > 1.
     """
 
     name = "attention"
+    cache_cls = KVCache
 
     def __init__(
         self,
@@ -174,8 +176,7 @@ class Attention(nn.Module):
             raise ValueError(
                 f"{self.name}: RoPE rotates pairs of dims, so head_dim must be even, got {head_dim}"
             )
-        if pos_emb == "rope" and not rope_base > 1:
-            raise ValueError(f"{self.name}: rope_base must be > 1, got {rope_base}")
+        check_number(rope_base, "rope_base", self.name, low=1.0)
 
         self.d_model = d_model
         self.num_heads = num_heads
@@ -186,6 +187,8 @@ class Attention(nn.Module):
         self.max_position = check_positive_int(max_position, "max_position", self.name)
         self.page_size = check_positive_int(page_size, "page_size", self.name)
         self.window: int | None = None  # no window: SlidingWindowAttention sets one
+        # Trailing shapes of the cache's k and v (mixers.common.check_cache): a paged pool here.
+        self._cache_layout = dict.fromkeys(("k", "v"), (page_size, num_kv_heads, head_dim))
 
         # One fused projection for q, k, v: a single matmul instead of three.
         self.qkv_proj = nn.Linear(d_model, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias)
@@ -262,11 +265,17 @@ class Attention(nn.Module):
         B, T = check_input(x, self.d_model, self.name, self.qkv_proj.weight.dtype)
         offset, positions = 0, None
         if cache is not None:
+            check_cache(cache, self, self.cache_cls, self._cache_layout, self.qkv_proj.weight.device)
             cache.check_step(B, T, self.name)
             offset = cache.seqlen
             if T == 1:
                 positions = cache.seqlens  # (B,) on the device: a decode step has no host positions
         q, k, v = self._project(x, offset, positions)
+        if cache is not None and k.dtype != cache.k.dtype:  # under autocast too: the dtype k is made in
+            raise TypeError(
+                f"{self.name}: the cache holds {cache.k.dtype} keys but this layer computes {k.dtype} ones; "
+                f"allocate the cache with dtype={k.dtype} (or dtype=None outside autocast)"
+            )
         if cache is None:
             o = kernels.flash_attention(q, k, v, causal=True, window=self.window)  # (B, T, Hq, D)
         else:
@@ -313,7 +322,15 @@ class Attention(nn.Module):
         return kernels.flash_attention(q, k, v, causal=True, window=self.window)
 
     def _cache_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
-        """KV caches default to the parameter dtype (K/V are produced in it)."""
+        """KV caches default to the parameter dtype (K/V are produced in it).
+
+        Raises:
+            TypeError: ``dtype`` is neither None nor a floating-point torch.dtype.
+        """
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(
+                f"{self.name}: the cache dtype must be a floating-point torch.dtype, got {dtype!r}"
+            )
         return dtype or self.qkv_proj.weight.dtype
 
     def allocate_cache(

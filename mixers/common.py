@@ -9,6 +9,7 @@ attention (Based, Arora et al. 2024; fla's ShortConvolution). Its math runs in t
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from torch import nn
@@ -68,6 +69,25 @@ def check_positive_int(value: object, name: str, mixer: str) -> int:
     return value
 
 
+def check_number(
+    value: object, name: str, mixer: str, *, low: float = 0.0, low_inclusive: bool = False
+) -> float:
+    """Return ``value`` as a float if it is a finite real number above ``low`` (or equal to it with
+    ``low_inclusive``).
+
+    Raises:
+        TypeError: value is not an int or float (bools and strings such as "1e-3" are rejected).
+        ValueError: value is NaN, infinite or not above ``low``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{mixer}: {name} must be a number, got {value!r}")
+    above = value >= low if low_inclusive else value > low
+    if not math.isfinite(value) or not above:
+        bound = f"{'>=' if low_inclusive else '>'} {low:g}"
+        raise ValueError(f"{mixer}: {name} must be a finite number {bound}, got {value}")
+    return float(value)
+
+
 def check_bool(value: object, name: str, mixer: str) -> bool:
     """Return `value` if it is a bool.
 
@@ -92,7 +112,12 @@ def state_dtype(module_dtype: torch.dtype, dtype: torch.dtype | None = None) -> 
 
     Returns:
         torch.float64 if the requested (else the module's) dtype is float64, else torch.float32.
+
+    Raises:
+        TypeError: ``dtype`` is neither None nor a floating-point torch.dtype (a string, an int dtype).
     """
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"the cache dtype must be a floating-point torch.dtype, got {dtype!r}")
     return torch.float64 if (dtype or module_dtype) == torch.float64 else torch.float32
 
 
@@ -108,6 +133,8 @@ class MixerCache:
 
     max_seqlen: int
     seqlen: int = 0
+    # (id of the mixer, its device) that check_cache last accepted this cache for: checked once.
+    checked_for: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def allocate(
@@ -159,6 +186,63 @@ class MixerCache:
                 f"{mixer}: cache overflow: it holds {self.seqlen} tokens, {seqlen} more would exceed "
                 f"max_seqlen={self.max_seqlen}; allocate the cache with a larger max_seqlen"
             )
+
+
+def check_cache(
+    cache: object,
+    mixer: nn.Module,
+    cls: type,
+    fields: dict[str, tuple[int, ...] | None],
+    device: torch.device,
+) -> None:
+    """Refuse a cache that ``mixer`` did not allocate (another mixer's, or one of other settings),
+    which would fail deep inside a kernel or, for a missing field, run without it. Checked once
+    per cache and mixer (remembered in ``cache.checked_for``); every step checks the batch size and
+    the room left (:meth:`MixerCache.check_step`).
+
+    Args:
+        cache: what the caller passed as the mixer's cache.
+        mixer: the mixer (its ``name`` goes into the messages).
+        cls: the cache class ``mixer.allocate_cache`` returns.
+        fields: per tensor field, the trailing shape it must end with, or None where the field
+            must be absent (linear attention without normalising has no ``z``).
+        device: the mixer's parameters' device.
+
+    Raises:
+        TypeError: ``cache`` is not a ``cls``.
+        ValueError: a field missing, present where it should not be, of another trailing shape, or
+            on another device; each message says to allocate the cache with this mixer.
+    """
+    key = (id(mixer), device)
+    if getattr(cache, "checked_for", None) == key:
+        return
+    fix = "allocate it with this mixer's (or model's) allocate_cache"
+    if type(cache) is not cls:
+        raise TypeError(
+            f"{mixer.name}: the cache is a {type(cache).__name__}, but this layer keeps a {cls.__name__}: a "
+            f"cache of another mixer or model; {fix}"
+        )
+    for name, trailing in fields.items():
+        tensor = getattr(cache, name)
+        if (tensor is None) != (trailing is None):
+            state = "has no" if tensor is None else "has a"
+            raise ValueError(
+                f"{mixer.name}: the cache {state} {name}, which this layer's settings "
+                f"{'need' if tensor is None else 'do not use'}: a cache of a mixer with other settings; {fix}"
+            )
+        if tensor is None:
+            continue
+        if tuple(tensor.shape[tensor.dim() - len(trailing) :]) != trailing:
+            raise ValueError(
+                f"{mixer.name}: the cache's {name} is {tuple(tensor.shape)}, but this layer needs (..., "
+                f"{', '.join(map(str, trailing))}): a cache of a mixer with other settings; {fix}"
+            )
+        if tensor.device != device:
+            raise ValueError(
+                f"{mixer.name}: the cache's {name} is on {tensor.device} but the layer's weights are on "
+                f"{device}; {fix} (device={device})"
+            )
+    cache.checked_for = key
 
 
 def causal_conv1d(

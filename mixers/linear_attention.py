@@ -32,6 +32,7 @@ from mixers.common import (
     causal_conv1d,
     causal_conv1d_step,
     check_bool,
+    check_cache,
     check_input,
     check_positive_int,
     state_dtype,
@@ -148,6 +149,11 @@ class LinearAttention(nn.Module):
         self.scale = 1.0 if feature_map == "taylor" else feature_dim**-0.5
 
         self.conv_channels = num_heads * (2 * feature_dim + self.head_dim)
+        # Trailing shapes of the cache's tensors (mixers.common.check_cache); None: absent.
+        shapes = self._state_shapes(1)
+        self._cache_layout = {
+            name: shapes[name][1:] if name in shapes else None for name in ("kv", "z", "conv_state")
+        }
         self.qkv_proj = nn.Linear(d_model, self.conv_channels, bias=bias)
         # Depthwise over the fused q, k, v channels: the same as three separate short convolutions.
         # PyTorch's default init (uniform +-1/sqrt(d_conv)) is kept, as in Mamba's conv.
@@ -197,6 +203,7 @@ class LinearAttention(nn.Module):
         """
         B, T = check_input(x, self.d_model, self.name, self.qkv_proj.weight.dtype)
         if cache is not None:
+            check_cache(cache, self, LinearAttentionCache, self._cache_layout, self.qkv_proj.weight.device)
             cache.check_step(B, T, self.name)
         decode = cache is not None and T == 1
 

@@ -30,7 +30,9 @@ from mixers.common import (
     causal_conv1d,
     causal_conv1d_step,
     check_bool,
+    check_cache,
     check_input,
+    check_number,
     check_positive_int,
     state_dtype,
 )
@@ -70,7 +72,8 @@ class Mamba(nn.Module):
     Raises:
         TypeError: conv_bias or bias is not a bool (e.g. the config string "no").
         TypeError / ValueError: non-positive or non-int sizes, dt_rank neither "auto" nor an int > 0,
-            not 0 < dt_min <= dt_max, negative dt_init_floor, non-positive dt_scale.
+            not 0 < dt_min <= dt_max, negative dt_init_floor, non-positive dt_scale, a dt_* that
+            is not a finite number.
     """
 
     name = "mamba"
@@ -101,12 +104,12 @@ class Mamba(nn.Module):
         elif isinstance(dt_rank, str):
             raise ValueError(f"{self.name}: dt_rank must be 'auto' or an int > 0, got {dt_rank!r}")
         check_positive_int(dt_rank, "dt_rank", self.name)
-        if not 0 < dt_min <= dt_max:
+        # Finite: a NaN or infinite one would give NaN biases or fail inside torch's init.
+        dt_min, dt_max = check_number(dt_min, "dt_min", self.name), check_number(dt_max, "dt_max", self.name)
+        if dt_min > dt_max:
             raise ValueError(f"{self.name}: need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
-        if dt_init_floor < 0:
-            raise ValueError(f"{self.name}: dt_init_floor must be >= 0, got {dt_init_floor}")
-        if not dt_scale > 0:
-            raise ValueError(f"{self.name}: dt_scale must be > 0, got {dt_scale}")
+        dt_init_floor = check_number(dt_init_floor, "dt_init_floor", self.name, low_inclusive=True)
+        dt_scale = check_number(dt_scale, "dt_scale", self.name)
 
         self.d_model = d_model
         self.d_state = d_state
@@ -114,6 +117,8 @@ class Mamba(nn.Module):
         self.expand = expand
         self.d_inner = expand * d_model
         self.dt_rank = dt_rank
+        # Trailing shapes of the cache's tensors (mixers.common.check_cache).
+        self._cache_layout = {"conv_state": (self.d_inner, d_conv), "ssm_state": (self.d_inner, d_state)}
         self.dt_min, self.dt_max, self.dt_init_floor, self.dt_scale = dt_min, dt_max, dt_init_floor, dt_scale
 
         self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias)
@@ -189,6 +194,7 @@ class Mamba(nn.Module):
         """
         batch, T = check_input(x, self.d_model, self.name, self.in_proj.weight.dtype)
         if cache is not None:
+            check_cache(cache, self, MambaCache, self._cache_layout, self.in_proj.weight.device)
             cache.check_step(batch, T, self.name)
         if cache is not None and T == 1:
             out = self.out_proj(self._step(x[:, 0], cache)[:, None])  # (B, 1, d_model)

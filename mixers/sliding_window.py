@@ -56,10 +56,13 @@ class SlidingWindowAttention(Attention):
     """
 
     name = "sliding_window"
+    cache_cls = RingKVCache
 
     def __init__(self, d_model: int, num_heads: int, window: int, **kwargs):
         super().__init__(d_model, num_heads, **kwargs)
         self.window = check_positive_int(window, "window", self.name)
+        # The ring's slots depend on max_seqlen: its k and v end with (num_kv_heads, head_dim).
+        self._cache_layout = dict.fromkeys(("k", "v"), (self.num_kv_heads, self.head_dim))
 
     def _attend_with_cache(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: RingKVCache

@@ -107,8 +107,11 @@ class ModelConfig:
         name: a label for records and logs (e.g. ``hybrid_jamba``).
 
     Raises:
-        ValueError: on any invalid field (see :func:`expand_layout`), non-positive sizes, an
-            unknown MLP kind, a dropout outside [0, 1) or settings given for an unknown mixer.
+        ValueError: on any invalid field (see :func:`expand_layout`), non-positive sizes (bools
+            too), an unknown MLP kind, an mlp_ratio or norm_eps that is not a finite number > 0, a
+            dropout outside [0, 1), a pattern that is not a list, settings that are not a mapping of
+            mappings or given for an unknown mixer, a shared block that is not a mapping of its
+            keys.
     """
 
     vocab_size: int
@@ -127,17 +130,28 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for field in ("vocab_size", "d_model", "n_layers"):
             value = getattr(self, field)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"model.{field} must be a positive integer, got {value!r}")
         if self.mlp not in MLP_KINDS:
             raise ValueError(f"unknown mlp {self.mlp!r}; choose one of {MLP_KINDS}")
-        if self.mlp_ratio <= 0:
-            raise ValueError(f"mlp_ratio must be > 0, got {self.mlp_ratio}")
+        for field in ("mlp_ratio", "norm_eps"):  # finite: NaN or inf would give NaN or a failed init
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"model.{field} must be a finite number > 0, got {value!r}")
         for field in ("embed_dropout", "resid_dropout"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise ValueError(f"model.{field} must be a probability in [0, 1), got {value!r}")
+        if isinstance(self.pattern, (str, bytes)) or not isinstance(self.pattern, Sequence):
+            raise ValueError(f"model.pattern must be a list of mixer names, got {self.pattern!r}")
         self.pattern = [str(name) for name in self.pattern]
+        if not isinstance(self.mixer_settings, Mapping) or not all(
+            isinstance(v, Mapping) or v is None for v in self.mixer_settings.values()
+        ):
+            raise ValueError(
+                "model.mixer_settings must map mixer names to their settings ({'mamba': {'d_state': 16}}), "
+                f"got {self.mixer_settings!r}"
+            )
         self.mixer_settings = {str(k): dict(v or {}) for k, v in dict(self.mixer_settings).items()}
         for name in self.mixer_settings:
             if name not in mixers.MIXERS:
@@ -145,7 +159,15 @@ class ModelConfig:
                     f"settings given for unknown mixer {name!r}; known mixers: {sorted(mixers.MIXERS)}"
                 )
         if isinstance(self.shared_block, Mapping):
+            unknown = sorted(set(self.shared_block) - {f.name for f in dataclasses.fields(SharedBlockConfig)})
+            if unknown:
+                raise ValueError(f"unknown shared_block keys {unknown}; valid keys: ['every', 'mixer']")
             self.shared_block = SharedBlockConfig(**self.shared_block)
+        elif self.shared_block is not None and not isinstance(self.shared_block, SharedBlockConfig):
+            raise ValueError(
+                "model.shared_block must be null or {every: <layers>, mixer: <name>}, got "
+                f"{self.shared_block!r}"
+            )
         expand_layout(self.pattern, self.n_layers)  # validates the pattern against n_layers
 
     @property

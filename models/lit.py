@@ -299,10 +299,18 @@ def load_model(path, map_location: str | torch.device = "cpu", arg: str | None =
         FileNotFoundError: missing checkpoint.
         ValueError: truncated, corrupt or foreign checkpoint, weights that hold NaN or inf (a
             diverged run) or integer / bool values where the model's are floating-point (an edited
-            or converted file), or a model config that no longer validates.
+            or converted file), hyper_parameters that LitLM does not take, or a model config that no
+            longer validates.
     """
     checkpoint = read_checkpoint(path, arg)
-    lit = LitLM(**checkpoint["hyper_parameters"])
+    hparams = checkpoint["hyper_parameters"]
+    unknown = sorted(set(hparams) - set(inspect.signature(LitLM.__init__).parameters))
+    if unknown:  # an edited file, or one of a newer mixerlab: LitLM would raise a bare TypeError
+        raise ValueError(
+            f"checkpoint {path} holds hyper_parameters that this mixerlab's LitLM does not take ({unknown}): "
+            "was it edited, or written by another mixerlab version?"
+        )
+    lit = LitLM(**hparams)
     # load_state_dict casts each tensor to its parameter's dtype: integer or bool weights (an
     # edited or foreign file) would load as truncated numbers and score 0 without a word.
     expected = lit.state_dict()

@@ -261,12 +261,16 @@ class LanguageModel(nn.Module):
             history when ``cache`` is given.
 
         Raises:
-            TypeError: ``input_ids`` not a tensor.
-            ValueError: ``input_ids`` not 2-D integer (bool is not), or token ids out of range.
+            TypeError: ``input_ids`` not a tensor; a cache that is not this model's kind
+                (:meth:`_check_cache`, :func:`mixers.common.check_cache`).
+            ValueError: ``input_ids`` not 2-D integer (bool is not), or token ids out of range; a
+                cache of another model or of other mixer settings, or one that is full.
         """
         if cache is not None and torch.is_grad_enabled():
             with torch.no_grad():
                 return self.forward(input_ids, cache)  # not self(...): module hooks run once
+        if cache is not None:
+            self._check_cache(cache)
         input_ids = self._token_ids(input_ids)
         emb = self.embed_dropout(self.embedding(input_ids))  # (B, T, d_model)
         h = emb
@@ -279,6 +283,26 @@ class LanguageModel(nn.Module):
                 invocation += 1
         h = self.norm_f(h)
         return F.linear(h, self.embedding.weight)  # tied head: (B, T, vocab_size)
+
+    def _check_cache(self, cache: object) -> None:
+        """Refuse a cache of another model: one mixer cache per layer and per shared-block
+        invocation (each layer then checks its own, :func:`mixers.common.check_cache`).
+
+        Raises:
+            TypeError: ``cache`` is not a :class:`ModelCache`.
+            ValueError: another number of layer or shared-block caches.
+        """
+        if not isinstance(cache, ModelCache):
+            raise TypeError(
+                f"cache must be a ModelCache from this model's allocate_cache, got {type(cache).__name__}"
+            )
+        if len(cache.layers) != len(self.layers) or len(cache.shared) != len(self.shared_after):
+            raise ValueError(
+                f"the cache holds {len(cache.layers)} layer caches and {len(cache.shared)} shared-block "
+                f"ones, but this model has {len(self.layers)} layers and {len(self.shared_after)} "
+                "shared-block invocations: a cache of another model; allocate it with this model's "
+                "allocate_cache"
+            )
 
     def _token_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``input_ids`` checked (2-D integer, ids in ``[0, vocab_size)``) and in an index dtype the
@@ -359,9 +383,13 @@ class LanguageModel(nn.Module):
             ``(B, T, vocab_size)`` logits.
 
         Raises:
-            ValueError: ``prefill_len`` outside ``[1, T]``.
+            TypeError: ``input_ids`` not a tensor, ``prefill_len`` not an int.
+            ValueError: ``input_ids`` not 2-D integer ids in range, ``prefill_len`` outside ``[1, T]``.
         """
+        input_ids = self._token_ids(input_ids)
         batch, seqlen = input_ids.shape
+        if isinstance(prefill_len, bool) or not isinstance(prefill_len, int):
+            raise TypeError(f"prefill_len must be an int, got {prefill_len!r}")
         if not 1 <= prefill_len <= seqlen:
             raise ValueError(f"prefill_len must lie in [1, {seqlen}], got {prefill_len}")
         cache = self.allocate_cache(batch, seqlen)

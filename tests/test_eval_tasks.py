@@ -602,6 +602,12 @@ def test_foreign_files_and_edited_configs_give_clear_checkpoint_errors(copy_run,
     torch.save(checkpoint, edited)
     with pytest.raises(ValueError, match="does not match the model its config describes: .*size mismatch"):
         load_model(edited)
+    # A hyper_parameter LitLM does not take: one line, not LitLM's TypeError (found by an audit).
+    checkpoint["hyper_parameters"]["extra"] = 1
+    torch.save(checkpoint, edited)
+    message = f"checkpoint {edited} holds hyper_parameters that this mixerlab's LitLM does not take"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_model(edited)
 
 
 def test_checkpoints_without_weights_or_model_config_are_refused_in_one_line(copy_run, tmp_path):

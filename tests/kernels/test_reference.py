@@ -724,6 +724,34 @@ def test_decode_steps_count_their_in_place_writes_as_pytorch_does(backend):
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_a_state_whose_elements_overlap_is_refused_before_any_write(backend):
+    """Found by an audit: an as_strided state whose rows overlap (no stride 0) was stepped, with
+    results that differed between the backends; now refused, on both, before anything is written.
+    Views whose elements stay apart (a slice, a permutation, every other channel) still step."""
+    for (step, state), name in zip(_decode_steps(), ["state", "state", "conv_state"], strict=True):
+        storage = torch.zeros(state.numel() * 2, dtype=state.dtype)
+        # The last dim's rows overlap: stride of the second-to-last dim smaller than the last's span.
+        strides = [*state.stride()[:-2], 1, 1]
+        overlapping = storage.as_strided(state.shape, strides)
+        with pytest.raises(ValueError, match=f"{name} is updated in place, so its elements must not share"):
+            step(overlapping, backend)
+        assert not storage.any(), "a refused step must not have written the state"
+        spaced = torch.zeros(*state.shape[:-1], state.shape[-1] * 2, dtype=state.dtype)[..., ::2]
+        step(spaced, backend)  # every other element: apart
+        step(state.transpose(-1, -2).contiguous().transpose(-1, -2), backend)  # a permuted layout
+
+
+def test_a_16_bit_ssm_state_is_refused():
+    # Found by an audit: a bf16 / fp16 state was accepted and drifted (0.2-0.35% after 300 steps).
+    x = rand(2, 4)
+    for dtype in (torch.float16, torch.bfloat16):
+        with pytest.raises(TypeError, match=f"state must be float32 \\(or float64\\), got {dtype}"):
+            kernels.selective_state_update(
+                rand(2, 4, 3).to(dtype), x, x.abs(), -rand(4, 3, positive=True), rand(2, 3), rand(2, 3)
+            )
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_a_missing_first_tensor_is_a_type_error(backend):
     """None in the first tensor's place is the checks' TypeError on both backends (the Triton ops key
     their replayed launches on it first)."""

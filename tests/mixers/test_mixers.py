@@ -371,6 +371,18 @@ def test_registry_lists_the_four_mixers():
         ("linear_attention", dict(num_heads=4, feature_map="cosine"), ValueError, r"unknown feature_map"),
         ("mamba", dict(dt_rank="full"), ValueError, r"dt_rank"),
         ("mamba", dict(dt_min=0.1, dt_max=0.01), ValueError, r"dt_min <= dt_max"),
+        # Found by an audit: NaN passed the checks and gave NaN biases, inf failed inside torch's init.
+        ("mamba", dict(dt_init_floor=math.nan), ValueError,
+         r"^mamba: dt_init_floor must be a finite number >= 0, got nan"),
+        ("mamba", dict(dt_max=math.inf), ValueError, r"^mamba: dt_max must be a finite number > 0, got inf"),
+        ("mamba", dict(dt_scale=math.inf), ValueError, r"^mamba: dt_scale must be a finite number > 0"),
+        ("mamba", dict(dt_min="0.001"), TypeError, r"^mamba: dt_min must be a number, got '0.001'$"),
+        ("attention", dict(num_heads=4, rope_base="10000"), TypeError,
+         r"^attention: rope_base must be a number, got '10000'$"),
+        ("attention", dict(num_heads=4, rope_base=math.inf), ValueError,
+         r"rope_base must be a finite number > 1, got inf"),
+        ("attention", dict(num_heads=4, rope_base=1), ValueError,
+         r"rope_base must be a finite number > 1, got 1"),
         # Config strings for boolean settings (Hydra passes `short_conv=no` as "no") must not become True.
         (
             "linear_attention",
@@ -414,6 +426,54 @@ def test_cache_misuse_raises(name, settings):
         mixer(x, cache=mixer.allocate_cache(3, 8))
     with pytest.raises(ValueError, match=r"shape \(B, T, d_model=24\)"):
         mixer(torch.randn(2, 5, D_MODEL + 1, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    ("name", "settings", "owner", "owner_settings", "error", "match"),
+    [
+        ("attention", dict(num_heads=4), "mamba", dict(), TypeError,
+         r"^attention: the cache is a MambaCache, but this layer keeps a KVCache: a cache of another mixer"),
+        ("attention", dict(num_heads=4), "sliding_window", dict(num_heads=4, window=3), TypeError,
+         r"the cache is a RingKVCache, but this layer keeps a KVCache"),
+        ("sliding_window", dict(num_heads=4, window=3), "attention", dict(num_heads=4), TypeError,
+         r"the cache is a KVCache, but this layer keeps a RingKVCache"),
+        ("attention", dict(num_heads=4), "attention", dict(num_heads=4, num_kv_heads=2), ValueError,
+         r"^attention: the cache's k is \(2, 64, 2, 6\), but this layer needs \(\.\.\., 64, 4, 6\)"),
+        ("sliding_window", dict(num_heads=4, window=3), "sliding_window", dict(num_heads=2, window=3),
+         ValueError,
+         r"the cache's k is \(2, 3, 2, 12\), but this layer needs \(\.\.\., 4, 6\)"),
+        ("mamba", dict(d_conv=4), "mamba", dict(d_conv=2), ValueError,
+         r"^mamba: the cache's conv_state is \(2, 48, 2\), but this layer needs \(\.\.\., 48, 4\)"),
+        # A silent wrong result before: the short convolutions ran without their window.
+        ("linear_attention", dict(num_heads=4, short_conv=True), "linear_attention", dict(num_heads=4),
+         ValueError, r"^linear_attention: the cache has no conv_state, which this layer's settings need"),
+        ("linear_attention", dict(num_heads=4, normalize=False), "linear_attention", dict(num_heads=4),
+         ValueError, r"the cache has a z, which this layer's settings do not use"),
+    ],
+)  # fmt: skip
+def test_a_cache_of_another_mixer_or_settings_is_refused(name, settings, owner, owner_settings, error, match):
+    # Found by an audit: such caches failed deep in torch (a shape mismatch, an AttributeError) or ran.
+    mixer = make_mixer(name, settings)
+    cache = make_mixer(owner, owner_settings).allocate_cache(BATCH, 8)
+    before = [t.clone() for t in cache.tensors()]
+    with pytest.raises(error, match=match):
+        mixer(inputs(seqlen=3), cache=cache)
+    assert cache.seqlen == 0 and all(torch.equal(a, b) for a, b in zip(before, cache.tensors(), strict=True))
+
+
+def test_a_cache_on_another_device_or_in_another_dtype_is_refused():
+    mixer = make_mixer("attention", dict(num_heads=4))  # float64 weights
+    with pytest.raises(ValueError, match=r"the cache's k is on meta but the layer's weights are on cpu"):
+        mixer(inputs(seqlen=3), cache=mixer.allocate_cache(BATCH, 8, device="meta"))
+    message = "the cache holds torch.float16 keys but this layer computes torch.float64 ones"
+    with pytest.raises(TypeError, match=message):
+        mixer(inputs(seqlen=3), cache=mixer.allocate_cache(BATCH, 8, dtype=torch.float16))
+    for name, settings in [("attention", dict(num_heads=4)), ("mamba", dict()),
+                           ("linear_attention", dict(num_heads=4))]:  # fmt: skip
+        for dtype in ("float16", torch.int64):
+            message = f"cache dtype must be a floating-point torch.dtype, got {dtype!r}"
+            with pytest.raises(TypeError, match=message):
+                make_mixer(name, settings).allocate_cache(BATCH, 8, dtype=dtype)
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -270,6 +273,23 @@ def test_config_errors_are_clear():
         ModelConfig(**{**base, "mlp": "gelu"})
     with pytest.raises(ValueError, match="shared_block.every"):
         ModelConfig(**{**base, "shared_block": {"every": 0}})
+    # Found by an audit: non-finite or mistyped values gave NaN logits or errors from deep in torch.
+    for field, value in [("norm_eps", -1.0), ("norm_eps", math.nan), ("norm_eps", "1e-5"),
+                         ("mlp_ratio", math.inf), ("mlp_ratio", "4")]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"^model.{field} must be a finite number > 0, got "):
+            ModelConfig(**{**base, field: value})
+    for field in ("vocab_size", "n_layers"):
+        with pytest.raises(ValueError, match=f"^model.{field} must be a positive integer, got True"):
+            ModelConfig(**{**base, field: True})
+    with pytest.raises(ValueError, match="^model.pattern must be a list of mixer names, got None"):
+        ModelConfig(**{**base, "pattern": None})
+    message = "unknown shared_block keys ['foo']; valid keys: ['every', 'mixer']"
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        ModelConfig(**{**base, "shared_block": {"every": 1, "foo": 2}})
+    with pytest.raises(ValueError, match=r"^model.shared_block must be null or \{every: <layers>, mixer: "):
+        ModelConfig(**{**base, "shared_block": [1]})
+    with pytest.raises(ValueError, match="^model.mixer_settings must map mixer names to their settings"):
+        ModelConfig(**{**base, "mixer_settings": [1, 2]})
     with pytest.raises(ValueError, match="divide"):  # heads that do not divide d_model
         LanguageModel({**base, "mixer_settings": {"attention": {"num_heads": 5}}})
     with pytest.raises(ValueError, match="window"):
@@ -281,6 +301,17 @@ def test_config_errors_are_clear():
             }
         )
     model = LanguageModel(base)
+    ids = torch.tensor([[1, 2, 3]])
+    message = "the cache holds 1 layer caches and 0 shared-block ones, but this model has 8 layers"
+    with pytest.raises(ValueError, match="^" + message):
+        model(ids, cache=LanguageModel({**base, "n_layers": 1}).allocate_cache(1, 4))
+    message = "cache must be a ModelCache from this model's allocate_cache, got list"
+    with pytest.raises(TypeError, match="^" + message):
+        model(ids, cache=[])
+    with pytest.raises(TypeError, match="^input_ids must be a .* integer tensor, got list"):
+        model.decode_logits([[1, 2]], 1)
+    with pytest.raises(TypeError, match="^prefill_len must be an int, got 2.0"):
+        model.decode_logits(ids, 2.0)
     with pytest.raises(ValueError, match="token ids"):
         model(torch.tensor([[1, 10]]))
     with pytest.raises(ValueError, match="integer"):
