@@ -75,7 +75,7 @@ from eval.records import (
     training_settings,
     write_records,
 )
-from models import ModelConfig
+from models import LanguageModel, ModelConfig
 from models.checkpoint import AtomicCheckpointIO, atomic_write_bytes, numpy_scalars_loadable, read_checkpoint
 from models.config import config_from_groups
 from models.lit import DEFAULT_OPTIM, LitLM, check_optim, logged_metrics
@@ -172,9 +172,16 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     Raises:
         ValueError: invalid model, mixer or data settings, with the offending key named; a top-level
             setting conf/train.yaml does not define and nothing reads
-            (:func:`eval.cli.check_known_settings`).
+            (:func:`eval.cli.check_known_settings`); a group of settings replaced by a value
+            (``optim=5``).
     """
     check_known_settings(cfg, "train", hints=SETTING_HINTS, settings=lightning_settings())
+    for section in ("model", "mixer", "data", "optim", "trainer", "logger"):
+        if not OmegaConf.is_dict(cfg[section]):  # optim=5 replaced the whole group of settings
+            raise ValueError(
+                f"{section} must be a group of settings, got {section}={cfg[section]!r}; set one of them "
+                f"instead, e.g. {section}.<key>=<value> (conf/train.yaml lists them)"
+            )
     if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError(
             f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and none is available; "
@@ -213,6 +220,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             raise
         raise type(err)(message) from err
     model_config = build_model_config(cfg, dm.vocab_size)
+    # The mixers check their settings' values as they are built (pos_emb=ropee, num_heads=0): built
+    # once on the meta device (no weights allocated), a refusal comes before the seeding too.
+    with torch.device("meta"):
+        LanguageModel(model_config)
     tokenizer = getattr(dm, "tokenizer", None)
     slice_names = list(getattr(dm, "slice_names", ["val"]))
     slice_seqlens = slice_lengths(dm, slice_names, int(data_cfg["seqlen"]))
@@ -732,8 +743,10 @@ def check_resume(
                 "token ids would mean other characters): data.path names another file than the checkpoint's "
                 "corpus, or the file was edited; resume on the checkpoint's corpus"
             )
+        # The data module's name is chosen by the data group: data=mqar gives it (and its defaults).
+        shown = "data" if key == "data.name" else key
         raise ValueError(
-            f"{given} was trained with {pasteable(f'{key}={override_value(value)}')}, this run has "
+            f"{given} was trained with {pasteable(f'{shown}={override_value(value)}')}, this run has "
             f"{override_value(resolved.get(key))}; resume with the checkpoint's settings (its run "
             "directory's .hydra/overrides.yaml lists them)"
         )

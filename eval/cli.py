@@ -293,7 +293,9 @@ def check_group_options(argv: list[str], config_dir: Path = CONF_DIR) -> None:
 
     Raises:
         ValueError: ``unknown <group> '<option>' in <override>: conf/<group> has no <option>.yaml; the
-            <group> options are ...``.
+            <group> options are ...``; a value that is no option's name (``trainer=5``); a list of
+            options (``mixer=[attention,mamba]``, which Hydra would merge into one run: a forgotten
+            ``-m``).
     """
     for override in _command_line_overrides(argv) or ():
         group = override.key_or_group
@@ -301,11 +303,23 @@ def check_group_options(argv: list[str], config_dir: Path = CONF_DIR) -> None:
         if override.is_delete() or group.startswith("hydra") or not folder.is_dir():
             continue
         value = override.value()
+        if override.is_sweep_override() and not isinstance(value, ChoiceSweep):
+            continue  # glob(*), range(...): Hydra expands them itself
+        options = sorted(path.stem for path in folder.glob("*.yaml"))
+        if isinstance(value, list):  # Hydra would merge the configs of all of them into one run
+            raise ValueError(
+                f"{override.input_line}: a list of {group} options merges their configs into one run; to "
+                f"run each, add -m and write {group}={','.join(map(str, value))}"
+            )
         choices = value.list if isinstance(value, ChoiceSweep) else [value]
         for choice in choices:
-            if not isinstance(choice, str) or (folder / f"{choice}.yaml").is_file():
+            if choice is not None and not isinstance(choice, str):  # trainer=5: Hydra's traceback
+                raise ValueError(
+                    f"{override.input_line}: {group} takes the name of one of its options: "
+                    + ", ".join(options)
+                )
+            if choice is None or (folder / f"{choice}.yaml").is_file():
                 continue
-            options = sorted(path.stem for path in folder.glob("*.yaml"))
             meant = closest_settings(choice, {option: [option] for option in options})
             raise ValueError(
                 f"unknown {group} '{choice}' in {override.input_line}: conf/{group} has no {choice}.yaml"

@@ -12,6 +12,8 @@ Every mixer maps (B, T, d_model) -> (B, T, d_model) and is used the same way::
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
+from typing import Any
 
 from torch import nn
 
@@ -24,6 +26,7 @@ from mixers.sliding_window import RingKVCache, SlidingWindowAttention
 __all__ = [
     "MIXERS",
     "build_mixer",
+    "check_setting_names",
     "Attention",
     "SlidingWindowAttention",
     "LinearAttention",
@@ -62,6 +65,23 @@ def _settings_of(cls: type[nn.Module]) -> dict[str, inspect.Parameter]:
     return settings
 
 
+def check_setting_names(name: str, settings: Mapping[str, Any]) -> None:
+    """Check that ``name`` is a registered mixer and that it takes every key of ``settings`` (not
+    their values, which its constructor checks): a model config's settings for a mixer its layout
+    does not use are checked this way too, so a misspelt key is never carried along unread.
+
+    Raises:
+        ValueError: unknown name (lists the known ones), or settings the mixer does not take (names
+            them and the mixer's settings).
+    """
+    if name not in MIXERS:
+        raise ValueError(f"unknown mixer {name!r}; known mixers: {sorted(MIXERS)}")
+    known = _settings_of(MIXERS[name])
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise ValueError(f"mixer {name!r} has no setting(s) {unknown}; its settings are {sorted(known)}")
+
+
 def build_mixer(name: str, d_model: int, **settings) -> nn.Module:
     """Build a registered mixer: `MIXERS[name](d_model, **settings)`.
 
@@ -78,13 +98,9 @@ def build_mixer(name: str, d_model: int, **settings) -> nn.Module:
             required setting missing (both name the setting and the mixer); and whatever the mixer's
             constructor raises for bad values.
     """
-    if name not in MIXERS:
-        raise ValueError(f"unknown mixer {name!r}; known mixers: {sorted(MIXERS)}")
+    check_setting_names(name, settings)
     cls = MIXERS[name]
     known = _settings_of(cls)
-    unknown = sorted(set(settings) - set(known))
-    if unknown:
-        raise ValueError(f"mixer {name!r} has no setting(s) {unknown}; its settings are {sorted(known)}")
     missing = [s for s, p in known.items() if p.default is p.empty and s not in settings]
     if missing:
         raise ValueError(f"mixer {name!r} needs the setting(s) {missing}")

@@ -153,11 +153,12 @@ class ModelConfig:
                 f"got {self.mixer_settings!r}"
             )
         self.mixer_settings = {str(k): dict(v or {}) for k, v in dict(self.mixer_settings).items()}
-        for name in self.mixer_settings:
+        for name, settings in self.mixer_settings.items():
             if name not in mixers.MIXERS:
                 raise ValueError(
                     f"settings given for unknown mixer {name!r}; known mixers: {sorted(mixers.MIXERS)}"
                 )
+            mixers.check_setting_names(name, settings)  # also for a mixer the layout does not use
         if isinstance(self.shared_block, Mapping):
             unknown = sorted(set(self.shared_block) - {f.name for f in dataclasses.fields(SharedBlockConfig)})
             if unknown:
@@ -211,6 +212,10 @@ MODEL_GROUP_KEYS = (
 )  # fmt: skip
 
 
+# Keys of a ``mixer=`` config group (conf/mixer/*.yaml).
+MIXER_GROUP_KEYS = ("name", "pattern", "settings", "shared_block")
+
+
 def config_from_groups(model: Mapping[str, Any], mixer: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
     """The plain-dict :class:`ModelConfig` of a composed run: the ``model`` group's sizes with the
     ``mixer`` group's pattern, settings and shared block (both resolved to plain containers).
@@ -219,13 +224,23 @@ def config_from_groups(model: Mapping[str, Any], mixer: Mapping[str, Any], vocab
     set, say, ``mixer.settings.attention`` for every mixer a sweep may pick.
 
     Raises:
-        ValueError: a key the model group does not have (a typo such as ``+model.foo=1``, which would
-            otherwise change nothing), a pattern given as a string instead of a list, or what
-            :meth:`ModelConfig.from_dict` refuses.
+        ValueError: a key the model or mixer group does not have (a typo such as ``+model.foo=1``
+            or ``+mixer.foo=1``, which would otherwise change nothing), settings that are not a
+            mapping, a pattern given as a string instead of a list, or what
+            :meth:`ModelConfig.from_dict` refuses (a setting a mixer does not take, even a mixer the
+            layout does not use).
     """
     unknown = sorted(set(model) - set(MODEL_GROUP_KEYS))
     if unknown:
         raise ValueError(f"unknown model keys {unknown}; valid keys: {sorted(MODEL_GROUP_KEYS)}")
+    unknown = sorted(set(mixer) - set(MIXER_GROUP_KEYS))
+    if unknown:
+        raise ValueError(f"unknown mixer keys {unknown}; valid keys: {sorted(MIXER_GROUP_KEYS)}")
+    if not isinstance(mixer.get("settings") or {}, Mapping):
+        raise ValueError(
+            f"mixer.settings must map mixer names to their settings, got {mixer['settings']!r}; write "
+            "e.g. mixer.settings.mamba.d_state=16"
+        )
     config = {key: model[key] for key in MODEL_GROUP_KEYS if key in model and key not in ("name", "num_heads")}
     if isinstance(mixer["pattern"], str):  # list() would split it into characters
         raise ValueError(

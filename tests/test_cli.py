@@ -450,6 +450,19 @@ def test_an_unknown_group_option_is_one_line_with_the_options(argv, message):
         check_group_options(argv)
 
 
+def test_a_group_given_a_list_or_a_number_is_one_line():
+    # A list is a forgotten -m (Hydra would merge the mixers' configs into one run, found by a new-user
+    # check); a number gave Hydra's traceback.
+    message = ("mixer=[attention,mamba]: a list of mixer options merges their configs into one run; to run "
+               "each, add -m and write mixer=attention,mamba")  # fmt: skip
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        check_group_options(["mixer=[attention,mamba]"])
+    for argv in (["trainer=5"], ["-m", "trainer=1,cpu"]):
+        message = "trainer takes the name of one of its options: cpu, ddp, gpu"
+        with pytest.raises(ValueError, match=re.escape(message)):
+            check_group_options(argv)
+
+
 @pytest.mark.parametrize(
     "argv",
     [

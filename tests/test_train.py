@@ -443,6 +443,15 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
         ("+trainer.logger=false", "unknown trainer keys 'logger': the trainer.* settings are Lightning"),
         ("+optim.lrr=1", "unknown optim keys ['lrr']; valid keys: ['betas', 'lr', "),
         ("+data.foo=1", "unknown data keys ['foo'] for data=mqar; valid keys: ['batch_size', "),
+        # Found by a new-user check: these came after the seeding, or not at all (+mixer.foo, a key
+        # of a mixer the layout does not use), or as a traceback leaving the run's folder.
+        ("mixer.settings.attention.pos_emb=ropee", "attention: unknown pos_emb 'ropee'; choose one of"),
+        ("model.d_model=63", "attention: num_heads=4 does not divide d_model=63"),
+        ("+mixer.foo=1", "unknown mixer keys ['foo']; valid keys: ['name', 'pattern', 'settings', "),
+        ("+mixer.settings.mamba.foo=8", "mixer 'mamba' has no setting(s) ['foo']; its settings are ['bias'"),
+        ("mixer.settings=5", "mixer.settings must map mixer names to their settings, got 5"),
+        ("mixer.shared_block=foo", "model.shared_block must be null or {every: <layers>, mixer: <name>}"),
+        ("optim=5", "optim must be a group of settings, got optim=5; set one of them instead"),
     ],
 )  # fmt: skip
 def test_unknown_group_keys_are_refused_before_the_seeding(tmp_path, monkeypatch, override, message):
@@ -1442,7 +1451,7 @@ def test_printed_overrides_paste_back_to_the_same_value(key, value, tmp_path):
     [
         ("data.seqlen=32", "data.seqlen=64, this run has 32"),
         ("data.seed=1", "data.seed=0, this run has 1"),
-        ("data=copy", "data.name=mqar, this run has copy"),
+        ("data=copy", "data=mqar, this run has copy"),  # the group's option, not data.name=mqar
         ("optim.lr=0.001", "optim.lr=0.003, this run has 0.001"),
         ("seed=1", "seed=0, this run has 1"),
         ("data.random_non_queries=false", "data.random_non_queries=true, this run has false"),
