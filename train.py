@@ -238,16 +238,18 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "run_seed": cfg.seed,
     }
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    # Resolved now (trainer.devices=auto, "2", ...) so that a resume on another process count is
-    # refused before the seeding too; a new run compares no count, so it leaves that to the Trainer.
-    world_size = resolved_world_size(trainer_cfg) if cfg.get("resume") is not None else None
+    # Resolved now (trainer.devices=auto, "2", ...), by Lightning's own connector, so that settings it
+    # refuses (trainer.devices=0) and a resume on another process count are refused before the seeding
+    # too; a new run compares no count.
+    with trainer_settings_errors():
+        world_size = resolved_world_size(trainer_cfg)
     resume = check_resume(
         cfg.get("resume"),
         hparams,
         trainer_cfg.get("max_steps"),
         trainer_cfg.get("max_epochs"),
         trainer_cfg.get("max_time"),
-        world_size,
+        world_size if cfg.get("resume") is not None else None,
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)

@@ -280,7 +280,7 @@ def _is_group(override: Override, config_dir: Path = CONF_DIR) -> bool:
 
 def check_group_options(argv: list[str], config_dir: Path = CONF_DIR) -> None:
     """Refuse, before Hydra composes anything, a config group option of the command line that has no
-    file: ``mixer=nonexistent``, ``+experiment=zoology``, or one choice of a sweep
+    file: ``mixer=nonexistent``, ``experiment=zoology``, or one choice of a sweep
     (``-m mixer=attention,mambaa``). Hydra's own error for it is several lines with its search path
     and status 1; this is one line naming the group's options, with a guess when one is close.
 
@@ -328,6 +328,19 @@ def check_group_options(argv: list[str], config_dir: Path = CONF_DIR) -> None:
             )
 
 
+def _default_groups(path: Path) -> set[str]:
+    """The config groups a config's defaults list chooses (``model: tiny``, ``experiment: null``),
+    not Hydra's own; a ``+group=...`` of one of them makes Hydra fail with "Multiple values"."""
+    entries = OmegaConf.load(path).get("defaults") or []
+    return {
+        group.removeprefix("/")
+        for entry in entries
+        if not isinstance(entry, str)
+        for group in entry
+        if not group.startswith(("override ", "hydra", "/hydra"))
+    }
+
+
 def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> Any:
     """``<config_dir>/<config_name>.yaml`` composed with ``overrides`` by Hydra's compose API, as the
     script's ``@hydra.main`` composes it (unresolved)."""
@@ -358,7 +371,9 @@ def check_command_line(
     - a setting given a value that the composed config does not have (``trainer.max_step=3``,
       ``modle.d_model=64``): named with a guess (:func:`closest_settings`; a ``+`` before a setting
       the config leaves out, such as ``+trainer.max_time``) and the settings where it was looked for;
-    - ``+key=value`` for a key the config already sets (``+seed=3``), with the override to use.
+    - ``+key=value`` for a key the config already sets (``+seed=3``), and ``+group=option`` for a
+      group its defaults already choose (``+experiment=zoology_mqar``: ``experiment: null``), with the
+      override to use.
 
     A sweep (``-m`` with several values) has only its group options checked; anything else Hydra
     refuses is left to it.
@@ -378,7 +393,16 @@ def check_command_line(
     check_group_options(argv, config_dir)
     shown = f"{config_dir.relative_to(CONF_DIR.parent) / config_name}.yaml"  # conf/eval/recall.yaml
     overrides = _command_line_overrides(argv)
-    if overrides is None or any(override.is_sweep_override() for override in overrides):
+    if overrides is None:
+        return
+    chosen = _default_groups(config_dir / f"{config_name}.yaml")
+    for override in overrides:
+        if override.is_add() and override.key_or_group in chosen:  # Hydra: "Multiple values for ..."
+            raise ValueError(
+                f"{override.input_line} adds {override.key_or_group}, which {shown} already chooses in its "
+                f"defaults; write {override.input_line[1:]} to choose it"
+            )
+    if any(override.is_sweep_override() for override in overrides):
         return
     try:
         _compose(config_dir, config_name, [override.input_line for override in overrides])

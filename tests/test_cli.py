@@ -433,8 +433,8 @@ MIXERS = ("attention, hybrid_based, hybrid_jamba, hybrid_samba, hybrid_zamba, li
         (["mixer=nonexistent"],
          f"unknown mixer 'nonexistent' in mixer=nonexistent: conf/mixer has no nonexistent.yaml; the mixer "
          f"options are {MIXERS}"),
-        (["model=small", "+experiment=zoology"],
-         "unknown experiment 'zoology' in +experiment=zoology: conf/experiment has no zoology.yaml (did you "
+        (["model=small", "experiment=zoology"],
+         "unknown experiment 'zoology' in experiment=zoology: conf/experiment has no zoology.yaml (did you "
          "mean zoology_mqar?); the experiment options are induction_extrapolation, nanogpt_shakespeare, "
          "zoology_mqar"),
         (["-m", "mixer=attention,mambaa"],  # one choice of a sweep
@@ -466,7 +466,7 @@ def test_a_group_given_a_list_or_a_number_is_one_line():
 @pytest.mark.parametrize(
     "argv",
     [
-        ["mixer=mamba", "model=small", "trainer=cpu", "data=text", "logger=none", "+experiment=zoology_mqar"],
+        ["mixer=mamba", "model=small", "trainer=cpu", "data=text", "logger=none", "experiment=zoology_mqar"],
         ["-m", "mixer=attention,mamba", "model.d_model=32"],
         ["mixer=null", "~logger", "mixer.settings.mamba.d_state=8"],  # no option, a deletion, a key
         ["hydra/launcher=joblib", "mixer=glob(*)"],  # Hydra's own group; a sweep it expands itself
@@ -509,6 +509,9 @@ TRAIN_CHECK = dict(hints=train_module.SETTING_HINTS, settings=train_module.light
         (["+seed=3"], "train",
          "+seed=3 adds seed, which conf/train.yaml already sets; write seed=3 to change it ('+' adds a key "
          "the config lacks)"),
+        (["+experiment=zoology_mqar"], "train",  # found by a new-user check: Hydra's "Multiple values"
+         "+experiment=zoology_mqar adds experiment, which conf/train.yaml already chooses in its defaults; "
+         "write experiment=zoology_mqar to choose it"),
         (["ckpt=x.ckpt", "num_example=3"], "recall",
          "unknown setting 'num_example' in num_example=3 (did you mean num_examples?): "
          "conf/eval/recall.yaml "),
@@ -524,6 +527,19 @@ def test_a_command_line_hydra_would_refuse_is_one_line(argv, config, message):
     config_dir = REPO_ROOT / "conf" / ("eval" if config == "recall" else "")
     with pytest.raises(ValueError, match="^" + re.escape(message)):
         check_command_line(argv, config, config_dir, **(TRAIN_CHECK if config == "train" else {}))
+
+
+@pytest.mark.parametrize(
+    "name", ["copying", "decode", "long_context", "perplexity", "recall", "report", "roofline"]
+)
+def test_an_evaluation_sweep_makes_no_folder(name):
+    # Found by a new-user check: eval/recall.py -m left multirun/<date>/<time>/ with empty job folders.
+    # As each script's @hydra.main composes it: decode.yaml from conf/ (it chooses model and mixer).
+    config_dir, config_name = ("conf", "eval/decode") if name == "decode" else ("conf/eval", name)
+    with initialize_config_dir(config_dir=str(REPO_ROOT / config_dir), version_base="1.3"):
+        cfg = compose(config_name=config_name, return_hydra_config=True)
+    assert (cfg.hydra.run.dir, cfg.hydra.sweep.dir, cfg.hydra.sweep.subdir, cfg.hydra.output_subdir) == (
+        ".", ".", ".", None)
 
 
 def test_an_evaluation_refuses_a_misspelt_setting_in_one_line_before_hydra(tmp_path):
@@ -544,7 +560,7 @@ def test_an_evaluation_refuses_a_misspelt_setting_in_one_line_before_hydra(tmp_p
     [
         ["++seed=5", "+trainer.max_time=00:01:00:00", "hydra.run.dir=/tmp/x", "model.d_model=64"],
         ["mixer=hybrid_jamba", "model=small", "mixer.settings.mamba.d_state=8", "~early_stopping"],
-        ["+experiment=zoology_mqar", "trainer.max_steps=5", "data.seqlen=64"],  # the experiment's keys
+        ["experiment=zoology_mqar", "trainer.max_steps=5", "data.seqlen=64"],  # the experiment's keys
         ["-m", "mixer=attention,mamba", "trainer.max_step=3"],  # a sweep: only its group options
         ["--cfg", "job", "data=text", "data.path=x.txt", "+tag=a", "hydra.job.name=${tag}"],
     ],

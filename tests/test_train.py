@@ -452,6 +452,7 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
         ("mixer.settings=5", "mixer.settings must map mixer names to their settings, got 5"),
         ("mixer.shared_block=foo", "model.shared_block must be null or {every: <layers>, mixer: <name>}"),
         ("optim=5", "optim must be a group of settings, got optim=5; set one of them instead"),
+        ("trainer.devices=0", "trainer settings: `Trainer(devices=0)` value is not a valid input"),
     ],
 )  # fmt: skip
 def test_unknown_group_keys_are_refused_before_the_seeding(tmp_path, monkeypatch, override, message):
