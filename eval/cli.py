@@ -6,6 +6,7 @@ import argparse
 import difflib
 import errno
 import functools
+import itertools
 import os
 import re
 import shlex
@@ -375,8 +376,10 @@ def check_command_line(
       group its defaults already choose (``+experiment=zoology_mqar``: ``experiment: null``), with the
       override to use.
 
-    A sweep (``-m`` with several values) has only its group options checked; anything else Hydra
-    refuses is left to it.
+    In a sweep (``-m`` with several values) each combination of its group options is composed (up
+    to :data:`MAX_SWEEP_JOBS_CHECKED`), its key sweeps at their first value: a key only some of the
+    choices have (``-m mixer=attention,mamba mixer.settings.attention.pos_emb=learned``) is named
+    with the job, before any job runs. Anything else Hydra refuses is left to it.
 
     Args:
         argv: the command line's arguments after the script (``sys.argv[1:]``).
@@ -402,20 +405,72 @@ def check_command_line(
                 f"{override.input_line} adds {override.key_or_group}, which {shown} already chooses in its "
                 f"defaults; write {override.input_line[1:]} to choose it"
             )
-    if any(override.is_sweep_override() for override in overrides):
+    sweeps = [override for override in overrides if override.is_sweep_override()]
+    if not sweeps:
+        problem = _composition_problem(config_dir, config_name, overrides, hints, settings)
+        if problem:
+            raise ValueError(problem)
         return
+    if not all(isinstance(override.value(), ChoiceSweep) for override in sweeps):
+        return  # glob(*), range(...): Hydra expands them
+    # Each job of a sweep over group options has its own config (mixer=attention,mamba): one composed
+    # per combination of the group choices (at most MAX_SWEEP_JOBS_CHECKED), a key sweep at its first
+    # value (its key, not its values, is what composing checks).
+    group_sweeps = [override for override in sweeps if _is_group(override, config_dir)]
+    fixed = [override.input_line for override in overrides if not override.is_sweep_override()]
+    fixed += [
+        f"{override.get_key_element()}={override_value(override.value().list[0])}"
+        for override in sweeps
+        if override not in group_sweeps
+    ]
+    combinations = itertools.product(*(override.value().list for override in group_sweeps))
+    problems = {}  # the job's group choices -> what is wrong in it
+    for combination in itertools.islice(combinations, MAX_SWEEP_JOBS_CHECKED):
+        job = [
+            f"{override.get_key_element()}={override_value(choice)}"
+            for override, choice in zip(group_sweeps, combination, strict=True)
+        ]
+        problems[" ".join(job)] = _composition_problem(
+            config_dir, config_name, OverridesParser.create().parse_overrides(job + fixed), hints, settings
+        )
+    failed = {job: problem for job, problem in problems.items() if problem}
+    if failed and len(failed) == len(problems):  # wrong in every job: a typo
+        raise ValueError(next(iter(failed.values())))
+    if failed:  # a key only some of the choices have (mixer.settings.attention.* with mixer=mamba)
+        job, problem = next(iter(failed.items()))
+        raise ValueError(
+            f"the sweep's job with {job}: {problem} (to set a key in the jobs that have it and add it to "
+            "those that lack it, write ++key=value)"
+        )
+
+
+# Sweeps over group options are checked job by job up to this many combinations.
+MAX_SWEEP_JOBS_CHECKED = 64
+
+
+def _composition_problem(
+    config_dir: Path,
+    config_name: str,
+    overrides: list[Override],
+    hints: Mapping[str, str] | None,
+    settings: tuple[str, ...],
+) -> str | None:
+    """What :func:`check_command_line` refuses in one job's ``overrides`` (none a sweep), as its
+    message: a setting given a value that the composed config lacks, or ``+key`` for a key it sets.
+    None when Hydra composes them, or fails for another reason (it reports that itself)."""
+    shown = f"{config_dir.relative_to(CONF_DIR.parent) / config_name}.yaml"  # conf/eval/recall.yaml
     try:
         _compose(config_dir, config_name, [override.input_line for override in overrides])
-        return
+        return None
     except ConfigCompositionException:
         pass
     except Exception:  # noqa: BLE001 -- Hydra composes again and reports it its own way
-        return
+        return None
     groups = [override for override in overrides if _is_group(override, config_dir)]
     try:
         base = _compose(config_dir, config_name, [override.input_line for override in groups])
     except Exception:  # noqa: BLE001 -- as above
-        return
+        return None
     raw = OmegaConf.to_container(base, resolve=False)
     for override in overrides:
         key, line = override.key_or_group, override.input_line
@@ -424,7 +479,7 @@ def check_command_line(
         path = key.split(".")
         exists, _ = _node(raw, path)
         if override.is_add() and exists:
-            raise ValueError(
+            return (
                 f"{line} adds {key}, which {shown} already sets; write {line[1:]} to "
                 "change it ('+' adds a key the config lacks)"
             )
@@ -442,10 +497,11 @@ def check_command_line(
         where = "top-level settings" if not found else f"settings under {'.'.join(path[:found])}"
         listing = (f"the {where} are {', '.join(sorted(map(str, node)))}" if isinstance(node, Mapping)
                    else f"{'.'.join(path[:found])} is a value, not a group of settings")  # fmt: skip
-        raise ValueError(
+        return (
             f"unknown setting '{key}' in {line}" + (f" (did you mean {' or '.join(meant)}?)" if meant else "")
             + f": {shown} and its groups have no such key to change; {listing}"
         )
+    return None
 
 
 @contextmanager

@@ -509,6 +509,17 @@ TRAIN_CHECK = dict(hints=train_module.SETTING_HINTS, settings=train_module.light
         (["+seed=3"], "train",
          "+seed=3 adds seed, which conf/train.yaml already sets; write seed=3 to change it ('+' adds a key "
          "the config lacks)"),
+        # Sweeps: each job's config (a key typo is one in every job: no job named)
+        (["-m", "mixer=attention,mamba", "trainer.max_step=3"], "train",
+         "unknown setting 'trainer.max_step' in trainer.max_step=3 (did you mean trainer.max_steps?): "),
+        (["-m", "trainer.max_step=1,2"], "train",
+         "unknown setting 'trainer.max_step' in trainer.max_step=1 "),
+        # A key only some of the sweep's mixers have: Hydra failed at that job, after the first had run.
+        (["-m", "mixer=attention,mamba", "mixer.settings.attention.pos_emb=learned"], "train",
+         "the sweep's job with mixer=mamba: unknown setting 'mixer.settings.attention.pos_emb' in "
+         "mixer.settings.attention.pos_emb=learned: conf/train.yaml and its groups have no such key to "
+         "change; the settings under mixer.settings are mamba (to set a key in the jobs that have it and "
+         "add it to those that lack it, write ++key=value)"),
         (["+experiment=zoology_mqar"], "train",  # found by a new-user check: Hydra's "Multiple values"
          "+experiment=zoology_mqar adds experiment, which conf/train.yaml already chooses in its defaults; "
          "write experiment=zoology_mqar to choose it"),
@@ -561,7 +572,8 @@ def test_an_evaluation_refuses_a_misspelt_setting_in_one_line_before_hydra(tmp_p
         ["++seed=5", "+trainer.max_time=00:01:00:00", "hydra.run.dir=/tmp/x", "model.d_model=64"],
         ["mixer=hybrid_jamba", "model=small", "mixer.settings.mamba.d_state=8", "~early_stopping"],
         ["experiment=zoology_mqar", "trainer.max_steps=5", "data.seqlen=64"],  # the experiment's keys
-        ["-m", "mixer=attention,mamba", "trainer.max_step=3"],  # a sweep: only its group options
+        ["-m", "mixer=attention,mamba", "++mixer.settings.attention.pos_emb=learned", "optim.lr=1e-3,3e-3"],
+        ["-m", "mixer=glob(*)", "trainer.max_step=3"],  # a glob: left to Hydra
         ["--cfg", "job", "data=text", "data.path=x.txt", "+tag=a", "hydra.job.name=${tag}"],
     ],
 )
