@@ -87,6 +87,19 @@ def interpolation_error_message(err: InterpolationResolutionError) -> str:
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
+def _default_groups(path: Path) -> set[str]:
+    """The config groups a config's defaults list chooses (``model: tiny`` or ``/model: tiny`` ->
+    ``model``, ``experiment: null``), not Hydra's own; a ``+group=...`` of one of them makes Hydra
+    fail with "Multiple values"."""
+    groups = set()
+    for entry in OmegaConf.load(path).get("defaults") or []:
+        for group in entry if not isinstance(entry, str) else ():  # "_self_" is a string
+            group = group.removeprefix("/").split("/")[0]
+            if not group.startswith(("override ", "hydra")):
+                groups.add(group)
+    return groups
+
+
 @functools.cache
 def config_settings(config_name: str) -> frozenset[str]:
     """The top-level settings of ``conf/<config_name>.yaml``: its keys and the config groups of its
@@ -96,14 +109,8 @@ def config_settings(config_name: str) -> frozenset[str]:
     Raises:
         FileNotFoundError: no such config (a caller's bug: the names are fixed in the scripts).
     """
-    conf = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")
-    names = set(conf.keys()) - {"defaults", "hydra"}
-    for entry in conf.get("defaults", []):
-        for group in entry if not isinstance(entry, str) else ():  # "_self_" is a string
-            group = group.removeprefix("/").split("/")[0]
-            if not group.startswith(("override ", "hydra")):
-                names.add(group)
-    return frozenset(names)
+    path = CONF_DIR / f"{config_name}.yaml"
+    return frozenset((set(OmegaConf.load(path).keys()) - {"defaults", "hydra"}) | _default_groups(path))
 
 
 # The first key of a ${...} interpolation (``${tag}``, ``${model.d_model}``), not a resolver's name
@@ -298,7 +305,12 @@ def check_group_options(argv: list[str], config_dir: Path = CONF_DIR) -> None:
             options (``mixer=[attention,mamba]``, which Hydra would merge into one run: a forgotten
             ``-m``).
     """
-    for override in _command_line_overrides(argv) or ():
+    _check_group_options(_command_line_overrides(argv) or [], config_dir)
+
+
+def _check_group_options(overrides: list[Override], config_dir: Path) -> None:
+    """:func:`check_group_options` on a command line's parsed overrides."""
+    for override in overrides:
         group = override.key_or_group
         folder = config_dir / group
         if override.is_delete() or group.startswith("hydra") or not folder.is_dir():
@@ -327,19 +339,6 @@ def check_group_options(argv: list[str], config_dir: Path = CONF_DIR) -> None:
                 + (f" (did you mean {' or '.join(meant)}?)" if meant else "")
                 + f"; the {group} options are {', '.join(options)}"
             )
-
-
-def _default_groups(path: Path) -> set[str]:
-    """The config groups a config's defaults list chooses (``model: tiny``, ``experiment: null``),
-    not Hydra's own; a ``+group=...`` of one of them makes Hydra fail with "Multiple values"."""
-    entries = OmegaConf.load(path).get("defaults") or []
-    return {
-        group.removeprefix("/")
-        for entry in entries
-        if not isinstance(entry, str)
-        for group in entry
-        if not group.startswith(("override ", "hydra", "/hydra"))
-    }
 
 
 def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> Any:
@@ -393,11 +392,11 @@ def check_command_line(
     Raises:
         ValueError: as above, naming the override.
     """
-    check_group_options(argv, config_dir)
-    shown = f"{config_dir.relative_to(CONF_DIR.parent) / config_name}.yaml"  # conf/eval/recall.yaml
     overrides = _command_line_overrides(argv)
     if overrides is None:
         return
+    _check_group_options(overrides, config_dir)
+    shown = f"{config_dir.relative_to(CONF_DIR.parent) / config_name}.yaml"  # conf/eval/recall.yaml
     chosen = _default_groups(config_dir / f"{config_name}.yaml")
     for override in overrides:
         if override.is_add() and override.key_or_group in chosen:  # Hydra: "Multiple values for ..."
