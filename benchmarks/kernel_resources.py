@@ -155,7 +155,7 @@ def linear_attention_cases(block: int | None, warps: int | None, stages: int | N
     block_e, num_warps, num_stages = la.fused_config(torch.bfloat16)
     block_e, num_warps, num_stages = block or block_e, warps or num_warps, stages or num_stages
     for batch, seqlen, heads, dim in ((2, 8192, 16, 128), (8, 2048, 32, 64)):
-        args: dict[str, Any] = {name: "*bf16" for name in ("Q", "K", "V", "Out", "STATES")}
+        args: dict[str, Any] = {name: "*bf16" for name in ("Q", "K", "V", "Out", "STATES", "ZC")}
         args |= {name: "*fp32" for name in ("S_IN", "Z_IN", "SEG", "ZSEG", "ZSTATES", "DEN", "S_OUT", "Z_OUT")}
         for tensor, last in (("q", "d"), ("k", "d"), ("v", "e"), ("o", "e")):
             names = [f"stride_{tensor}{axis}" for axis in ("b", "t", "h", last)]
@@ -164,13 +164,14 @@ def linear_attention_cases(block: int | None, warps: int | None, stages: int | N
         args |= _strides(["stride_zb", "stride_zh", "stride_zd"], batch, heads, dim)
         args |= {"num_heads": heads, "T": seqlen, "D_DIM": dim, "E_DIM": dim, "chunks_per_seg": 8,
                  "scale": dim**-0.5, "scale_lo": 0.0, "eps": 1e-10}  # fmt: skip
-        for normalize in (False, True):
+        for normalize, zc_loaded in ((False, False), (True, False), (True, True)):
             for store in (False, True):
-                constexprs = {"HAS_S_IN": False, "HAS_Z_IN": False, "NORMALIZE": normalize, "STORE_STATES": store,
+                constexprs = {"ZC_LOADED": zc_loaded, "LATE_STATE_STORE": zc_loaded,
+                              "HAS_S_IN": False, "HAS_Z_IN": False, "NORMALIZE": normalize, "STORE_STATES": store,
                               "FP64": False, "DOT_PRECISION": "tf32", "BLOCK_T": la.chunk_size(torch.bfloat16),
                               "BLOCK_D": max(16, dim), "BLOCK_E": min(block_e, dim)}  # fmt: skip
                 label = (f"B{batch} T{seqlen} H{heads} K=V={dim} {'normalised' if normalize else 'raw'}"
-                         f"{', states stored' if store else ''}")  # fmt: skip
+                         f"{', states stored' if store else ''}{', z loaded' if zc_loaded else ''}")  # fmt: skip
                 yield label, la.linear_attention_fused_fwd_kernel, args, constexprs, num_warps, num_stages
 
 

@@ -23,14 +23,18 @@ Forward for K <= 128, fused (``uses_fused_forward``):
 - ``linear_attention_segment_kernel``: the sequence is cut into a few segments of whole chunks
   (``num_segments``: enough (V tile, segment, head) programs to fill the SMs once); one program per
   (K tile, V tile, segment, batch * head) sums its segment's K_c^T V_c in fp32. Skipped with one
-  segment (B8 T2048 H32 on an H200).
+  segment (B8 T2048 H32 on an H200) unless it has z programs: with normalize and K padded to 128
+  (``loads_chunk_z``), one program per (K tile, batch * head) also writes z_c before every chunk
+  (and the final z), for the fused kernel to load instead of carrying z through its chunks.
 - ``linear_attention_fused_fwd_kernel``: one program per (V tile, segment, batch * head) starts from
   the initial state plus the earlier segments' sums, keeps the whole (K, V tile) state in fp32
   registers and walks its chunks in order: O_c from S_c and the masked (C x C) scores, then
   S_{c+1} = S_c + K_c^T V_c. The per-chunk states never make the round trip through HBM that the
   two-kernel path takes (written once for the backward, only when autograd will need them);
   1.25x fla's forward at B2 T8192 H16 D128 and 1.8x at B8 T2048 H32 D64 with the states stored
-  (H200, 2026-12-01). With normalize, q . z_c is one more tensor-core product per chunk. Wider K
+  (H200, 2026-12-01). With normalize, q . z_c is one more tensor-core product per chunk: with z_c
+  loaded as a (K, 16) operand holding z_c as a bf16 hi / lo pair (``loads_chunk_z``), or, carried,
+  with z_c / max|z_c| in column 0 of a 64-wide operand built in registers. Wider K
   would not fit the state in registers: it keeps the two launches below.
 
 Forward otherwise, two launches:
@@ -368,7 +372,7 @@ def linear_attention_state_kernel(
     Forward (REVERSE=False; X = k, Y = v, D = K, E = V, scale = 1): STATES[c] = S_c = S_IN +
     sum_{c' < c} X_{c'}^T Y_{c'}, S_OUT = S_N; with HAS_Z, ZSTATES[c] = z_c = Z_IN + the sum of X's
     rows before chunk c, Z_OUT = z_N.
-    Reverse (X = q, Y = G, W = r (B*H, T), WP = r's hi / lo pair (B*H, T, 16) in X's dtype, read
+    Reverse (X = q, Y = G, W = r (B*H, T), WP = r's hi / lo pair (B*H, T, 2) in X's dtype, read
     instead of W unless X is fp16): STATES[c] = dS_c = S_IN + scale sum_{c' > c} X_{c'}^T Y_{c'},
     S_OUT = dS_0; with HAS_Z, ZSTATES[c] = dz_c = Z_IN + scale sum_{t after chunk c} r_t q_t.
     STATES (B*H, n_chunks, D, E) in ``state_dtype``; ZSTATES (B*H, n_chunks, D), S_OUT (B*H, D, E),
@@ -441,7 +445,7 @@ def linear_attention_state_kernel(
                                  scale, scale_lo, FP64)
                 else:
                     # sum_t r_t q_t = Q_c^T r on the tensor cores, r as the preprocess kernel's hi /
-                    # lo pair in columns 0 and 1 of a (BLOCK_T, 16) tile in X's dtype (hi + lo = r
+                    # lo pair loaded into columns 0 and 1 of a (BLOCK_T, 16) tile in X's dtype (hi + lo = r
                     # to ~16 bits in bf16, exact in fp32 / fp64; r rounded to bf16 alone would add
                     # 2^-9 relative error per term). The pair is loaded, not built here: built in
                     # registers, the operand made Triton 3.6 access memory illegally on the H200
@@ -449,7 +453,8 @@ def linear_attention_state_kernel(
                     # sequential path: at B2 T8192 H16 D128 (H200, 2026-12-02, bf16) the reverse scan
                     # took 192.5 us that way (88.1 us without the normaliser); with the dot the
                     # normalised forward + backward went from 812 to 699 us (unnormalised 545).
-                    w_pair = tl.load(WP + (bh64 * T + offs_t)[:, None] * 16 + z_cols[None, :], mask=t_mask[:, None], other=0.0)
+                    w_pair = tl.load(WP + (bh64 * T + offs_t)[:, None] * 2 + z_cols[None, :],
+                                     mask=t_mask[:, None] & (z_cols[None, :] < 2), other=0.0)
                     z_acc = tl.dot(x_t, w_pair, z_acc, input_precision=DOT_PRECISION, out_dtype=ACC)
         else:
             s = tl.dot(x_t, y, s, input_precision=DOT_PRECISION, out_dtype=ACC)
@@ -522,69 +527,122 @@ def linear_attention_fwd_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["num_heads", "T", "chunks_per_seg"])
+@triton.jit
+def _chunk_z_program(
+    K, Z_IN, ZC, ZSTATES, Z_OUT, pid_d, head, bh, stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_zb, stride_zh, stride_zd, batch, T, D_DIM,
+    HAS_Z_IN: tl.constexpr, STORE_Z: tl.constexpr, ACC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """z before each chunk for rows offs_d of K: ZC[bh, c] (D, 2) = z_c as a (hi, lo) pair in K's dtype
+    (lo = z_c - hi, zero for fp32 / fp64), ZSTATES[bh, c] (D,) = z_c in ACC with STORE_Z, Z_OUT[bh]
+    the total; z_0 = Z_IN (or 0). The sums run on the tensor cores (K_c^T times ones, as the state
+    kernel's z): the (BLOCK_D, 16) accumulator holds z in every column, so the pair and the stores
+    are elementwise, with no reduction on the sequential path."""
+    n_chunks = tl.cdiv(T, BLOCK_T)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_DIM
+    z_cols = tl.arange(0, 16)
+    z_acc = tl.zeros([BLOCK_D, 16], dtype=ACC)
+    if HAS_Z_IN:
+        z_in = tl.load(Z_IN + batch * stride_zb + head * stride_zh + offs_d * stride_zd, mask=d_mask, other=0.0)
+        z_acc += z_in.to(ACC)[:, None]
+    ones = tl.full([BLOCK_T, 16], 1.0, dtype=K.dtype.element_ty)
+    pair_mask = d_mask[:, None] & (z_cols[None, :] < 2)
+    first = d_mask[:, None] & (z_cols[None, :] == 0)
+    k_base = K + batch * stride_kb + head * stride_kh
+    for chunk in range(0, n_chunks):
+        offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
+        hi = z_acc.to(ZC.dtype.element_ty)
+        pair = tl.where(z_cols[None, :] == 0, hi, (z_acc - hi.to(ACC)).to(ZC.dtype.element_ty))
+        tl.store(ZC + ((bh * n_chunks + chunk) * D_DIM + offs_d[:, None]) * 2 + z_cols[None, :], pair,
+                 mask=pair_mask)  # fmt: skip
+        if STORE_Z:
+            tl.store(ZSTATES + (bh * n_chunks + chunk) * D_DIM + offs_d[:, None] + z_cols[None, :], z_acc,
+                     mask=first)  # fmt: skip
+        k_t = tl.load(
+            k_base + offs_d[:, None] * stride_kd + offs_t[None, :] * stride_kt,
+            mask=d_mask[:, None] & (offs_t < T)[None, :], other=0.0
+        )  # (BLOCK_D, BLOCK_T): K_c^T through its strides
+        z_acc = tl.dot(k_t, ones, z_acc, input_precision=DOT_PRECISION, out_dtype=ACC)
+    tl.store(Z_OUT + bh * D_DIM + offs_d[:, None] + z_cols[None, :], z_acc, mask=first)
+
+
+@triton.jit(do_not_specialize=["num_heads", "T", "chunks_per_seg", "n_prev"])
 def linear_attention_segment_kernel(
-    K, V, SEG, ZSEG,
+    K, V, SEG, ZSEG, Z_IN, ZC, ZSTATES, Z_OUT,
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_vb, stride_vt, stride_vh, stride_ve,
-    num_heads, T, D_DIM, E_DIM, chunks_per_seg,
-    HAS_Z: tl.constexpr, FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    stride_zb, stride_zh, stride_zd,
+    num_heads, T, D_DIM, E_DIM, chunks_per_seg, n_prev,
+    HAS_Z: tl.constexpr, CHUNK_Z: tl.constexpr, HAS_Z_IN: tl.constexpr, STORE_Z: tl.constexpr,
+    FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, Z_BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """SEG[bh, g] = sum over the chunks of segment g of K_c^T V_c (and ZSEG[bh, g] = the sum of those
-    rows of K with HAS_Z), in the accumulator dtype; grid (cdiv(D, BLOCK_D) * cdiv(E, BLOCK_E) *
-    (n_seg - 1), H, B): the last segment's sum is never needed. SEG (B*H, n_seg - 1, D, E) and ZSEG
-    (B*H, n_seg - 1, D) contiguous. Segments hold ``chunks_per_seg`` chunks of BLOCK_T tokens.
+    rows of K with HAS_Z), in the accumulator dtype, for the ``n_prev`` = n_seg - 1 first segments
+    (the last segment's sum is never needed): the first cdiv(D, BLOCK_D) * cdiv(E, BLOCK_E) * n_prev
+    programs of axis 0. SEG (B*H, n_prev, D, E) and ZSEG (B*H, n_prev, D) contiguous. Segments hold
+    ``chunks_per_seg`` chunks of BLOCK_T tokens. With CHUNK_Z, cdiv(D, Z_BLOCK_D) more programs on axis 0
+    write the normaliser's z before every chunk of the whole sequence for the fused forward
+    (:func:`_chunk_z_program`); grid (that total, H, B).
     """
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
     n_d = tl.cdiv(D_DIM, BLOCK_D)
     n_e = tl.cdiv(E_DIM, BLOCK_E)
     pid = tl.program_id(0)
-    pid_e = pid % n_e
-    pid_d = (pid // n_e) % n_d
-    seg = pid // (n_e * n_d)
-    n_prev = tl.num_programs(0) // (n_e * n_d)  # n_seg - 1
     head = tl.program_id(1).to(tl.int64)
     batch = tl.program_id(2).to(tl.int64)
     bh = batch * num_heads + head
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
-    d_mask = offs_d < D_DIM
-    z_cols = tl.arange(0, 16)
-    # The row sums of K come from the tensor cores (see the state kernel): K_c^T times a
-    # (BLOCK_T, 16) tile whose column 0 is ones and the rest zeros, so z is the sum of z_acc's row.
-    ones = tl.where(z_cols[None, :] == 0, tl.full([BLOCK_T, 16], 1.0, dtype=ACC), 0.0).to(K.dtype.element_ty)
-    s = tl.zeros([BLOCK_D, BLOCK_E], dtype=ACC)
-    z_acc = tl.zeros([BLOCK_D, 16], dtype=ACC)
-    k_base = K + batch * stride_kb + head * stride_kh
-    v_base = V + batch * stride_vb + head * stride_vh
-    first = seg * chunks_per_seg
-    for chunk in range(first, first + chunks_per_seg):
-        offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
-        t_mask = offs_t < T
-        k_t = tl.load(
-            k_base + offs_d[:, None] * stride_kd + offs_t[None, :] * stride_kt,
-            mask=d_mask[:, None] & t_mask[None, :], other=0.0
-        )  # (BLOCK_D, BLOCK_T): K_c^T through its strides
-        v = tl.load(
-            v_base + offs_t[:, None] * stride_vt + offs_e[None, :] * stride_ve,
-            mask=t_mask[:, None] & (offs_e < E_DIM)[None, :], other=0.0
+    n_kv = n_d * n_e * n_prev
+    if CHUNK_Z and pid >= n_kv:
+        _chunk_z_program(
+            K, Z_IN, ZC, ZSTATES, Z_OUT, pid - n_kv, head, bh, stride_kb, stride_kt, stride_kh, stride_kd,
+            stride_zb, stride_zh, stride_zd, batch, T, D_DIM, HAS_Z_IN, STORE_Z, ACC, DOT_PRECISION,
+            BLOCK_T, Z_BLOCK_D,
+        )  # fmt: skip
+    else:
+        pid_e = pid % n_e
+        pid_d = (pid // n_e) % n_d
+        seg = pid // (n_e * n_d)
+        offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+        offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+        d_mask = offs_d < D_DIM
+        z_cols = tl.arange(0, 16)
+        # The row sums of K come from the tensor cores (see the state kernel): K_c^T times a
+        # (BLOCK_T, 16) tile whose column 0 is ones and the rest zeros, so z is the sum of z_acc's row.
+        ones = tl.where(z_cols[None, :] == 0, tl.full([BLOCK_T, 16], 1.0, dtype=ACC), 0.0).to(K.dtype.element_ty)
+        s = tl.zeros([BLOCK_D, BLOCK_E], dtype=ACC)
+        z_acc = tl.zeros([BLOCK_D, 16], dtype=ACC)
+        k_base = K + batch * stride_kb + head * stride_kh
+        v_base = V + batch * stride_vb + head * stride_vh
+        first = seg * chunks_per_seg
+        for chunk in range(first, first + chunks_per_seg):
+            offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
+            t_mask = offs_t < T
+            k_t = tl.load(
+                k_base + offs_d[:, None] * stride_kd + offs_t[None, :] * stride_kt,
+                mask=d_mask[:, None] & t_mask[None, :], other=0.0
+            )  # (BLOCK_D, BLOCK_T): K_c^T through its strides
+            v = tl.load(
+                v_base + offs_t[:, None] * stride_vt + offs_e[None, :] * stride_ve,
+                mask=t_mask[:, None] & (offs_e < E_DIM)[None, :], other=0.0
+            )
+            s = tl.dot(k_t, v, s, input_precision=DOT_PRECISION, out_dtype=ACC)
+            if HAS_Z:
+                z_acc += tl.dot(k_t, ones, input_precision=DOT_PRECISION, out_dtype=ACC)
+        row = bh * n_prev + seg
+        tl.store(
+            SEG + row * (D_DIM * E_DIM) + offs_d[:, None] * E_DIM + offs_e[None, :], s,
+            mask=d_mask[:, None] & (offs_e < E_DIM)[None, :]
         )
-        s = tl.dot(k_t, v, s, input_precision=DOT_PRECISION, out_dtype=ACC)
         if HAS_Z:
-            z_acc += tl.dot(k_t, ones, input_precision=DOT_PRECISION, out_dtype=ACC)
-    row = bh * n_prev + seg
-    tl.store(
-        SEG + row * (D_DIM * E_DIM) + offs_d[:, None] * E_DIM + offs_e[None, :], s,
-        mask=d_mask[:, None] & (offs_e < E_DIM)[None, :]
-    )
-    if HAS_Z:
-        tl.store(ZSEG + row * D_DIM + offs_d, tl.sum(z_acc, 1), mask=d_mask & (tl.zeros_like(offs_d) + pid_e == 0))
+            tl.store(ZSEG + row * D_DIM + offs_d, tl.sum(z_acc, 1), mask=d_mask & (tl.zeros_like(offs_d) + pid_e == 0))
 
 
 @triton.jit(do_not_specialize=["num_heads", "T", "chunks_per_seg"])
 def linear_attention_fused_fwd_kernel(
-    Q, K, V, S_IN, Z_IN, SEG, ZSEG, STATES, ZSTATES, Out, DEN, S_OUT, Z_OUT,
+    Q, K, V, S_IN, Z_IN, SEG, ZSEG, STATES, ZSTATES, Out, DEN, S_OUT, Z_OUT, ZC,
     stride_qb, stride_qt, stride_qh, stride_qd,
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_vb, stride_vt, stride_vh, stride_ve,
@@ -593,7 +651,7 @@ def linear_attention_fused_fwd_kernel(
     stride_zb, stride_zh, stride_zd,
     num_heads, T, D_DIM, E_DIM, chunks_per_seg, scale, scale_lo, eps,
     HAS_S_IN: tl.constexpr, HAS_Z_IN: tl.constexpr, NORMALIZE: tl.constexpr, STORE_STATES: tl.constexpr,
-    FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FP64: tl.constexpr, DOT_PRECISION: tl.constexpr, ZC_LOADED: tl.constexpr, LATE_STATE_STORE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):  # fmt: skip
     """The state scan and the output of one (V tile, segment, batch * head) in one pass; grid
@@ -603,9 +661,14 @@ def linear_attention_fused_fwd_kernel(
     c of the segment: O_c = scale (Q_c S_c + (Q_c K_c^T * M) V_c) [/ den], S_{c+1} = S_c + K_c^T V_c.
     The last segment writes the final S_OUT (B*H, D, E) and Z_OUT (B*H, D) in the accumulator dtype.
     With STORE_STATES, S_c (``state_dtype``) and z_c (accumulator dtype) go to STATES (B*H, n_chunks,
-    D, E) / ZSTATES (B*H, n_chunks, D) for the backward; with NORMALIZE, den to DEN (B*H, T).
+    D, E) / ZSTATES (B*H, n_chunks, D) for the backward (S_c at the end of chunk c - 1 with
+    LATE_STATE_STORE); with NORMALIZE, den to DEN (B*H, T). With ZC_LOADED, z_c comes from ZC
+    (B*H, n_chunks, D, 2), which the segment kernel's z programs wrote with ZSTATES and Z_OUT.
     """
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
+    # z carried in registers through the chunks, or each chunk's z loaded (ZC_LOADED, from the
+    # segment kernel's z programs).
+    Z_CARRIED: tl.constexpr = NORMALIZE and not ZC_LOADED
     n_e = tl.cdiv(E_DIM, BLOCK_E)
     pid_e = tl.program_id(0) % n_e
     seg = tl.program_id(0) // n_e
@@ -629,12 +692,12 @@ def linear_attention_fused_fwd_kernel(
             S_IN + batch * stride_sb + head * stride_sh + offs_d[:, None] * stride_sd + offs_e[None, :] * stride_se,
             mask=de_mask, other=0.0
         ).to(ACC)
-    if NORMALIZE and HAS_Z_IN:
+    if Z_CARRIED and HAS_Z_IN:
         z = tl.load(Z_IN + batch * stride_zb + head * stride_zh + offs_d * stride_zd, mask=d_mask, other=0.0).to(ACC)
     for prev in range(0, seg):
         row = bh * (n_seg - 1) + prev
         s += tl.load(SEG + row * (D_DIM * E_DIM) + state_offs, mask=de_mask, other=0.0)
-        if NORMALIZE:
+        if Z_CARRIED:
             z += tl.load(ZSEG + row * D_DIM + offs_d, mask=d_mask, other=0.0)
     # z rides in column 0 of a (BLOCK_D, 16) tile that the tensor cores update (the segment kernel's
     # ones trick); tl.sum(z_acc, 1) reads it back.
@@ -648,7 +711,11 @@ def linear_attention_fused_fwd_kernel(
     v_base = V + batch * stride_vb + head * stride_vh
     o_base = Out + batch * stride_ob + head * stride_oh
     first = seg * chunks_per_seg
-    for chunk in range(first, tl.minimum(first + chunks_per_seg, n_chunks)):
+    last = tl.minimum(first + chunks_per_seg, n_chunks)
+    if STORE_STATES and LATE_STATE_STORE:
+        tl.store(STATES + (bh * n_chunks + first) * (D_DIM * E_DIM) + state_offs, s.to(STATES.dtype.element_ty),
+                 mask=(de_mask & (first < last)) != 0)  # != 0: the interpreter makes the & int32
+    for chunk in range(first, last):
         offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
         t_mask = offs_t < T
         q = tl.load(
@@ -665,9 +732,10 @@ def linear_attention_fused_fwd_kernel(
         )
         # S_c as the state kernel of the two-kernel path writes it (``state_dtype``: fp32 for fp16).
         if STORE_STATES:
-            tl.store(STATES + (bh * n_chunks + chunk) * (D_DIM * E_DIM) + state_offs,
-                     s.to(STATES.dtype.element_ty), mask=de_mask)
-            if NORMALIZE:
+            if not LATE_STATE_STORE:
+                tl.store(STATES + (bh * n_chunks + chunk) * (D_DIM * E_DIM) + state_offs,
+                         s.to(STATES.dtype.element_ty), mask=de_mask)
+            if Z_CARRIED:
                 tl.store(ZSTATES + (bh * n_chunks + chunk) * D_DIM + offs_d, tl.sum(z_acc, 1), mask=z_first)
         scores = tl.dot(q, k_t, input_precision=DOT_PRECISION, out_dtype=ACC)
         scores = tl.where(offs_t[:, None] >= offs_t[None, :], scores, 0.0)
@@ -684,18 +752,26 @@ def linear_attention_fused_fwd_kernel(
             # cost 36 us of 277 at B2 T8192 H16 D128; H200, 2026-12-02). z_c is a 64-wide operand
             # with z in column 0: as 16- or 32-wide operands built in registers, Triton 3.6
             # miscompiled the product on the H200 (wrong values, NaN; 2026-12-01 and 2026-12-02).
-            z_now = tl.sum(z_acc, 1)
-            if Q.dtype.element_ty == tl.float16:
-                z_max = tl.max(tl.abs(z_now), 0)
-                z_max = tl.where(z_max > 0, z_max, 1.0)
+            if ZC_LOADED:
+                zc = tl.load(
+                    ZC + ((bh * n_chunks + chunk) * D_DIM + offs_d[:, None]) * 2 + z_cols[None, :],
+                    mask=d_mask[:, None] & (z_cols[None, :] < 2), other=0.0
+                )
+                qz = tl.sum(tl.dot(q, zc, input_precision=DOT_PRECISION, out_dtype=ACC), 1)
             else:
-                z_max = 1.0
-            z_c = tl.where(zc_cols[None, :] == 0, (z_now / z_max)[:, None], 0.0).to(Q.dtype.element_ty)
-            qz = tl.sum(tl.dot(q, z_c, input_precision=DOT_PRECISION, out_dtype=ACC), 1) * z_max
+                z_now = tl.sum(z_acc, 1)
+                if Q.dtype.element_ty == tl.float16:
+                    z_max = tl.max(tl.abs(z_now), 0)
+                    z_max = tl.where(z_max > 0, z_max, 1.0)
+                else:
+                    z_max = 1.0
+                z_c = tl.where(zc_cols[None, :] == 0, (z_now / z_max)[:, None], 0.0).to(Q.dtype.element_ty)
+                qz = tl.sum(tl.dot(q, z_c, input_precision=DOT_PRECISION, out_dtype=ACC), 1) * z_max
             den = _scaled(tl.sum(scores, 1) + qz, scale, scale_lo, FP64) + eps
             den = tl.where(t_mask, den, 1.0)  # padding rows (never stored) must not divide 0 by 0
             tl.store(DEN + bh * T + offs_t, den, mask=t_mask & (tl.zeros_like(offs_t) + pid_e == 0))
-            z_acc += tl.dot(k_t, ones, input_precision=DOT_PRECISION, out_dtype=ACC)
+            if Z_CARRIED:
+                z_acc += tl.dot(k_t, ones, input_precision=DOT_PRECISION, out_dtype=ACC)
         o = _state_dot(q, s, ACC, DOT_PRECISION)
         o = _scaled(tl.dot(scores.to(v.dtype), v, o, input_precision=DOT_PRECISION, out_dtype=ACC), scale, scale_lo, FP64)
         if NORMALIZE:
@@ -703,10 +779,16 @@ def linear_attention_fused_fwd_kernel(
         tl.store(o_base + offs_t[:, None] * stride_ot + offs_e[None, :] * stride_oe, o.to(Out.dtype.element_ty),
                  mask=t_mask[:, None] & e_mask[None, :])
         s = tl.dot(k_t, v, s, input_precision=DOT_PRECISION, out_dtype=ACC)
+        if STORE_STATES and LATE_STATE_STORE:
+            # Not past the segment: the next segment's program stores its own first state. (A scalar
+            # in the mask: as an if or a vector, the kernel spilled at K = 128, 56 / 32 bytes a
+            # thread normalised.)
+            tl.store(STATES + (bh * n_chunks + chunk + 1) * (D_DIM * E_DIM) + state_offs,
+                     s.to(STATES.dtype.element_ty), mask=(de_mask & (chunk + 1 < last)) != 0)
 
     if seg == n_seg - 1:
         tl.store(S_OUT + bh * (D_DIM * E_DIM) + state_offs, s, mask=de_mask)
-        if NORMALIZE:
+        if Z_CARRIED:
             tl.store(Z_OUT + bh * D_DIM + offs_d, tl.sum(z_acc, 1), mask=z_first)
 
 
@@ -728,8 +810,9 @@ def linear_attention_bwd_preprocess_kernel(
 
     O = N / den, so dL/dN = dO / den and dL/dden = -rowsum(dO * N) / den^2 = -rowsum(dO * O) / den.
     G (B, T, H, V) in the input dtype; R (B*H, T) in the accumulator dtype. With PAIR, also RP
-    (B*H, T, 16) in G's dtype: r as hi = r rounded, lo = (r - hi) rounded in columns 0 and 1, zeros
-    elsewhere, the operand of the reverse scan's dz product.
+    (B*H, T, 2) in G's dtype: r as hi = r rounded and lo = (r - hi) rounded, which the reverse scan
+    loads as columns 0 and 1 of its dz product's (BLOCK_T, 16) operand (the rest masked to zeros;
+    a (B*H, T, 16) pair holding the zeros was 8 MB more written and read at B2 T8192 H16).
     """
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -758,11 +841,12 @@ def linear_attention_bwd_preprocess_kernel(
     r = -r / den
     tl.store(R + row + offs_t, r, mask=t_mask)
     if PAIR:
-        cols = tl.arange(0, 16)
+        cols = tl.arange(0, 2)
         hi = r.to(G.dtype.element_ty).to(ACC)
         lo = (r - hi).to(G.dtype.element_ty).to(ACC)
-        pair = tl.where(cols[None, :] == 0, hi[:, None], tl.where(cols[None, :] == 1, lo[:, None], 0.0))
-        tl.store(RP + (row + offs_t)[:, None] * 16 + cols[None, :], pair.to(G.dtype.element_ty), mask=t_mask[:, None])
+        pair = tl.where(cols[None, :] == 0, hi[:, None], lo[:, None])
+        tl.store(RP + (row + offs_t)[:, None] * 2 + cols[None, :], pair.to(G.dtype.element_ty),
+                 mask=t_mask[:, None])
 
 
 @triton.autotune(configs=_BWD_CONFIGS, key=_CHUNK_KEY, prune_configs_by={"early_config_prune": _prune_configs})
@@ -1079,6 +1163,35 @@ def uses_fused_forward(k_dim: int, v_dim: int) -> bool:
     return k_dim > 0 and v_dim > 0 and _pad(k_dim) <= FUSED_MAX_K
 
 
+# Smallest K (padded) whose normalised fused forward loads each chunk's z (see loads_chunk_z).
+CHUNK_Z_MIN_K = 128
+
+# Rows of K a z program of the segment kernel sums (see _chunk_z_program). Each program walks every
+# chunk of its sequence in order, so its time is the chain of chunk loads, not the bytes; the width
+# sets how many programs share that latency (H200, 2026-12-05, bf16, B2 T8192 H16 K=V=128: the
+# segment kernel 41 us with 32 rows against 52 with 64 and 71 with 16 at 6 stages; 91 with 128
+# against 63 with 64 at 3 stages).
+CHUNK_Z_BLOCK_D = 32
+
+# Pipeline stages of the segment kernel for 16-bit inputs. Its programs only load and accumulate,
+# so the depth of loads in flight sets their time: at B2 T8192 H16 K=V=128 (H200, 2026-12-05, bf16)
+# unnormalised 37.2 / 30.0 / 27.2 / 24.2 / 23.2 us with 3 / 4 / 5 / 6 / 8 stages (the forward
+# storing states 154 -> 143 us at 6); with 64-row z programs 106 / 63 / 55 / 53 / 52 / 66 us with
+# 2 / 3 / 4 / 5 / 6 / 8 stages, with 32-row ones 44 / 41 / 60 us with 5 / 6 / 8. Eight stages win
+# nothing unnormalised and lose with the z programs, so six.
+SEGMENT_STAGES_16BIT = 6
+
+
+def loads_chunk_z(dtype: torch.dtype, k_dim: int) -> bool:
+    """Whether the normalised fused forward loads each chunk's z_c, written before it by the segment
+    kernel's z programs, instead of carrying z through the chunks in registers: for K padded to at
+    least CHUNK_Z_MIN_K (where the carried z, its 64-wide q . z operand built in registers and its
+    per-chunk sums made the kernel spill at 4 warps: 168 / 80 bytes a thread without / with the
+    states stored at K = 128, against none loaded; Triton 3.9, sm_90), and for the dtypes with fp32's
+    exponent range (z grows linearly in T, past fp16's 65504: fp16 keeps the carried z, rescaled)."""
+    return dtype != torch.float16 and _pad(k_dim) >= CHUNK_Z_MIN_K
+
+
 def fused_config(dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_E, num_warps, num_stages) of the fused forward kernel for inputs of ``dtype``.
 
@@ -1093,6 +1206,14 @@ def fused_config(dtype: torch.dtype) -> tuple[int, int, int]:
     if dtype in (torch.float16, torch.bfloat16):
         return 64, 4, 3
     return 32, 4, 2
+
+
+def segment_stages(dtype: torch.dtype, fused_stages: int) -> int:
+    """Pipeline stages of ``linear_attention_segment_kernel``: SEGMENT_STAGES_16BIT for fp16 / bf16 on a
+    GPU, else ``fused_stages`` (the fused kernel's, from :func:`fused_config`)."""
+    if not _INTERPRET and dtype in (torch.float16, torch.bfloat16):
+        return SEGMENT_STAGES_16BIT
+    return fused_stages
 
 
 def num_segments(programs: int, n_chunks: int, num_sms: int) -> int:
@@ -1136,29 +1257,46 @@ def _fused_forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, 
             zstates = torch.empty((batch, num_heads, n_chunks, k_dim), dtype=acc, device=device)
     if batch * num_heads == 0:
         return o, kv, z, *chunk_states(states, q.dtype), zstates, den
-    seg = zseg = kv  # dummies when there is one segment (never read)
+    dummy = kv  # for the pointers a launch does not read
     dot_precision = _dot_precision(q.dtype)
+    chunk_z = normalize and n_chunks > 0 and loads_chunk_z(q.dtype, k_dim)
+    block_d = min(_pad(k_dim), block_e)
+    seg = zseg = zc = dummy
     if n_seg > 1:
         seg = torch.empty((batch * num_heads, n_seg - 1, k_dim, v_dim), dtype=acc, device=device)
-        zseg = (
-            torch.empty((batch * num_heads, n_seg - 1, k_dim), dtype=acc, device=device) if normalize else kv
-        )
-        block_d = min(_pad(k_dim), block_e)
-        linear_attention_segment_kernel[(cdiv(k_dim, block_d) * e_tiles * (n_seg - 1), num_heads, batch)](
-            k, v, seg, zseg, *k.stride(), *v.stride(), num_heads, seqlen, k_dim, v_dim, chunks_per_seg,
-            HAS_Z=normalize, FP64=fp64, DOT_PRECISION=dot_precision, BLOCK_T=chunk, BLOCK_D=block_d,
-            BLOCK_E=block_e, num_warps=num_warps, num_stages=num_stages,
+        if normalize and not chunk_z:
+            zseg = torch.empty((batch * num_heads, n_seg - 1, k_dim), dtype=acc, device=device)
+    if chunk_z:
+        zc = torch.empty((batch * num_heads, n_chunks, k_dim, 2), dtype=q.dtype, device=device)
+    kv_programs = cdiv(k_dim, block_d) * e_tiles * (n_seg - 1)
+    z_block_d = min(CHUNK_Z_BLOCK_D, block_d)
+    z_programs = cdiv(k_dim, z_block_d) if chunk_z else 0
+    if kv_programs + z_programs:
+        linear_attention_segment_kernel[(kv_programs + z_programs, num_heads, batch)](
+            k, v, seg, zseg, z0 if z0 is not None else dummy, zc, zstates if zstates is not None else dummy,
+            z if normalize else dummy, *k.stride(), *v.stride(), *strides(z0, 3),
+            num_heads, seqlen, k_dim, v_dim, chunks_per_seg, n_seg - 1,
+            HAS_Z=normalize and not chunk_z, CHUNK_Z=chunk_z, HAS_Z_IN=z0 is not None,
+            STORE_Z=zstates is not None, FP64=fp64, DOT_PRECISION=dot_precision, BLOCK_T=chunk,
+            BLOCK_D=block_d, BLOCK_E=block_e, Z_BLOCK_D=z_block_d, num_warps=num_warps,
+            num_stages=segment_stages(q.dtype, num_stages),
         )  # fmt: skip
-    dummy = kv
+    # With z loaded (loads_chunk_z) the fused forward stores S_{c+1} after its update at the end of chunk
+    # c (S_first before the loop), rather than S_c at the start of chunk c, where the fp32 -> 16-bit
+    # conversion overlaps the chunk's loads: at K = 128 and 4 warps no spills against 40 bytes a thread
+    # (Triton 3.9, sm_90). The other paths keep the early store: with z carried the late one spilled more
+    # (152 against 80 bytes), and unnormalised it was slower on the H200 (2026-12-05, bf16, B2 T8192 H16
+    # K=V=128, storing states: 148.6 against 143.3 us, the fused kernel 122.7 against 116.2).
     linear_attention_fused_fwd_kernel[(e_tiles * n_seg, num_heads, batch)](
         q, k, v, kv0 if kv0 is not None else dummy, z0 if z0 is not None else dummy, seg, zseg,
         states if store_states else dummy, zstates if zstates is not None else dummy, o,
-        den if normalize else dummy, kv, z if normalize else dummy,
+        den if normalize else dummy, kv, z if normalize else dummy, zc,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *strides(kv0, 4), *strides(z0, 3),
         num_heads, seqlen, k_dim, v_dim, chunks_per_seg, *_scale_args(scale, fp64), eps,
         HAS_S_IN=kv0 is not None, HAS_Z_IN=z0 is not None, NORMALIZE=normalize, STORE_STATES=store_states,
-        FP64=fp64, DOT_PRECISION=dot_precision, BLOCK_T=chunk, BLOCK_D=_pad(k_dim), BLOCK_E=block_e,
-        num_warps=num_warps, num_stages=num_stages,
+        FP64=fp64, DOT_PRECISION=dot_precision, ZC_LOADED=chunk_z,
+        LATE_STATE_STORE=chunk_z, BLOCK_T=chunk,
+        BLOCK_D=_pad(k_dim), BLOCK_E=block_e, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return o, kv, z, *chunk_states(states, q.dtype), zstates, den
 
@@ -1210,11 +1348,11 @@ def _backward(do, dkv, dz, q, k, v, o, states, sscales, zstates, den, scale: flo
     pair = normalize and q.dtype != torch.float16
     if normalize and do.numel() == 0:  # no output element (V == 0): nothing reaches the normaliser
         r = torch.zeros((batch, num_heads, seqlen), dtype=acc, device=q.device)
-        rp = torch.zeros((batch, num_heads, seqlen, 16), dtype=q.dtype, device=q.device) if pair else None
+        rp = torch.zeros((batch, num_heads, seqlen, 2), dtype=q.dtype, device=q.device) if pair else None
     elif normalize:
         g = torch.empty(do.shape, dtype=q.dtype, device=q.device)
         r = torch.empty((batch, num_heads, seqlen), dtype=acc, device=q.device)
-        rp = torch.empty((batch, num_heads, seqlen, 16), dtype=q.dtype, device=q.device) if pair else None
+        rp = torch.empty((batch, num_heads, seqlen, 2), dtype=q.dtype, device=q.device) if pair else None
         block_t = 32 if _INTERPRET else 64
         linear_attention_bwd_preprocess_kernel[(cdiv(seqlen, block_t), num_heads, batch)](
             do, o, den, g, r, rp if pair else r, *do.stride(), *o.stride(), *g.stride(), num_heads, seqlen, v_dim,

@@ -751,6 +751,21 @@ def test_fused_forward_rule_and_segments():
     assert la.num_segments(256, 32, 132) == 1
     assert la.num_segments(1, 3, 132) == 3  # never more segments than chunks
     assert la.num_segments(0, 5, 4) == 4
+    # The normalised fused forward loads each chunk's z from K padded to 128 on, except in fp16.
+    assert la.loads_chunk_z(torch.bfloat16, 128) and la.loads_chunk_z(torch.float32, 65)
+    assert not la.loads_chunk_z(torch.float16, 128) and not la.loads_chunk_z(torch.float32, 64)
+
+
+@pytest.mark.parametrize("chunk_z", [True, False], ids=["z-loaded", "z-carried"])
+def test_fused_forward_normaliser_paths(monkeypatch, chunk_z):
+    # K 80 pads to 128: in fp32 the normalised fused forward loads each chunk's z from the segment
+    # kernel's z programs (and stores the states at the end of a chunk), unless CHUNK_Z_MIN_K says
+    # otherwise. Both against the float64 reference, with an initial state, over 5 chunks in 3
+    # segments (the interpreter's 4 SMs), forward and backward.
+    monkeypatch.setattr(la, "CHUNK_Z_MIN_K", 128 if chunk_z else 1 << 30)
+    assert la.loads_chunk_z(torch.float32, 80) == chunk_z
+    q, k, v, state = make_inputs(2, 70, 2, 80, 24, torch.float32, normalize=True, init=True)
+    assert_linear_accuracy(q, k, v, state, normalize=True)
 
 
 @pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
