@@ -147,8 +147,10 @@ def _strides(names: Sequence[str], *shape: int) -> dict[str, int]:
 
 
 def linear_attention_cases(block: int | None, warps: int | None, stages: int | None) -> Iterator[tuple]:
-    """(label, fn, args, constexprs, warps, stages) of the fused LA forward at issue 5's shapes (bf16),
-    unnormalised / normalised x without / with the per-chunk states stored for the backward."""
+    """(label, fn, args, constexprs, warps, stages) of the fused LA forward at issue 5's shapes (bf16):
+    unnormalised, normalised with z carried and normalised with z loaded (the path
+    ``kernels.linear_attention.loads_chunk_z`` picks at K = 128; at K = 64 it is compiled for
+    comparison only), each without / with the per-chunk states stored for the backward."""
     import torch
 
     la = importlib.import_module("kernels.linear_attention")

@@ -32,10 +32,11 @@ Forward for K <= 128, fused (``uses_fused_forward``):
   S_{c+1} = S_c + K_c^T V_c. The per-chunk states never make the round trip through HBM that the
   two-kernel path takes (written once for the backward, only when autograd will need them);
   1.25x fla's forward at B2 T8192 H16 D128 and 1.8x at B8 T2048 H32 D64 with the states stored
-  (H200, 2026-12-01). With normalize, q . z_c is one more tensor-core product per chunk: with z_c
-  loaded as a (K, 16) operand holding z_c as a bf16 hi / lo pair (``loads_chunk_z``), or, carried,
-  with z_c / max|z_c| in column 0 of a 64-wide operand built in registers. Wider K
-  would not fit the state in registers: it keeps the two launches below.
+  (H200, 2026-12-01). With normalize, q . z_c is one more tensor-core product per chunk: loaded
+  (``loads_chunk_z``), z_c is a (K, 2) hi / lo pair in the input dtype (lo = 0 for fp32 / fp64)
+  read into columns 0 and 1 of a (K, 16) operand; carried, z_c (z_c / max|z_c| for fp16) sits in
+  column 0 of a 64-wide operand built in registers. Wider K would not fit the state in registers:
+  it keeps the two launches below.
 
 Forward otherwise, two launches:
 
@@ -72,15 +73,18 @@ transposed operands of the loads are read through swapped strides, and no kernel
 ``tl.dot`` (the normaliser's z and q . z sums): the forward scan's z is a dot of the k tile with
 ones instead, the reverse scan's dz a dot of the q tile with r (as a hi / lo pair of bf16 columns;
 fp16 sums a reload), and the chunk kernels' sums read their own copy of the tile (``_own_copy``); the fused
-forward's q . z_c is a tensor-core product with a 64-wide operand (16- and 32-wide operands built in
-registers were miscompiled: wrong values, then illegal addresses, 2026-12-01). No atomics:
+forward's q . z_c is a tensor-core product with a loaded (K, 16) operand or, z carried, a 64-wide one
+(16- and 32-wide operands built in registers were miscompiled: wrong values, then illegal addresses,
+2026-12-01). No atomics:
 every output element is written by exactly one program, so forward and backward are deterministic.
 
 Numerics: products of 16-bit inputs are exact on the tensor cores and accumulate in fp32; the
 running states (and the final and initial-state gradients), the normaliser, its denominator and
 the decode step are fp32 (fp64 for fp64 inputs); the per-chunk states handed to the chunk kernels
-are stored in the input dtype, the rounding their tensor-core products would apply anyway, and so
-is the fused forward's z_c / max|z_c| for its q . z_c product (rescaled in fp32 after). The states
+are stored in the input dtype, the rounding their tensor-core products would apply anyway. The
+fused forward's q . z_c takes z_c as a hi / lo pair of the input dtype (about 16 bits in bf16;
+exact in fp32 / fp64) where it loads z, and carried z_c (z_c / max|z_c| for fp16, rescaled in fp32
+after) rounded once to the input dtype. The states
 grow linearly in T, beyond fp16's 65504: for fp16 inputs each is divided by a power of two that
 brings it into range before its fp16 rounding, and the product multiplied back in fp32 (exact, and
 a no-op for states already in range): per register tile in the fused forward (``_state_dot``), per
@@ -659,7 +663,8 @@ def linear_attention_fused_fwd_kernel(
 
     S starts as S_IN plus SEG[bh, g'] for every earlier segment g' (z likewise), then for each chunk
     c of the segment: O_c = scale (Q_c S_c + (Q_c K_c^T * M) V_c) [/ den], S_{c+1} = S_c + K_c^T V_c.
-    The last segment writes the final S_OUT (B*H, D, E) and Z_OUT (B*H, D) in the accumulator dtype.
+    The last segment writes the final S_OUT (B*H, D, E) and, z carried, Z_OUT (B*H, D) in the
+    accumulator dtype.
     With STORE_STATES, S_c (``state_dtype``) and z_c (accumulator dtype) go to STATES (B*H, n_chunks,
     D, E) / ZSTATES (B*H, n_chunks, D) for the backward (S_c at the end of chunk c - 1 with
     LATE_STATE_STORE); with NORMALIZE, den to DEN (B*H, T). With ZC_LOADED, z_c comes from ZC
@@ -745,20 +750,22 @@ def linear_attention_fused_fwd_kernel(
             # thread, Triton 3.9) and the forward storing states took 223 instead of 246 us at B2
             # T8192 H16 (H200, 2026-12-02; without autograd 176 either way). 8 warps, 32- or
             # 128-wide V tiles and 2 stages were all slower (219-350 us).
-            # q . z_c on the tensor cores, the in-chunk part from the fp32 masked scores. z grows
-            # linearly in T, so its fp16 copy is z / max|z| (no overflow past 65504, relative
-            # rounding as for S_c), rescaled in the accumulator. bf16 has fp32's exponent range:
-            # its copy is z itself, the same relative rounding without the cross-warp max (which
-            # cost 36 us of 277 at B2 T8192 H16 D128; H200, 2026-12-02). z_c is a 64-wide operand
-            # with z in column 0: as 16- or 32-wide operands built in registers, Triton 3.6
-            # miscompiled the product on the H200 (wrong values, NaN; 2026-12-01 and 2026-12-02).
+            # q . z_c on the tensor cores, the in-chunk part from the fp32 masked scores.
             if ZC_LOADED:
+                # z_c's hi / lo pair as columns 0 and 1 of a loaded (BLOCK_D, 16) operand: q . hi +
+                # q . lo in fp32 is q . z_c to about 16 bits in bf16.
                 zc = tl.load(
                     ZC + ((bh * n_chunks + chunk) * D_DIM + offs_d[:, None]) * 2 + z_cols[None, :],
                     mask=d_mask[:, None] & (z_cols[None, :] < 2), other=0.0
                 )
                 qz = tl.sum(tl.dot(q, zc, input_precision=DOT_PRECISION, out_dtype=ACC), 1)
             else:
+                # z grows linearly in T, so its fp16 copy is z / max|z| (no overflow past 65504,
+                # relative rounding as for S_c), rescaled in the accumulator. bf16 has fp32's exponent
+                # range: its copy is z itself, the same relative rounding without the cross-warp max
+                # (which cost 36 us of 277 at B2 T8192 H16 D128; H200, 2026-12-02). z_c is a 64-wide
+                # operand with z in column 0: as 16- or 32-wide operands built in registers, Triton
+                # 3.6 miscompiled the product on the H200 (wrong values, NaN; 2026-12-01 and -02).
                 z_now = tl.sum(z_acc, 1)
                 if Q.dtype.element_ty == tl.float16:
                     z_max = tl.max(tl.abs(z_now), 0)

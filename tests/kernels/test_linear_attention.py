@@ -756,15 +756,21 @@ def test_fused_forward_rule_and_segments():
     assert not la.loads_chunk_z(torch.float16, 128) and not la.loads_chunk_z(torch.float32, 64)
 
 
+@pytest.mark.parametrize("v_dim, layout", [(24, (1, 3)), (40, (2, 2))], ids=["V24", "V40"])
 @pytest.mark.parametrize("chunk_z", [True, False], ids=["z-loaded", "z-carried"])
-def test_fused_forward_normaliser_paths(monkeypatch, chunk_z):
+def test_fused_forward_normaliser_paths(monkeypatch, chunk_z, v_dim, layout):
     # K 80 pads to 128: in fp32 the normalised fused forward loads each chunk's z from the segment
     # kernel's z programs (and stores the states at the end of a chunk), unless CHUNK_Z_MIN_K says
-    # otherwise. Both against the float64 reference, with an initial state, over 5 chunks in 3
-    # segments (the interpreter's 4 SMs), forward and backward.
+    # otherwise. Both against the float64 reference, with an initial state, forward and backward, at
+    # B1 H1 T70 (5 chunks) in (V tiles, segments) = layout under the interpreter's 4 SMs: the segment
+    # sums, the z programs and the states at segment boundaries all take part.
     monkeypatch.setattr(la, "CHUNK_Z_MIN_K", 128 if chunk_z else 1 << 30)
     assert la.loads_chunk_z(torch.float32, 80) == chunk_z
-    q, k, v, state = make_inputs(2, 70, 2, 80, 24, torch.float32, normalize=True, init=True)
+    n_chunks = -(-70 // la.chunk_size(torch.float32))
+    e_tiles = -(-v_dim // la.fused_config(torch.float32)[0])
+    per_segment = -(-n_chunks // la.num_segments(e_tiles, n_chunks, la.INTERPRET_SMS))
+    assert (n_chunks, e_tiles, -(-n_chunks // per_segment)) == (5, *layout)
+    q, k, v, state = make_inputs(1, 70, 1, 80, v_dim, torch.float32, normalize=True, init=True)
     assert_linear_accuracy(q, k, v, state, normalize=True)
 
 
