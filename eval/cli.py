@@ -87,6 +87,11 @@ def interpolation_error_message(err: InterpolationResolutionError) -> str:
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
+def _shown_config(config_dir: Path, config_name: str) -> str:
+    """A config's path as messages show it, relative to the repository (``conf/eval/recall.yaml``)."""
+    return f"{config_dir.relative_to(CONF_DIR.parent) / config_name}.yaml"
+
+
 def _default_groups(path: Path) -> set[str]:
     """The config groups a config's defaults list chooses (``model: tiny`` or ``/model: tiny`` ->
     ``model``, ``experiment: null``), not Hydra's own; a ``+group=...`` of one of them makes Hydra
@@ -396,7 +401,7 @@ def check_command_line(
     if overrides is None:
         return
     _check_group_options(overrides, config_dir)
-    shown = f"{config_dir.relative_to(CONF_DIR.parent) / config_name}.yaml"  # conf/eval/recall.yaml
+    shown = _shown_config(config_dir, config_name)
     chosen = _default_groups(config_dir / f"{config_name}.yaml")
     for override in overrides:
         if override.is_add() and override.key_or_group in chosen:  # Hydra: "Multiple values for ..."
@@ -457,7 +462,7 @@ def _composition_problem(
     """What :func:`check_command_line` refuses in one job's ``overrides`` (none a sweep), as its
     message: a setting given a value that the composed config lacks, or ``+key`` for a key it sets.
     None when Hydra composes them, or fails for another reason (it reports that itself)."""
-    shown = f"{config_dir.relative_to(CONF_DIR.parent) / config_name}.yaml"  # conf/eval/recall.yaml
+    shown = _shown_config(config_dir, config_name)
     try:
         _compose(config_dir, config_name, [override.input_line for override in overrides])
         return None

@@ -20,7 +20,15 @@ from einops import rearrange
 from torch import nn
 
 import kernels
-from mixers.common import MixerCache, check_bool, check_cache, check_input, check_number, check_positive_int
+from mixers.common import (
+    MixerCache,
+    check_bool,
+    check_cache,
+    check_cache_dtype,
+    check_input,
+    check_number,
+    check_positive_int,
+)
 
 POS_EMBS = ("rope", "learned", "none")
 
@@ -327,10 +335,7 @@ class Attention(nn.Module):
         Raises:
             TypeError: ``dtype`` is neither None nor a floating-point torch.dtype.
         """
-        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise TypeError(
-                f"{self.name}: the cache dtype must be a floating-point torch.dtype, got {dtype!r}"
-            )
+        check_cache_dtype(dtype, self.name)
         return dtype or self.qkv_proj.weight.dtype
 
     def allocate_cache(

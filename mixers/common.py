@@ -102,6 +102,17 @@ def check_bool(value: object, name: str, mixer: str) -> bool:
     return value
 
 
+def check_cache_dtype(dtype: object, mixer: str | None = None) -> None:
+    """Refuse a cache dtype that is neither None nor a floating-point torch.dtype.
+
+    Raises:
+        TypeError: a string, an int or bool dtype, anything else (prefixed with ``mixer``'s name).
+    """
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        prefix = f"{mixer}: " if mixer else ""
+        raise TypeError(f"{prefix}the cache dtype must be a floating-point torch.dtype, got {dtype!r}")
+
+
 def state_dtype(module_dtype: torch.dtype, dtype: torch.dtype | None = None) -> torch.dtype:
     """The dtype of a recurrent state (linear attention, Mamba) for a given compute dtype.
 
@@ -116,8 +127,7 @@ def state_dtype(module_dtype: torch.dtype, dtype: torch.dtype | None = None) -> 
     Raises:
         TypeError: ``dtype`` is neither None nor a floating-point torch.dtype (a string, an int dtype).
     """
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"the cache dtype must be a floating-point torch.dtype, got {dtype!r}")
+    check_cache_dtype(dtype)
     return torch.float64 if (dtype or module_dtype) == torch.float64 else torch.float32
 
 

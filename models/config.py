@@ -160,9 +160,10 @@ class ModelConfig:
                 )
             mixers.check_setting_names(name, settings)  # also for a mixer the layout does not use
         if isinstance(self.shared_block, Mapping):
-            unknown = sorted(set(self.shared_block) - {f.name for f in dataclasses.fields(SharedBlockConfig)})
+            valid = sorted(f.name for f in dataclasses.fields(SharedBlockConfig))
+            unknown = sorted(set(self.shared_block) - set(valid))
             if unknown:
-                raise ValueError(f"unknown shared_block keys {unknown}; valid keys: ['every', 'mixer']")
+                raise ValueError(f"unknown shared_block keys {unknown}; valid keys: {valid}")
             self.shared_block = SharedBlockConfig(**self.shared_block)
         elif self.shared_block is not None and not isinstance(self.shared_block, SharedBlockConfig):
             raise ValueError(

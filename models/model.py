@@ -386,10 +386,9 @@ class LanguageModel(nn.Module):
             TypeError: ``input_ids`` not a tensor, ``prefill_len`` not an int.
             ValueError: ``input_ids`` not 2-D integer ids in range, ``prefill_len`` outside ``[1, T]``.
         """
-        input_ids = self._token_ids(input_ids)
+        _check_input_ids(input_ids)  # the ids' range: the forward checks it
         batch, seqlen = input_ids.shape
-        if isinstance(prefill_len, bool) or not isinstance(prefill_len, int):
-            raise TypeError(f"prefill_len must be an int, got {prefill_len!r}")
+        _check_int("prefill_len", prefill_len)
         if not 1 <= prefill_len <= seqlen:
             raise ValueError(f"prefill_len must lie in [1, {seqlen}], got {prefill_len}")
         cache = self.allocate_cache(batch, seqlen)
