@@ -306,8 +306,14 @@ class LanguageModel(nn.Module):
 
     def _token_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``input_ids`` checked (2-D integer, ids in ``[0, vocab_size)``) and in an index dtype the
-        embedding takes: int16 / uint8 ids (a byte tokenizer's) become int64, int32 / int64 pass."""
+        embedding takes: int16 / uint8 ids (a byte tokenizer's) become int64, int32 / int64 pass.
+        Sequences of no tokens are refused here, with the ids' shape (a mixer would name its own x)."""
         _check_input_ids(input_ids)
+        if input_ids.shape[1] == 0:
+            raise ValueError(
+                f"input_ids has no tokens (shape {tuple(input_ids.shape)}); "
+                "pass at least one token per sequence"
+            )
         # A decode step being captured in a CUDA graph cannot read tokens back to the host; generate()
         # feeds it tokens sampled from the model's own logits, which are in range.
         capturing = input_ids.is_cuda and torch.cuda.is_current_stream_capturing()

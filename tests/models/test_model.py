@@ -316,3 +316,5 @@ def test_config_errors_are_clear():
         model(torch.tensor([[1, 10]]))
     with pytest.raises(ValueError, match="integer"):
         model(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match=r"^input_ids has no tokens \(shape \(2, 0\)\); pass at least one"):
+        model(torch.zeros(2, 0, dtype=torch.long))
