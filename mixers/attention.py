@@ -376,8 +376,12 @@ class Attention(nn.Module):
     def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
         """Bytes per sequence of a cache with max_seqlen = seqlen: its ceil(seqlen / page_size)
         whole pages of keys and values of every KV head, 2 * page_size * num_kv_heads * head_dim *
-        itemsize bytes each, plus one int32 block-table entry per page and the int32 length."""
-        pages = -(-seqlen // self.page_size)
+        itemsize bytes each, plus one int32 block-table entry per page and the int32 length.
+
+        Raises:
+            TypeError / ValueError: seqlen not an int > 0 (as ``allocate_cache``'s max_seqlen).
+        """
+        pages = -(-check_positive_int(seqlen, "seqlen", self.name) // self.page_size)
         page_bytes = (
             2 * self.page_size * self.num_kv_heads * self.head_dim * self._cache_dtype(dtype).itemsize
         )

@@ -290,6 +290,11 @@ class LinearAttention(nn.Module):
 
     def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
         """Bytes per sequence, independent of seqlen: (H F head_dim [+ H F if normalize]
-        [+ channels d_conv if short_conv]) * itemsize of the state dtype (float32, or float64)."""
+        [+ channels d_conv if short_conv]) * itemsize of the state dtype (float32, or float64).
+
+        Raises:
+            TypeError / ValueError: seqlen not an int > 0 (as ``allocate_cache``'s max_seqlen).
+        """
+        check_positive_int(seqlen, "seqlen", self.name)
         itemsize = state_dtype(self.qkv_proj.weight.dtype, dtype).itemsize
         return sum(math.prod(shape) for shape in self._state_shapes(1).values()) * itemsize

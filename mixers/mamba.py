@@ -314,6 +314,11 @@ class Mamba(nn.Module):
 
     def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
         """Bytes per sequence, independent of seqlen: (d_inner * d_conv + d_inner * d_state) * itemsize,
-        itemsize 4 (float32 state) or 8 for float64 models."""
+        itemsize 4 (float32 state) or 8 for float64 models.
+
+        Raises:
+            TypeError / ValueError: seqlen not an int > 0 (as ``allocate_cache``'s max_seqlen).
+        """
+        check_positive_int(seqlen, "seqlen", self.name)
         itemsize = state_dtype(self.in_proj.weight.dtype, dtype).itemsize
         return (self.d_inner * self.d_conv + self.d_inner * self.d_state) * itemsize

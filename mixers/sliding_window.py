@@ -139,7 +139,11 @@ class SlidingWindowAttention(Attention):
 
     def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
         """Bytes per sequence of a ring cache with max_seqlen = seqlen: 2 * min(seqlen, window) *
-        num_kv_heads * head_dim * itemsize (keys and values of every KV head) + 4 (the int32 length)."""
-        slots = min(seqlen, self.window)
+        num_kv_heads * head_dim * itemsize (keys and values of every KV head) + 4 (the int32 length).
+
+        Raises:
+            TypeError / ValueError: seqlen not an int > 0 (as ``allocate_cache``'s max_seqlen).
+        """
+        slots = min(check_positive_int(seqlen, "seqlen", self.name), self.window)
         kv_bytes = 2 * slots * self.num_kv_heads * self.head_dim * self._cache_dtype(dtype).itemsize
         return kv_bytes + torch.int32.itemsize

@@ -367,7 +367,11 @@ class LanguageModel(nn.Module):
         return name, size
 
     def state_size(self, seqlen: int, dtype: torch.dtype | None = None) -> int:
-        """Analytic decode-state bytes per sequence at context length ``seqlen`` (int, bytes)."""
+        """Analytic decode-state bytes per sequence at context length ``seqlen`` (int, bytes).
+
+        Raises:
+            TypeError / ValueError: seqlen not an int > 0 (named by the first mixer that checks it).
+        """
         total = sum(b.mixer.state_size(seqlen, dtype=dtype) for b in self.layers)
         if self.shared_block is not None:
             total += len(self.shared_after) * self.shared_block.block.mixer.state_size(seqlen, dtype=dtype)

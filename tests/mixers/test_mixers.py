@@ -247,6 +247,13 @@ def test_cache_bytes_match_state_size(name, settings):
         assert sizes == [min(s, mixer.window) * per_token + 4 for s in lengths]
     else:
         assert len(set(sizes)) == 1  # recurrent state: constant in seqlen
+    # A new user's finding: state_size(-100) gave negative bytes, state_size("10") a TypeError from
+    # inside the formula, state_size(2.5) a float. It refuses what allocate_cache refuses.
+    bad_lengths = [(-100, ValueError, "> 0, got -100"), (0, ValueError, "> 0, got 0"),
+                   (2.5, TypeError, "an int, got 2.5"), ("10", TypeError, "an int, got '10'")]  # fmt: skip
+    for bad, error, message in bad_lengths:
+        with pytest.raises(error, match=rf"^{name}: seqlen must be {message}"):
+            mixer.state_size(bad)
 
 
 def test_state_size_formulas():
