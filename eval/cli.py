@@ -284,6 +284,14 @@ def _command_line_overrides(argv: list[str]) -> list[Override] | None:
     return overrides
 
 
+def _multirun(argv: list[str]) -> bool:
+    """Whether a script's command line asks Hydra for a multirun (``-m`` / ``--multirun``)."""
+    from hydra._internal.utils import get_args_parser
+
+    args, _ = get_args_parser().parse_known_args(argv)
+    return bool(args.multirun)
+
+
 def _is_group(override: Override, config_dir: Path = CONF_DIR) -> bool:
     """Whether ``override`` chooses a config group's option (``mixer=mamba``, ``hydra/launcher=...``)
     rather than a setting's value."""
@@ -376,6 +384,7 @@ def check_command_line(
     - a setting given a value that the composed config does not have (``trainer.max_step=3``,
       ``modle.d_model=64``): named with a guess (:func:`closest_settings`; a ``+`` before a setting
       the config leaves out, such as ``+trainer.max_time``) and the settings where it was looked for;
+    - a sweep (``mixer=attention,mamba``) without ``-m``;
     - ``+key=value`` for a key the config already sets (``+seed=3``), and ``+group=option`` for a
       group its defaults already choose (``+experiment=zoology_mqar``: ``experiment: null``), with the
       override to use.
@@ -400,6 +409,15 @@ def check_command_line(
     overrides = _command_line_overrides(argv)
     if overrides is None:
         return
+    if not _multirun(argv):  # Hydra: "Ambiguous value for argument ..." over five lines
+        for override in overrides:
+            if override.is_sweep_override():
+                key = override.key_or_group
+                other = f" (a list is {key}=[a,b], a string with commas \"{key}='a,b'\")"
+                raise ValueError(
+                    f"{override.input_line} gives several values, a sweep: add -m to run one job per value"
+                    + ("" if _is_group(override, config_dir) else other)
+                )
     _check_group_options(overrides, config_dir)
     shown = _shown_config(config_dir, config_name)
     chosen = _default_groups(config_dir / f"{config_name}.yaml")

@@ -532,6 +532,12 @@ TRAIN_CHECK = dict(hints=train_module.SETTING_HINTS, settings=train_module.light
          "cannot parse the override 'seed': missing EQUAL at '<EOF>'; see Hydra's override grammar, "
          "https://"),
         (["model.d_model=["], "train", "cannot parse the override 'model.d_model=[': no viable alternative "),
+        # A sweep without -m (a new user's finding): Hydra's five lines of "Ambiguous value".
+        (["mixer=attention,mamba"], "train",
+         "mixer=attention,mamba gives several values, a sweep: add -m to run one job per value"),
+        (["ckpt=x.ckpt", "num_examples=1,2"], "recall",
+         "num_examples=1,2 gives several values, a sweep: add -m to run one job per value (a list is "
+         "num_examples=[a,b], a string with commas \"num_examples='a,b'\")"),
     ],
 )  # fmt: skip
 def test_a_command_line_hydra_would_refuse_is_one_line(argv, config, message):
