@@ -148,12 +148,22 @@ class ByteTokenizer:
         return {"kind": self.kind}
 
 
-def tokenizer_from_config(config: Mapping) -> CharTokenizer | ByteTokenizer:
+def tokenizer_from_config(config: Mapping | None) -> CharTokenizer | ByteTokenizer:
     """Rebuild a tokenizer from its ``to_config()`` dict (e.g. stored in a checkpoint).
 
     Raises:
-        ValueError: unknown ``kind``, or a char config without ``vocab``.
+        ValueError: ``config`` is None (a checkpoint of a task other than ``data=text`` stores no
+            tokenizer), unknown ``kind``, or a char config without ``vocab``.
+        TypeError: ``config`` is not a mapping.
     """
+    if config is None:
+        raise ValueError(
+            "no tokenizer config (None): only data=text checkpoints store a tokenizer; a synthetic "
+            "task's model takes its token ids directly (passkey and multikey_needle are bytes: "
+            "data.text.ByteTokenizer)"
+        )
+    if not isinstance(config, Mapping):
+        raise TypeError(f"a tokenizer config is a to_config() dict, got {type(config).__name__}")
     kind = config.get("kind")
     if kind == "byte":
         return ByteTokenizer()

@@ -375,6 +375,12 @@ def test_char_tokenizer_errors():
         CharTokenizer.from_vocab(["a", "b"])
     with pytest.raises(ValueError, match="unknown tokenizer kind"):
         tokenizer_from_config({"kind": "bpe"})
+    # A new user's finding: the README's sampling snippet on an MQAR checkpoint (tokenizer_config
+    # None) failed with "'NoneType' object has no attribute 'get'".
+    with pytest.raises(ValueError, match=r"^no tokenizer config \(None\): only data=text checkpoints"):
+        tokenizer_from_config(None)
+    with pytest.raises(TypeError, match="a tokenizer config is a to_config\\(\\) dict, got str"):
+        tokenizer_from_config("char")
 
 
 def test_byte_tokenizer_round_trip():
