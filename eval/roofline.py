@@ -264,8 +264,8 @@ def check_record(rec: Any, where: str) -> bool:
 
     Raises:
         ValueError: ``rec`` is not a JSON object; or it is a throughput record that lacks ``value``,
-            ``batch``, ``seqlen``, ``weight_bytes`` or ``state_bytes``, or has a field of
-            :data:`RECORD_FIELDS` that is not a finite non-negative number (an integer for counts
+            ``batch``, ``seqlen``, ``weight_bytes`` or ``state_bytes`` or has one of them null, or has a
+            field of :data:`RECORD_FIELDS` that is not a finite non-negative number (an integer for counts
             and lengths; ``batch``, ``seqlen``, ``cache_seqlen`` and ``weight_bytes`` > 0: a step
             that moves no bytes has no floor).
     """
@@ -276,9 +276,14 @@ def check_record(rec: Any, where: str) -> bool:
     if rec.get("metric") not in (PREFILL_METRIC, DECODE_METRIC):
         return False
     what = f"{where} (run {rec.get('run')!r}, {rec['metric']})"
-    missing = [name for name, _, _, required in RECORD_FIELDS if required and rec.get(name) is None]
+    missing = [name for name, _, _, required in RECORD_FIELDS if required and name not in rec]
     if missing:
         raise ValueError(f"{what} lacks {missing}; was it written by eval/decode.py?")
+    nulls = [name for name, _, _, required in RECORD_FIELDS if required and rec[name] is None]
+    if nulls:
+        raise ValueError(
+            f"{what} has {nulls} = null; it needs numbers there (rewrite it with eval/decode.py)"
+        )
     for name, integer, zero, _ in RECORD_FIELDS:
         value = rec.get(name)
         if value is None:

@@ -79,6 +79,12 @@ def test_records_missing_fields_raise(cfg, tmp_path):
     path.write_text(json.dumps([{"run": "r", "metric": "decode_tokens_per_s", "value": 1.0, "batch": 1}]))
     with pytest.raises(ValueError, match=r"lacks \['seqlen', 'weight_bytes', 'state_bytes'\]"):
         rl.measured_vs_floor(rl.load_records([str(path)]), 4.27, 989)
+    # A new user's finding: a null value was reported as missing.
+    record = {"run": "r", "metric": "decode_tokens_per_s", "value": None, "batch": 1, "seqlen": 8,
+              "weight_bytes": 10, "state_bytes": 4}  # fmt: skip
+    path.write_text(json.dumps([record]))
+    with pytest.raises(ValueError, match=r"has \['value'\] = null; it needs numbers there"):
+        rl.load_records([str(path)])
     path.write_text(json.dumps({"not": "a list"}))
     with pytest.raises(ValueError, match="JSON list"):
         rl.load_records([str(path)])
