@@ -69,6 +69,43 @@ def check_interpreter_dtype(op: str, *tensors: torch.Tensor | None) -> None:
         )
 
 
+INT32_OFFSETS = 2**31  # offsets a kernel forms as int32 index x stride must stay below this
+
+
+def check_int32_offsets(
+    op: str, fix: str, dims: tuple[int, ...], **tensors: torch.Tensor | torch.Size | None
+) -> None:
+    """Refuse a tensor whose offsets along ``dims`` reach 2**31 elements, which the kernels would
+    wrap: they add ``index * stride`` to a row's base pointer in int32 for each dim whose stride
+    fits int32 (Triton passes larger ints as int64, so a stride of 2**31 or more is safe). The
+    batch and head offsets are int64; the sequence and feature dims are not.
+
+    Args:
+        op: the op's name for the message.
+        fix: what to do instead, appended to the message.
+        dims: the dims the kernels index with int32 (e.g. (1, 3): T and the feature dim of (B, T, H, D)).
+        tensors: name -> tensor, or the ``torch.Size`` of a contiguous one yet to be allocated (an
+            output); None is skipped.
+
+    Raises:
+        ValueError: (size - 1) * |stride| >= 2**31 along one of ``dims``, naming the tensor, the dim,
+            its size and stride, and ``fix``.
+    """
+    for name, t in tensors.items():
+        if t is None or (isinstance(t, torch.Size) and math.prod(t) <= INT32_OFFSETS):
+            continue  # (a contiguous tensor's offsets stay below its element count)
+        for dim in dims:
+            if isinstance(t, torch.Size):  # contiguous
+                size, stride = t[dim], math.prod(t[dim + 1 :])
+            else:
+                size, stride = t.shape[dim], abs(t.stride(dim))
+            if stride < INT32_OFFSETS and (size - 1) * stride >= INT32_OFFSETS:
+                raise ValueError(
+                    f"the Triton {op} indexes {name} with int32 offsets, but its dim {dim} spans "
+                    f"({size} - 1) x stride {stride} = {(size - 1) * stride} elements, past 2**31 - 1; {fix}"
+                )
+
+
 def check_device(op: str, *tensors: torch.Tensor | None) -> None:
     """A Triton op's own device limit for tensors already known to share one device (the ops whose
     shared validation checks that): CUDA, or the CPU under ``TRITON_INTERPRET=1``.

@@ -51,7 +51,15 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._host import INTERPRET as _INTERPRET
-from kernels._host import cdiv, check_device, check_fp32_scalars, device_guard, next_power_of_2, split_fp64
+from kernels._host import (
+    cdiv,
+    check_device,
+    check_fp32_scalars,
+    check_int32_offsets,
+    device_guard,
+    next_power_of_2,
+    split_fp64,
+)
 from kernels.reference import (
     _check_attention_args,
     _compute_dtype,
@@ -60,6 +68,11 @@ from kernels.reference import (
 __all__ = ["flash_attention"]
 
 _MAX_HEAD_DIM = 256
+# What to do about a sequence whose offsets pass int32 (check_int32_offsets).
+_OFFSETS_FIX = (
+    "attend over fewer heads a call (contiguous slices, q[:, :, a:b].contiguous()), or pass contiguous "
+    "tensors if a wider stride (a view of a fused projection) made it"
+)
 _LOG2E = math.log2(math.e)
 _LN2 = math.log(2.0)
 
@@ -775,6 +788,7 @@ def _backward(do, dlse, q, k, v, o, lse, causal: bool, window: int | None, scale
         return dq, dk.zero_(), dv.zero_()
     if do is None:  # only the lse was used
         do = torch.zeros_like(o)
+    check_int32_offsets("flash_attention", _OFFSETS_FIX, (1, 3), do=do)
     params = _launch_params(q, scale, window, seqlen_k)
     window = params["window"]
     meta = params["meta"]
@@ -871,7 +885,10 @@ def flash_attention(
         head_dim 0, Hq not a multiple of Hkv, Tk == 0, window <= 0 or beyond int64, window with
         causal=False, non-finite scale, tensors on different devices), and, for this backend only,
         ValueError for head_dim above 256, a scale beyond float32's range, inputs on a device other
-        than CUDA / CPU, or CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
+        than CUDA / CPU, CPU inputs without ``TRITON_INTERPRET=1`` (or bfloat16 ones under it), or a
+        sequence whose offsets in q, k, v, o or the output gradient reach 2**31 elements
+        (``(T - 1) * stride``: the kernels index the sequence in int32;
+        ``kernels._host.check_int32_offsets``).
     """
     # The reference's validation: same checks, order and messages.
     batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale = _check_attention_args(
@@ -886,5 +903,7 @@ def flash_attention(
         )
     check_fp32_scalars("flash_attention", _LOG2E, scale=scale)
     check_device("flash_attention", q, k, v)  # one device: checked by the shared validation
+    # o, dq (q's shape) and dk, dv (k's) are allocated contiguous.
+    check_int32_offsets("flash_attention", _OFFSETS_FIX, (1, 3), q=q, k=k, v=v, o=q.shape, dk=k.shape)
 
     return _FlashAttentionFunction.apply(q, k, v, bool(causal), window, float(scale), bool(return_lse))

@@ -117,6 +117,7 @@ from kernels._host import (
     cdiv,
     check_device,
     check_fp32_scalars,
+    check_int32_offsets,
     check_no_grad,
     device_guard,
     mark_written,
@@ -1157,6 +1158,12 @@ def _scan(x, y, w, wp, s_in, z_in, *, chunk: int, reverse: bool, normalize: bool
     return states, zstates, s_out, z_out
 
 
+# What to do about a sequence whose offsets pass int32 (check_int32_offsets).
+_OFFSETS_FIX = (
+    "split the sequence into calls that carry the state (initial_state=..., output_final_state=True), "
+    "or pass contiguous tensors if a wider stride (a view of a fused projection) made it"
+)
+
 # The fused forward holds the whole (K, BLOCK_E) state in registers: K up to 128.
 FUSED_MAX_K = 128
 # Off CUDA (the interpreter), the SM count the segment rule sees: small test shapes split into segments.
@@ -1350,6 +1357,7 @@ def _backward(do, dkv, dz, q, k, v, o, states, sscales, zstates, den, scale: flo
     fp64 = acc == torch.float64
     if do is None:  # only the final state was used
         do = torch.zeros((batch, seqlen, num_heads, v_dim), dtype=q.dtype, device=q.device)
+    check_int32_offsets("linear_attention", _OFFSETS_FIX, (1, 3), do=do)
     g, r, rp = do, None, None
     # r's hi / lo pair for the reverse scan's dz product (fp16 sums r itself there: see the kernel).
     pair = normalize and q.dtype != torch.float16
@@ -1480,8 +1488,10 @@ def linear_attention(
         mismatched dtypes, bad scale, a normalize or output_final_state that is not a bool, the wrong
         state form for ``normalize``; ValueError: wrong ndim or mismatched shapes, tensors on
         different devices, K = 0 without a scale), and, for this backend only, ValueError for a scale
-        or eps beyond fp32's range, devices other than CUDA, or CPU tensors without
-        ``TRITON_INTERPRET=1`` (or bfloat16 ones under it).
+        or eps beyond fp32's range, devices other than CUDA, CPU tensors without
+        ``TRITON_INTERPRET=1`` (or bfloat16 ones under it), or a sequence whose offsets in q, k, v,
+        o or the output gradient reach 2**31 elements (``(T - 1) * stride``: the kernels index
+        the sequence in int32; ``kernels._host.check_int32_offsets``).
     """
     # The reference's validation: same checks, order and messages.
     batch, _, num_heads, k_dim, v_dim, scale = _check_linear_attention_args(
@@ -1492,6 +1502,8 @@ def linear_attention(
         kv0, z0 = _split_linear_state(initial_state, normalize, q, v_dim)
     check_device("linear_attention", q, k, v, kv0, z0)  # one device: checked above
     check_fp32_scalars("linear_attention", scale=scale, eps=eps)
+    # o (v's shape) and the gradients are allocated contiguous.
+    check_int32_offsets("linear_attention", _OFFSETS_FIX, (1, 3), q=q, k=k, v=v, o=v.shape, dq=q.shape)
 
     normalize = bool(normalize)
     # The per-chunk states are only written when a backward can follow.

@@ -607,6 +607,27 @@ def test_backend_specific_errors():
             kernels.flash_attention(_t(1, 4, 2, 8), meta, meta, backend="triton")
 
 
+def test_sequences_past_int32_offsets_are_refused(monkeypatch):
+    # The kernels index the sequence in int32: (T - 1) * stride from 2**31 on would wrap. A lower
+    # limit stands in for 2**31 (nothing that large is allocated); the output gradient is checked
+    # when the backward gets it.
+    import kernels._host as host
+
+    q = _t(1, 20, 2, 16).requires_grad_()
+    k, v = _t(1, 20, 2, 16), _t(1, 20, 2, 16)
+    monkeypatch.setattr(host, "INT32_OFFSETS", 2**8)
+    message = (r"^the Triton flash_attention indexes q with int32 offsets, but its dim 1 spans \(20 - 1\) x "
+               r"stride 32 = 608 elements, past 2\*\*31 - 1; attend over fewer heads a call")  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        kernels.flash_attention(q, k, v, backend="triton")
+    monkeypatch.setattr(host, "INT32_OFFSETS", 2**10)
+    o = kernels.flash_attention(q, k, v, backend="triton")
+    do = _t(1, 20, 2, 64)[..., :16]  # stride 128: 19 x 128 = 2432
+    message = r"indexes do with int32 offsets, but its dim 1 spans \(20 - 1\) x stride 128 "
+    with pytest.raises(ValueError, match=message):
+        torch.autograd.grad(o, q, do)
+
+
 def test_error_messages_say_how_to_fix():
     q = _t(1, 4, 2, 8)
     with pytest.raises(TypeError, match=r"pass int\(window\)"):

@@ -943,6 +943,28 @@ def test_backend_specific_errors():
         kernels.linear_attention_step(*STEP_ARGS, scale=1e300, backend="triton")
 
 
+def test_sequences_past_int32_offsets_are_refused(monkeypatch):
+    # The kernels index the sequence in int32: (T - 1) * stride from 2**31 on would wrap (a fused
+    # qkv view, stride 6144, from ~350k tokens). A lower limit stands in for 2**31, so nothing that
+    # large is allocated; the output gradient is checked when the backward gets it.
+    import kernels._host as host
+
+    q = torch.rand(1, 20, 2, 16, device=DEVICE, requires_grad=True)
+    k, v = torch.rand(1, 20, 2, 16, device=DEVICE), torch.randn(1, 20, 2, 8, device=DEVICE)
+    monkeypatch.setattr(host, "INT32_OFFSETS", 2**8)
+    message = (r"^the Triton linear_attention indexes q with int32 offsets, but its dim 1 spans \(20 - 1\) x "
+               r"stride 32 = 608 elements, past 2\*\*31 - 1; split the sequence into calls that carry "
+               r"the state")  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        kernels.linear_attention(q, k, v, backend="triton")
+    monkeypatch.setattr(host, "INT32_OFFSETS", 2**10)  # q, k, v (stride 32) and o (16) pass
+    o = kernels.linear_attention(q, k, v, backend="triton")
+    do = torch.randn(1, 20, 2, 64, device=DEVICE)[..., :8]  # stride 128: 19 x 128 = 2432
+    message = r"indexes do with int32 offsets, but its dim 1 spans \(20 - 1\) x stride 128 "
+    with pytest.raises(ValueError, match=message):
+        torch.autograd.grad(o, q, do)
+
+
 # ----------------------------------------------------------------------------------------------
 # Replayed launches (an eager decode loop repeats one call signature)
 # ----------------------------------------------------------------------------------------------
