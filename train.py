@@ -33,6 +33,7 @@ import shutil
 import signal
 import stat
 import sys
+import typing
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -927,6 +928,18 @@ def lightning_settings() -> tuple[str, ...]:
     )
 
 
+def lightning_precisions() -> tuple[int | str, ...]:
+    """The values Lightning's Trainer takes for ``precision`` (``bf16-mixed``, ``32-true``, ``16``,
+    ...), read from the Literal types of its signature, so that they follow the installed version."""
+
+    def literals(hint: Any) -> list[int | str]:
+        if typing.get_origin(hint) is typing.Literal:
+            return list(typing.get_args(hint))
+        return [value for arg in typing.get_args(hint) for value in literals(arg)]
+
+    return tuple(literals(inspect.signature(L.Trainer.__init__).parameters["precision"].annotation))
+
+
 def check_logger_settings(logger: DictConfig) -> None:
     """The ``logger.*`` group (``conf/logger/*.yaml``): only the ``wandb`` and ``csv`` loggers and
     the keys :func:`_loggers` reads (a ``+logger.wandb.entity=...`` or ``+logger.csv.foo=...``
@@ -968,7 +981,7 @@ def check_trainer_settings(cfg: DictConfig) -> None:
             both -1 (the schedule needs a length),
             ``trainer.val_check_interval`` not a step count >= 1 or an epoch fraction in (0, 1],
             ``trainer.check_val_every_n_epoch`` not null or >= 1, or a fractional interval with it
-            null.
+            null; ``trainer.precision`` none of :func:`lightning_precisions` (``bf17``).
     """
 
     def integer(name: str, value: Any) -> int:
@@ -1030,6 +1043,13 @@ def check_trainer_settings(cfg: DictConfig) -> None:
         if value is not None and not isinstance(value, bool) and not (name == "deterministic" and value == "warn"):
             choices = "true, false or warn" if name == "deterministic" else "true or false"
             raise TypeError(f"trainer.{name} must be {choices}, got {value!r}")
+    precision = trainer.get("precision")
+    allowed = lightning_precisions()
+    # bool before the membership test: True == 1 and 16.0 == 16, which Lightning takes and then fails on.
+    if precision is not None and (not isinstance(precision, (int, str)) or isinstance(precision, bool)
+                                  or precision not in allowed):  # fmt: skip
+        named = ", ".join(str(value) for value in allowed if isinstance(value, str))
+        raise ValueError(f"trainer.precision must be one of Lightning's precisions ({named}), got {precision!r}")
     every = trainer.get("check_val_every_n_epoch")
     if every is not None and integer("trainer.check_val_every_n_epoch", every) < 1:
         raise ValueError(f"trainer.check_val_every_n_epoch must be null or >= 1, got {every}")

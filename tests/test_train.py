@@ -1102,6 +1102,10 @@ def test_early_stopping_survives_a_run_cut_before_its_first_validation(tmp_path)
         ("trainer.val_check_interval=1.5", ValueError, "or in (0, 1] (a fraction of an epoch), got 1.5"),
         ("trainer.val_check_interval=abc", TypeError, "trainer.val_check_interval must be a number"),
         ("trainer.check_val_every_n_epoch=0", ValueError, "check_val_every_n_epoch must be null or >= 1"),
+        # Lightning refused these itself, but after its "Seed set to 0" line (a carried new-user note).
+        ("trainer.precision=bf17", ValueError, "trainer.precision must be one of Lightning's precisions ("),
+        ("trainer.precision=true", ValueError, "bf16-mixed, 32-true, 64-true, 64, 32, 16, bf16), got True"),
+        ("trainer.precision=16.0", ValueError, "got 16.0"),
         ("seed=abc", TypeError, "seed must be an integer, got 'abc'"),
         ("seed=-1", ValueError, "seed must be in [0, 2**32) (numpy's seed range), got -1"),
         ("trainer.gradient_clip_val=-1", ValueError, "gradient_clip_val must be >= 0 (0 or null: no clipping)"),
@@ -1128,6 +1132,15 @@ def test_bad_trainer_and_optim_settings_fail_before_training(tmp_path, override,
     with pytest.raises(error, match=re.escape(message)):
         train_module.train(cfg)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "32-true", "16", "32", "bf16"])
+def test_lightning_precisions_pass_the_trainer_check(precision):
+    # The values are read from the Trainer's signature: a reading that lost its Literal types would
+    # refuse every precision, the config's own 32-true included.
+    cfg = compose_train([*TINY, f"trainer.precision={precision}"])
+    train_module.check_trainer_settings(cfg)
+    assert cfg.trainer.precision in train_module.lightning_precisions()
 
 
 def test_a_data_error_of_another_type_is_raised_as_it_was(tmp_path, monkeypatch):
