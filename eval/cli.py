@@ -387,7 +387,9 @@ def check_command_line(
     - a sweep (``mixer=attention,mamba``) without ``-m``;
     - ``+key=value`` for a key the config already sets (``+seed=3``), and ``+group=option`` for a
       group its defaults already choose (``+experiment=zoology_mqar``: ``experiment: null``), with the
-      override to use.
+      override to use;
+    - a group of ``config_dir`` that the config does not choose (``eval/decode.py
+      experiment=zoology_mqar`` or ``+data=text``: decode chooses only model and mixer).
 
     In a sweep (``-m`` with several values) each combination of its group options is composed (up
     to :data:`MAX_SWEEP_JOBS_CHECKED`), its key sweeps at their first value: a key only some of the
@@ -418,9 +420,18 @@ def check_command_line(
                     f"{override.input_line} gives several values, a sweep: add -m to run one job per value"
                     + ("" if _is_group(override, config_dir) else other)
                 )
-    _check_group_options(overrides, config_dir)
     shown = _shown_config(config_dir, config_name)
     chosen = _default_groups(config_dir / f"{config_name}.yaml")
+    for override in overrides:
+        group = override.key_or_group
+        # eval/decode.py's config shares conf/ with train.py's groups but chooses only some; Hydra
+        # looks for the others beside it (eval/experiment/...) or advises a '+' that fails too.
+        if group not in chosen and (config_dir / group).is_dir():
+            raise ValueError(
+                f"{override.input_line}: {shown} takes no {group} option (it chooses "
+                f"{', '.join(sorted(chosen)) or 'none'}); remove it"
+            )
+    _check_group_options(overrides, config_dir)
     for override in overrides:
         if override.is_add() and override.key_or_group in chosen:  # Hydra: "Multiple values for ..."
             raise ValueError(

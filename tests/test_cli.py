@@ -523,6 +523,15 @@ TRAIN_CHECK = dict(hints=train_module.SETTING_HINTS, settings=train_module.light
         (["+experiment=zoology_mqar"], "train",  # found by a new-user check: Hydra's "Multiple values"
          "+experiment=zoology_mqar adds experiment, which conf/train.yaml already chooses in its defaults; "
          "write experiment=zoology_mqar to choose it"),
+        # Groups of conf/ that decode does not choose: Hydra looked for eval/experiment/..., or advised
+        # a '+' that failed in its turn (a carried new-user note).
+        (["experiment=zoology_mqar"], "eval/decode",
+         "experiment=zoology_mqar: conf/eval/decode.yaml takes no experiment option (it chooses mixer, "
+         "model); remove it"),
+        (["+data=text"], "eval/decode", "+data=text: conf/eval/decode.yaml takes no data option "),
+        (["~trainer"], "eval/decode", "~trainer: conf/eval/decode.yaml takes no trainer option "),
+        (["eval=recall"], "train", "eval=recall: conf/train.yaml takes no eval option (it chooses data, "
+         "experiment, logger, mixer, model, trainer); remove it"),
         (["ckpt=x.ckpt", "num_example=3"], "recall",
          "unknown setting 'num_example' in num_example=3 (did you mean num_examples?): "
          "conf/eval/recall.yaml "),
