@@ -22,6 +22,18 @@ from models.model import LanguageModel
 
 IGNORE_INDEX = -100
 
+_LIGHTNING_LOAD = inspect.getattr_static(L.LightningModule, "load_from_checkpoint")
+
+
+def _signature_of(original):
+    """A decorator giving a wrapper ``original``'s signature, which :func:`inspect.signature` reports."""
+
+    def decorate(function):
+        function.__signature__ = inspect.signature(original)
+        return function
+
+    return decorate
+
 # What LitLM logs each training step; validation adds the names of :func:`logged_metrics`.
 TRAIN_METRICS = ("train/loss", "train/acc", "train/tokens")
 
@@ -121,8 +133,10 @@ class LitLM(L.LightningModule):
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.float64), persistent=True)
 
     # Lightning's own decorator of load_from_checkpoint (a classmethod that refuses instance calls,
-    # whose result would be dropped), taken from the method it wraps rather than a private import.
-    @type(inspect.getattr_static(L.LightningModule, "load_from_checkpoint"))
+    # whose result would be dropped), taken from the method it wraps rather than a private import;
+    # and its signature, so that help() and editors show the named arguments, not *args / **kwargs.
+    @type(_LIGHTNING_LOAD)
+    @_signature_of(_LIGHTNING_LOAD.__func__)
     def load_from_checkpoint(cls, checkpoint_path, *args: Any, **kwargs: Any) -> LitLM:
         """Lightning's ``load_from_checkpoint`` (same arguments and errors), reading the numpy
         bool / integer / float scalars that :func:`load_model` reads too

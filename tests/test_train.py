@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import inspect
 import json
 import logging
 import math
@@ -1653,6 +1654,9 @@ def test_resume_accepts_a_process_count_record_of_numpy_integers(jamba_run, tmp_
     assert all(torch.equal(t, want[name]) for name, t in loaded.state_dict().items())
     with pytest.raises(TypeError, match="cannot be called on an instance"):
         loaded.load_from_checkpoint(path)
+    # help() shows Lightning's named arguments, not the wrapper's *args / **kwargs (a carried note).
+    parameters = inspect.signature(LitLM.load_from_checkpoint).parameters
+    assert list(parameters)[:4] == ["cls", "checkpoint_path", "map_location", "hparams_file"], parameters
     assert train_module.check_resume(str(path), saved, max_steps=21, world_size=1) == str(path.resolve())
     message = re.escape("was trained on 1 process(es), this run has 2: ")
     with pytest.raises(ValueError, match=message + ".*trainer.devices=1 trainer.num_nodes=1$"):
