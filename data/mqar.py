@@ -26,6 +26,7 @@ One example of length T with ``num_kv_pairs = k`` (written with ``vocab_size = V
 
 from __future__ import annotations
 
+import math
 import numbers
 import re
 from collections.abc import Mapping, Sequence
@@ -102,18 +103,34 @@ def _sample_distinct_uniform(rng: np.random.Generator, num_rows: int, low: int, 
     return out + low
 
 
-def _sample_distinct_weighted(rng: np.random.Generator, num_rows: int, p: np.ndarray, size: int):
-    """``size`` distinct indices of ``p`` per row, drawn one after another without replacement ∝ p.
+def _sample_distinct_weighted(rng: np.random.Generator, num_rows: int, log_w: np.ndarray, size: int):
+    """``size`` distinct indices of ``log_w`` per row, drawn one after another without replacement
+    ∝ p = exp(log_w) (unnormalised: a constant shift of log_w changes nothing).
 
     Gumbel-top-k (Kool, van Hoof & Welling 2019, "Stochastic Beams and Where to Find Them", Eq. 2):
     the indices of the k largest ``log p_i + Gumbel_i`` in decreasing order have exactly the law of
     k successive draws without replacement ∝ p, which is what ``choice(replace=False, p=p)`` does
     row by row, here vectorised over rows. Returns (num_rows, size) int64.
     """
-    scores = np.log(p)[None, :] + rng.gumbel(size=(num_rows, p.shape[0]))  # (N, space)
+    scores = log_w[None, :] + rng.gumbel(size=(num_rows, log_w.shape[0]))  # (N, space)
     top = np.argpartition(-scores, size - 1, axis=1)[:, :size]  # (N, k), unordered
     order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1)
     return np.take_along_axis(top, order, axis=1).astype(np.int64)
+
+
+def check_power_a(power_a: float) -> None:
+    """Validate MQAR's query-gap exponent: a finite real number > 0.
+
+    Raises:
+        ValueError: ``power_a`` is not a number (or is a bool), is <= 0, or is not finite.
+    """
+    if isinstance(power_a, bool) or not isinstance(power_a, numbers.Real) or not power_a > 0:
+        raise ValueError(f"power_a must be a number > 0 (1.0 is uniform query placement), got {power_a!r}")
+    if not math.isfinite(power_a):
+        raise ValueError(
+            f"power_a must be finite, got {power_a!r}; a large value (e.g. 1000) puts the queries at the "
+            "largest gaps from the context"
+        )
 
 
 def multiquery_ar(
@@ -145,13 +162,12 @@ def multiquery_ar(
     Raises:
         TypeError: a count is not an integer.
         ValueError: an invalid configuration (see :func:`check_mqar_config`), ``num_examples < 1``,
-            ``power_a <= 0`` or a negative seed.
+            ``power_a`` not a finite number > 0 (:func:`check_power_a`) or a negative seed.
     """
     check_mqar_config(vocab_size, input_seq_len, num_kv_pairs)
     num_examples = _check_int(num_examples, "num_examples", 1)
     seed = _check_int(seed, "seed", 0)
-    if isinstance(power_a, bool) or not isinstance(power_a, numbers.Real) or not power_a > 0:
-        raise ValueError(f"power_a must be a number > 0 (1.0 is uniform query placement), got {power_a!r}")
+    check_power_a(power_a)
     rng = np.random.default_rng(seed)
     k, T = num_kv_pairs, input_seq_len
     context_len = 2 * k
@@ -161,11 +177,15 @@ def multiquery_ar(
     values = _sample_distinct_uniform(rng, num_examples, half, vocab_size, k)  # (N, k)
 
     # Gap i - 1 for i = 1 ... space has weight a * i**(a - 1): a power law decaying with the gap.
+    # In log space, less log(a * space**(a - 1)): i**(a - 1) itself overflowed from a ~ 200 at T 64,
+    # and the NaN weights gave every example the same gaps. Here the log weights lie in
+    # [-(a - 1) log(space), 0] for a >= 1 (-inf where that underflows, never chosen) and in
+    # [0, log(space)) for a < 1.
     space = (T - context_len) // 2
-    ranks = np.arange(1, space + 1, dtype=np.float64)
-    p = power_a * ranks ** (power_a - 1)
-    p /= p.sum()
-    gaps = _sample_distinct_weighted(rng, num_examples, p, k)  # (N, k), key j is queried at gap j
+    log_ranks = np.log(np.arange(1, space + 1, dtype=np.float64))
+    with np.errstate(over="ignore"):
+        log_w = (power_a - 1.0) * (log_ranks - log_ranks[-1])
+    gaps = _sample_distinct_weighted(rng, num_examples, log_w, k)  # (N, k), key j is queried at gap j
 
     input_ids = np.zeros((num_examples, T), dtype=np.int64)
     input_ids[:, 0:context_len:2] = keys
@@ -319,8 +339,7 @@ class MQARDataModule(ResumableTrainData, L.LightningDataModule):
         self.batch_size = _check_int(batch_size, "batch_size", 1)
         self.seed = _check_int(seed, "seed", 0)
         self.num_workers = _check_int(num_workers, "num_workers", 0)
-        if not power_a > 0:
-            raise ValueError(f"power_a must be > 0 (1.0 is uniform query placement), got {power_a}")
+        check_power_a(power_a)
         self.vocab_size = int(vocab_size)
         self.seqlen = int(seqlen)
         self.num_kv_pairs = int(num_kv_pairs)

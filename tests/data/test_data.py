@@ -3,6 +3,7 @@
 import inspect
 import re
 import tempfile
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -122,6 +123,28 @@ def test_mqar_power_law_gap_distribution():
     assert abs(uniform_gaps.float().mean().item() - (space - 1) / 2) < 0.5
 
 
+@pytest.mark.parametrize("power_a", [250.0, 1e300])
+def test_mqar_large_power_a_follows_its_law(power_a):
+    """Found by a new-user check: from a ~ 200 at T 64, a * i**(a - 1) overflowed, the weights became
+    NaN and every example got the same query positions, with only numpy's overflow warning. The
+    first gap's law is checked as in the test above, its weights computed in log space here."""
+    num_examples, seqlen, k = 2000, 64, 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning either
+        input_ids, labels = multiquery_ar(128, num_examples, seqlen, seed=3, power_a=power_a, num_kv_pairs=k)
+    is_first_query = (input_ids == input_ids[:, :1]) & (labels != IGNORE_INDEX)
+    gaps = (is_first_query.int().argmax(1) - 2 * k) // 2
+    space = seqlen // 2 - k
+    log_w = (power_a - 1.0) * np.log(np.arange(1, space + 1) / space)
+    p = np.exp(log_w - log_w.max())
+    p /= p.sum()
+    freq = np.bincount(gaps.numpy(), minlength=space) / num_examples
+    sigma = np.sqrt(p * (1 - p) / num_examples)
+    assert np.all(np.abs(freq - p) < 5 * sigma + 1e-3)
+    # All k queries sit in the last k slots (the next gap's weight is below 1e-4 at a = 250).
+    assert ((labels != IGNORE_INDEX).nonzero()[:, 1] >= seqlen - 2 * k).all()
+
+
 def test_mqar_deterministic_per_seed_and_leaves_global_rng_alone():
     np_state = np.random.get_state()[1].copy()
     torch_state = torch.random.get_rng_state().clone()
@@ -143,6 +166,7 @@ def test_mqar_deterministic_per_seed_and_leaves_global_rng_alone():
         (dict(num_kv_pairs=9), ValueError, "num_kv_pairs"),
         (dict(power_a=0.0), ValueError, "power_a"),
         (dict(power_a="abc"), ValueError, "power_a must be a number > 0 .*got 'abc'"),
+        (dict(power_a=float("inf")), ValueError, "power_a must be finite, got inf"),
         (dict(num_examples=0), ValueError, "num_examples"),
         (dict(seed=-1), ValueError, "seed"),
         (dict(input_seq_len=32.0), TypeError, "integer"),
