@@ -176,21 +176,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             (:func:`eval.cli.check_known_settings`); a group of settings replaced by a value
             (``optim=5``).
     """
-    check_known_settings(cfg, "train", hints=SETTING_HINTS, settings=lightning_settings())
-    for section in ("model", "mixer", "data", "optim", "trainer", "logger"):
-        if not OmegaConf.is_dict(cfg[section]):  # optim=5 replaced the whole group of settings
-            raise ValueError(
-                f"{section} must be a group of settings, got {section}={cfg[section]!r}; set one of them "
-                f"instead, e.g. {section}.<key>=<value> (conf/train.yaml lists them)"
-            )
-    if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise ValueError(
-            f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and none is available; "
-            "use trainer=cpu (or trainer=ddp for several CPU processes)"
-        )
-    check_trainer_settings(cfg)
-    check_logger_settings(cfg.logger)
-    check_optim(OmegaConf.to_container(cfg.optim, resolve=True))  # LitLM checks it too, after the seeding
+    check_settings(cfg)
     run_dir = Path(cfg.run_dir).resolve()
     earlier = sorted(p.name for p in (run_dir / "checkpoints").glob("*.ckpt"))
     if earlier:
@@ -208,18 +194,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # settings come before the seeding, so that a refused resume is the first line the run prints
     # (not after Lightning's "Seed set to ...").
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    try:
-        dm = datasets_lib.build_datamodule(
-            data_cfg["name"], **{k: v for k, v in data_cfg.items() if k not in DATA_META_KEYS}
-        )
-        dm.setup("fit")
-    except (TypeError, ValueError) as err:
-        message = name_data_setting(str(err), data_cfg)
-        # Only the plain types are rebuilt from a message (UnicodeDecodeError's constructor takes five
-        # arguments): any other error, or one not naming a setting, goes on as it was raised.
-        if message == str(err) or type(err) not in (TypeError, ValueError):
-            raise
-        raise type(err)(message) from err
+    dm = build_datamodule(data_cfg, setup=True)
     model_config = build_model_config(cfg, dm.vocab_size)
     # The mixers check their settings' values as they are built (pos_emb=ropee, num_heads=0): built
     # once on the meta device (no weights allocated), a refusal comes before the seeding too.
@@ -399,6 +374,76 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             wandb = sys.modules.get("wandb")
             if getattr(wandb, "run", None) is not None:
                 wandb.finish()
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """The checks of a run's settings that need neither its data nor its model, which :func:`train`
+    makes first: every top-level key known (:func:`eval.cli.check_known_settings`), each group of
+    settings a mapping, a GPU for ``trainer.accelerator=gpu``, then :func:`check_trainer_settings`,
+    :func:`check_logger_settings` and :func:`models.lit.check_optim`.
+
+    Raises:
+        ValueError / TypeError: the first setting refused, named as its override.
+    """
+    check_known_settings(cfg, "train", hints=SETTING_HINTS, settings=lightning_settings())
+    for section in ("model", "mixer", "data", "optim", "trainer", "logger"):
+        if not OmegaConf.is_dict(cfg[section]):  # optim=5 replaced the whole group of settings
+            raise ValueError(
+                f"{section} must be a group of settings, got {section}={cfg[section]!r}; set one of them "
+                f"instead, e.g. {section}.<key>=<value> (conf/train.yaml lists them)"
+            )
+    if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and none is available; "
+            "use trainer=cpu (or trainer=ddp for several CPU processes)"
+        )
+    check_trainer_settings(cfg)
+    check_logger_settings(cfg.logger)
+    check_optim(OmegaConf.to_container(cfg.optim, resolve=True))  # LitLM checks it too, after the seeding
+
+
+def build_datamodule(data_cfg: dict[str, Any], setup: bool) -> L.LightningDataModule:
+    """The data module of the ``data.*`` settings, its training and validation sets drawn or read
+    when ``setup`` (``setup("fit")``); a module's refusal names the ``data.*`` setting.
+
+    Raises:
+        ValueError / TypeError: an unknown data module or key, or a value the module refuses
+            (``data.seqlen=7``: ``data.seqlen must be even ...``).
+    """
+    try:
+        dm = datasets_lib.build_datamodule(
+            data_cfg["name"], **{k: v for k, v in data_cfg.items() if k not in DATA_META_KEYS}
+        )
+        if setup:
+            dm.setup("fit")
+    except (TypeError, ValueError) as err:
+        message = name_data_setting(str(err), data_cfg)
+        # Only the plain types are rebuilt from a message (UnicodeDecodeError's constructor takes five
+        # arguments): any other error, or one not naming a setting, goes on as it was raised.
+        if message == str(err) or type(err) not in (TypeError, ValueError):
+            raise
+        raise type(err)(message) from err
+    return dm
+
+
+# The vocabulary check_sweep_job builds the model with: a text corpus's is known only once it is
+# read, and it sizes only the embedding and the head, whose settings the mixers' checks do not read.
+STAND_IN_VOCAB_SIZE = 256
+
+
+def check_sweep_job(cfg: DictConfig) -> None:
+    """What :func:`train` would refuse in a sweep's job before it draws or reads any data:
+    :func:`check_settings`, the data module's arguments and the model's settings (built on the meta
+    device with :data:`STAND_IN_VOCAB_SIZE`), so that ``-m optim.lr=1e-3,abc`` or
+    ``mixer.settings.mamba.d_state=8,0`` is refused before the first job trains.
+
+    Raises:
+        ValueError / TypeError: as :func:`train` raises them.
+    """
+    check_settings(cfg)
+    build_datamodule(OmegaConf.to_container(cfg.data, resolve=True), setup=False)
+    with torch.device("meta"):
+        LanguageModel(build_model_config(cfg, STAND_IN_VOCAB_SIZE))
 
 
 def slice_lengths(dm, slice_names: list[str], train_seqlen: int) -> dict[str, int]:
@@ -1531,7 +1576,9 @@ def run_from_command_line() -> None:
         SystemExit: :func:`main`'s (Hydra's) exit.
     """
     with user_errors():  # before Hydra, whose own messages run over several lines
-        check_command_line(sys.argv[1:], "train", hints=SETTING_HINTS, settings=lightning_settings())
+        check_command_line(
+            sys.argv[1:], "train", hints=SETTING_HINTS, settings=lightning_settings(), check_job=check_sweep_job
+        )
     try:
         # A SIGTERM (kill, timeout, a scheduler) before training ends the run as Ctrl+C does: one
         # line, status 130, Hydra's folder undone; training and its final evaluation handle it their

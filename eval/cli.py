@@ -7,13 +7,14 @@ import difflib
 import errno
 import functools
 import itertools
+import math
 import os
 import re
 import shlex
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from hydra.core.override_parser.types import ChoiceSweep, Override, OverrideType
 from hydra.errors import ConfigCompositionException, HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
-from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
+from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
 
 from eval.records import check_creatable_dir
 from eval.startup import INTERRUPTED, end_quiet_sigterm
@@ -376,6 +377,7 @@ def check_command_line(
     config_dir: Path = CONF_DIR,
     hints: Mapping[str, str] | None = None,
     settings: tuple[str, ...] = (),
+    check_job: Callable[[Any], None] | None = None,
 ) -> None:
     """Refuse, in one line and before Hydra runs, a command line that Hydra would answer with a
     message of several lines and status 1 (and for a misspelt key, advice to add it with ``+``):
@@ -394,7 +396,10 @@ def check_command_line(
     In a sweep (``-m`` with several values) each combination of its group options is composed (up
     to :data:`MAX_SWEEP_JOBS_CHECKED`), its key sweeps at their first value: a key only some of the
     choices have (``-m mixer=attention,mamba mixer.settings.attention.pos_emb=learned``) is named
-    with the job, before any job runs. Anything else Hydra refuses is left to it.
+    with the job, before any job runs. With ``check_job``, each job's composed config is also given
+    to it (:func:`_check_sweep_jobs`), so that a bad value (``-m optim.lr=1e-3,abc``) is refused
+    before the first job runs rather than when its own job starts. Anything else Hydra refuses is
+    left to it.
 
     Args:
         argv: the command line's arguments after the script (``sys.argv[1:]``).
@@ -404,6 +409,8 @@ def check_command_line(
             ``device`` -> ``trainer=cpu or trainer=gpu``).
         settings: dotted settings the config leaves out but the command reads (train.py: Lightning's
             Trainer arguments as ``trainer.<name>``), for the guesses.
+        check_job: the script's own checks of one job's config, raising ValueError / TypeError
+            (train.py: :func:`train.check_sweep_job`); sweeps only, a single run checks itself.
 
     Raises:
         ValueError: as above, naming the override.
@@ -475,6 +482,48 @@ def check_command_line(
             f"the sweep's job with {job}: {problem} (to set a key in the jobs that have it and add it to "
             "those that lack it, write ++key=value)"
         )
+    if check_job is not None:
+        _check_sweep_jobs(config_dir, config_name, overrides, check_job)
+
+
+def _sweep_jobs(sweeps: list[Override]) -> Iterator[list[str]]:
+    """The jobs :func:`_check_sweep_jobs` composes, as the overrides of their sweeps' values: every
+    combination when there are at most :data:`MAX_SWEEP_JOBS_CHECKED`, else each value of each sweep
+    once, the other sweeps at their first value (so every value is seen, if not every pairing)."""
+    values = [override.value().list for override in sweeps]
+    if math.prod(len(choices) for choices in values) <= MAX_SWEEP_JOBS_CHECKED:
+        combinations = list(itertools.product(*values))
+    else:
+        firsts = tuple(choices[0] for choices in values)
+        combinations = [firsts]
+        for i, choices in enumerate(values):
+            combinations += [(*firsts[:i], value, *firsts[i + 1 :]) for value in choices[1:]]
+    for combination in combinations:
+        yield [
+            f"{override.get_key_element()}={override_value(value)}"
+            for override, value in zip(sweeps, combination, strict=True)
+        ]
+
+
+def _check_sweep_jobs(
+    config_dir: Path, config_name: str, overrides: list[Override], check_job: Callable[[Any], None]
+) -> None:
+    """``check_job`` on the composed config of each of a sweep's jobs (:func:`_sweep_jobs`).
+
+    Raises:
+        ValueError: the first refusal, as ``the sweep's job with <its values>: <message>``.
+    """
+    fixed = [override.input_line for override in overrides if not override.is_sweep_override()]
+    for job in _sweep_jobs([override for override in overrides if override.is_sweep_override()]):
+        try:
+            cfg = _compose(config_dir, config_name, job + fixed)
+            check_job(cfg)
+        except OmegaConfBaseException:  # a ${...} only the job resolves (${hydra:...}): its own check
+            continue
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"the sweep's job with {' '.join(job)}: {err}") from err
+        except Exception:  # noqa: BLE001 -- Hydra composes again in the job and reports it its own way
+            continue
 
 
 # Sweeps over group options are checked job by job up to this many combinations.

@@ -27,6 +27,7 @@ import models.checkpoint as checkpoint_module
 import train as train_module
 from eval.cli import (
     INTERRUPTED,
+    _sweep_jobs,
     check_command_line,
     check_group_options,
     check_known_settings,
@@ -478,7 +479,11 @@ def test_group_options_that_exist_or_that_hydra_judges_pass(argv):
     check_group_options(argv)
 
 
-TRAIN_CHECK = dict(hints=train_module.SETTING_HINTS, settings=train_module.lightning_settings())
+TRAIN_CHECK = dict(
+    hints=train_module.SETTING_HINTS,
+    settings=train_module.lightning_settings(),
+    check_job=train_module.check_sweep_job,
+)
 
 
 @pytest.mark.parametrize(
@@ -579,6 +584,40 @@ def test_an_evaluation_refuses_a_misspelt_setting_in_one_line_before_hydra(tmp_p
         "conf/eval/recall.yaml and its groups have no such key to change; the top-level settings are "
     )
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["optim.lr=1e-3,abc"], "the sweep's job with optim.lr=abc: optim.lr must be a number, got 'abc'"),
+        (["trainer.max_steps=3,-5"], "the sweep's job with trainer.max_steps=-5: trainer.max_steps must be -1 "),
+        (["data.seqlen=64,63"], "the sweep's job with data.seqlen=63: data.seqlen must be even "),
+        # A mixer's value, seen only in the jobs that build that mixer.
+        (["mixer=attention,mamba", "++mixer.settings.mamba.d_state=8,0"],
+         "the sweep's job with mixer=mamba ++mixer.settings.mamba.d_state=0: mamba: d_state must be > 0, got 0"),
+        # 3 x 5 x 5 = 75 jobs, over MAX_SWEEP_JOBS_CHECKED: each value is still checked once.
+        (["mixer=attention,mamba,hybrid_jamba", "seed=0,1,2,3,4", "optim.lr=1e-3,2e-3,3e-3,4e-3,-1"],
+         "the sweep's job with mixer=attention seed=0 optim.lr=-1: optim.lr must be > 0"),
+    ],
+)  # fmt: skip
+def test_a_sweeps_bad_value_is_refused_before_any_job_runs(argv, message):
+    """A carried new-user note: in ``-m optim.lr=1e-3,abc`` the bad value was found only when its job
+    started, after job 0 had trained (and Hydra's basic launcher then dropped the jobs after it)."""
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        check_command_line(["-m", *argv], "train", **TRAIN_CHECK)
+    # Without -m the same values are Hydra's sweep syntax refused as such, before any job check.
+    with pytest.raises(ValueError, match="gives several values, a sweep: add -m"):
+        check_command_line(argv, "train", **TRAIN_CHECK)
+
+
+def test_sweep_jobs_checked_cover_every_value():
+    overrides = OverridesParser.create().parse_overrides(["a=1,2", "b=x,y,z"])
+    assert list(_sweep_jobs(overrides)) == [
+        ["a=1", "b=x"], ["a=1", "b=y"], ["a=1", "b=z"], ["a=2", "b=x"], ["a=2", "b=y"], ["a=2", "b=z"]
+    ]
+    many = OverridesParser.create().parse_overrides(["a=" + ",".join(map(str, range(9))), "b=0,1,2,3,4,5,6,7,8"])
+    jobs = list(_sweep_jobs(many))  # 81 > MAX_SWEEP_JOBS_CHECKED: each value once, the others at their first
+    assert len(jobs) == 17 and jobs[0] == ["a=0", "b=0"] and jobs[8] == ["a=8", "b=0"] and jobs[16] == ["a=0", "b=8"]
 
 
 @pytest.mark.parametrize(
