@@ -1026,7 +1026,8 @@ def check_trainer_settings(cfg: DictConfig) -> None:
             both -1 (the schedule needs a length),
             ``trainer.val_check_interval`` not a step count >= 1 or an epoch fraction in (0, 1],
             ``trainer.check_val_every_n_epoch`` not null or >= 1, or a fractional interval with it
-            null; ``trainer.precision`` none of :func:`lightning_precisions` (``bf17``).
+            null; ``trainer.precision`` none of :func:`lightning_precisions` (``bf17``);
+            ``trainer.limit_val_batches`` <= 0 (no validation, so no best.ckpt and no records).
     """
 
     def integer(name: str, value: Any) -> int:
@@ -1088,6 +1089,18 @@ def check_trainer_settings(cfg: DictConfig) -> None:
         if value is not None and not isinstance(value, bool) and not (name == "deterministic" and value == "warn"):
             choices = "true, false or warn" if name == "deterministic" else "true or false"
             raise TypeError(f"trainer.{name} must be {choices}, got {value!r}")
+    limit = trainer.get("limit_val_batches")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)):
+            raise TypeError(
+                f"trainer.limit_val_batches must be a batch count (int) or a fraction (float), got {limit!r}"
+            )
+        if limit <= 0:  # Lightning skips validation silently; the run kept no best.ckpt and no records
+            raise ValueError(
+                f"trainer.limit_val_batches={limit} turns validation off, but validation picks best.ckpt "
+                "and gives the final metrics and result records; give a batch count >= 1 or a fraction "
+                "in (0, 1] (data.num_test_examples sets the validation sets' size)"
+            )
     precision = trainer.get("precision")
     allowed = lightning_precisions()
     # bool before the membership test: True == 1 and 16.0 == 16, which Lightning takes and then fails on.

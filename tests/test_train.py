@@ -1107,6 +1107,10 @@ def test_early_stopping_survives_a_run_cut_before_its_first_validation(tmp_path)
         ("trainer.precision=bf17", ValueError, "trainer.precision must be one of Lightning's precisions ("),
         ("trainer.precision=true", ValueError, "bf16-mixed, 32-true, 64-true, 64, 32, 16, bf16), got True"),
         ("trainer.precision=16.0", ValueError, "got 16.0"),
+        # A new-user check: rc 0, "no validation ran ... trainer.val_check_interval", no best.ckpt.
+        ("trainer.limit_val_batches=0", ValueError, "trainer.limit_val_batches=0 turns validation off, but"),
+        ("trainer.limit_val_batches=0.0", ValueError, "trainer.limit_val_batches=0.0 turns validation off"),
+        ("trainer.limit_val_batches=abc", TypeError, "trainer.limit_val_batches must be a batch count (int)"),
         ("seed=abc", TypeError, "seed must be an integer, got 'abc'"),
         ("seed=-1", ValueError, "seed must be in [0, 2**32) (numpy's seed range), got -1"),
         ("trainer.gradient_clip_val=-1", ValueError, "gradient_clip_val must be >= 0 (0 or null: no clipping)"),
