@@ -144,19 +144,22 @@ def check_settings(
 
 
 def check_lengths(values: Any, key: str) -> list[int]:
-    """``values`` as a non-empty list of integers >= 1 (length multipliers or lengths).
+    """``values`` as a non-empty list of distinct integers >= 1 (length multipliers or lengths).
 
     A single number is refused like any other non-list, with the list it probably meant in the
     message (``seqlens=64``: write ``seqlens=[64]``), as every list setting of the evaluations is.
 
     Raises:
-        ValueError: not a list, empty, or an entry that is not an integer >= 1; the message names ``key``.
+        ValueError: not a list, empty, an entry that is not an integer >= 1, or a value given twice
+            (each value is one slice or measurement); the message names ``key``.
     """
     entries = list(values) if _is_list(values) else []
     if not entries or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in entries):
         single = isinstance(values, int) and not isinstance(values, bool) and values >= 1
         hint = f"; write {key}=[{values}]" if single else ""
         raise ValueError(f"{key} must be a list of integers >= 1, got {values!r}{hint}")
+    if len(set(entries)) < len(entries):
+        raise ValueError(f"{key} lists a value twice: {entries}; give each value once")
     return entries
 
 

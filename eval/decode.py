@@ -221,8 +221,6 @@ def check_decode_settings(cfg: DictConfig) -> list[int]:
         if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:
             raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
     lengths = check_lengths(cfg.context_lengths, "context_lengths")
-    if len(set(lengths)) < len(lengths):
-        raise ValueError(f"context_lengths lists a length twice: {lengths}; give each length once")
     if cfg.output is not None and not isinstance(cfg.output, str):
         raise ValueError(
             f"output must be one file path, got {cfg.output!r}; give one, e.g. output=decode.json "

@@ -28,6 +28,7 @@ writes result records (metric ``accuracy``, per slice and path) next to the chec
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -95,16 +96,29 @@ def _mqar_slices(
 
 
 def _induction_slices(
-    ctx: EvalContext, cfg: DictConfig, seqlens: list[int]
+    ctx: EvalContext, cfg: DictConfig, seqlens: list[int], option: str
 ) -> tuple[Any, list[dict[str, Any]]]:
     """The induction-heads data module with one test slice per length, and per slice
-    ``{seqlen, prefill_len, extra}``."""
-    dm = build_datamodule(
-        ctx.data,
-        test_configs=[{"seqlen": n} for n in seqlens],
-        num_test_examples=cfg.num_examples,
-        batch_size=cfg.batch_size,
-    )
+    ``{seqlen, prefill_len, extra}``; ``option`` is the setting the lengths come from, for messages.
+
+    Raises:
+        ValueError: a length the task refuses, named by ``option`` (the data module's message
+            named its own ``test_configs[i]``).
+    """
+    try:
+        dm = build_datamodule(
+            ctx.data,
+            test_configs=[{"seqlen": n} for n in seqlens],
+            num_test_examples=cfg.num_examples,
+            batch_size=cfg.batch_size,
+        )
+    except ValueError as exc:
+        refused = re.match(r"test_configs\[(\d+)\]: (.*)", str(exc), re.DOTALL)
+        if refused is None:
+            raise
+        n = seqlens[int(refused.group(1))]
+        raise ValueError(f"{option} gives the length {n}, which the induction_heads task refuses: "
+                         f"{refused.group(2)}") from exc  # fmt: skip
     return dm, [{"seqlen": n, "prefill_len": n // 2, "extra": {}} for n in seqlens]
 
 
@@ -138,7 +152,7 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         dm, slices = _mqar_slices(ctx, cfg, values)
     else:
         lengths = values if option == "seqlens" else [int(ctx.data["seqlen"]) * m for m in values]
-        dm, slices = _induction_slices(ctx, cfg, lengths)
+        dm, slices = _induction_slices(ctx, cfg, lengths, option)
     check_position_limit(ctx.model, max(test["seqlen"] for test in slices), option)
     dm.setup("test")
 

@@ -170,7 +170,7 @@ def test_decode_eval_refuses_a_model_that_does_not_fit_in_memory(tmp_path):
          "output must be one file path, got ['a.json']; give one, e.g. output=decode.json"),
         (["output=123"], "output must be one file path, got 123; give one"),
         (["context_lengths=[64,8,8]"],
-         "context_lengths lists a length twice: [64, 8, 8]; give each length once"),
+         "context_lengths lists a value twice: [64, 8, 8]; give each value once"),
         (["mixer.settings.attention.pos_emb=learned", "+mixer.settings.attention.max_position=16",
           "context_lengths=[8,32]"],
          "attention: the learned position table has max_position=16 rows, but context_lengths [32] with "

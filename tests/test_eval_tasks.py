@@ -284,6 +284,11 @@ def test_recall_eval_on_induction_heads(tmp_path_factory, tmp_path, capsys):
                                    "length_multipliers=[2]"),
         (["seqlens=[64]", "length_multipliers=[1,2]"], "not both: seqlens=[64] sets the test lengths itself, so "
                                                        "length_multipliers=[1, 2] would be ignored"),
+        # Found by a new-user check: these named the data module's test_configs, not the option given.
+        (["seqlens=[8,2]"], "seqlens gives the length 2, which the induction_heads task refuses: seqlen must "
+                            "be >= 3 (trigger, answer, trigger), got 2"),
+        (["length_multipliers=[1,1]"], "length_multipliers lists a value twice: [1, 1]; give each value "
+                                       "once"),
     ]:  # fmt: skip
         with pytest.raises(ValueError, match=re.escape(message)):
             evaluate_with(recall_eval, "recall", run, tmp_path, *overrides)
