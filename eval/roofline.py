@@ -28,8 +28,10 @@ a step moves.
 
 from __future__ import annotations
 
+import glob
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,10 +204,10 @@ def measured_vs_floor(records: list[dict[str, Any]], bandwidth_tb_s: float, peak
     seqlen`` tokens that read the weights, write the caches and do ``flops``.
 
     Returns:
-        dicts with mixer, kind, batch, seqlen, cache_seqlen (the tokens ``state_bytes`` was allocated
-        for; None where the record gives neither it nor ``decode_steps``), measured_tokens_per_s,
-        floor_tokens_per_s and fraction (measured / floor, <= 1 unless the model's byte count is too
-        high).
+        dicts with mixer, device (the record's; None where it has none), kind, batch, seqlen,
+        cache_seqlen (the tokens ``state_bytes`` was allocated for; None where the record gives
+        neither it nor ``decode_steps``), measured_tokens_per_s, floor_tokens_per_s and fraction
+        (measured / floor, <= 1 unless the model's byte count is too high).
 
     Raises:
         ValueError: a record that :func:`check_record` refuses.
@@ -229,6 +231,7 @@ def measured_vs_floor(records: list[dict[str, Any]], bandwidth_tb_s: float, peak
         rows.append(
             {
                 "mixer": rec.get("mixer"),
+                "device": rec.get("device"),
                 "kind": kind + (f" ({rec['mode']})" if rec.get("mode") else ""),
                 "batch": batch,
                 "seqlen": seqlen,
@@ -297,17 +300,41 @@ def check_record(rec: Any, where: str) -> bool:
     return True
 
 
-def load_records(paths: list[str]) -> list[dict[str, Any]]:
-    """Concatenate the JSON record lists at ``paths``, checking every item (:func:`check_record`) so
-    that a bad file is refused before anything is printed.
+def record_paths(given: list[str]) -> list[str]:
+    """The files ``records=`` names: paths as given (``~`` expanded), glob patterns expanded to the
+    ``.json`` files they match, sorted (``decode-*.json``, ``runs/**/decode*.json``), as
+    eval/report.py's ``runs=`` takes them.
 
     Raises:
-        FileNotFoundError: a path does not exist (the message names it).
+        FileNotFoundError: a pattern that matches no ``.json`` file.
+    """
+    paths = []
+    for entry in given:
+        entry = os.path.expanduser(entry)
+        if not glob.has_magic(entry):
+            paths.append(entry)
+            continue
+        matches = [m for m in sorted(glob.glob(entry, recursive=True)) if m.endswith(".json")]
+        if not matches:
+            raise FileNotFoundError(
+                f"records pattern {entry!r} matches no .json file; pass files written by eval/decode.py"
+            )
+        paths += matches
+    return paths
+
+
+def load_records(paths: list[str]) -> list[dict[str, Any]]:
+    """Concatenate the JSON record lists at ``paths`` (glob patterns expanded: :func:`record_paths`),
+    checking every item (:func:`check_record`) so that a bad file is refused before anything is
+    printed.
+
+    Raises:
+        FileNotFoundError: a path does not exist, or a pattern matches no ``.json`` file (named).
         ValueError: a path is a directory; a file cannot be read, is not UTF-8 JSON or not a JSON
             list; or it holds an item :func:`check_record` refuses (file and record named).
     """
     records = []
-    for path in paths:
+    for path in record_paths(paths):
         if Path(path).is_dir():
             example = min(Path(path).glob("*.json"), default=Path(path) / "decode-attention-small.json")
             raise ValueError(
@@ -337,13 +364,14 @@ def format_measured(rows: list[dict]) -> str:
     for, ``?`` where the record does not say)."""
     lines = [
         f"{'mixer':<16}{'kind':<20}{'batch':>6}{'seqlen':>8}{'cache len':>10}{'measured tok/s':>16}"
-        f"{'floor tok/s':>14}{'of floor':>10}"
+        f"{'floor tok/s':>14}{'of floor':>10}  measured on"
     ]
     for r in rows:
         cache = "?" if r["cache_seqlen"] is None else r["cache_seqlen"]
         lines.append(
             f"{str(r['mixer']):<16}{r['kind']:<20}{r['batch']:>6}{r['seqlen']:>8}{cache:>10}"
             f"{r['measured_tokens_per_s']:>16.1f}{r['floor_tokens_per_s']:>14.1f}{r['fraction']:>10.1%}"
+            f"  {r['device'] or '?'}"
         )
     return "\n".join(lines)
 
@@ -352,7 +380,8 @@ def format_measured(rows: list[dict]) -> str:
 CACHE_NOTE = (
     "cache len: the tokens each sequence's cache was allocated for (context + decode steps); the floor\n"
     "counts that whole cache (eval/decode.py's state_bytes), though an attention step reads only the\n"
-    "tokens cached so far."
+    "tokens cached so far. measured on: the record's device; the floor is the one of bandwidth_tb_s and\n"
+    "peak_tflops (an H200's by default) whatever the device, so set them to that device's figures."
 )
 
 

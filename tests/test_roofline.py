@@ -188,7 +188,7 @@ def test_record_files_that_are_not_record_lists_are_named(cfg, tmp_path):
 
 def test_measured_rows_say_the_cache_is_the_allocated_one(cfg, tmp_path, capsys):
     # eval/decode.py's state_bytes is the cache allocated for the context plus the decode steps.
-    given = DECODE_RECORD | {"seqlen": 2048, "cache_seqlen": 2080}
+    given = DECODE_RECORD | {"seqlen": 2048, "cache_seqlen": 2080, "device": "NVIDIA H200"}
     older = {k: v for k, v in DECODE_RECORD.items() if k != "decode_steps"}  # says neither
     path = tmp_path / "decode.json"
     path.write_text(json.dumps([DECODE_RECORD, given, older]))
@@ -201,3 +201,22 @@ def test_measured_rows_say_the_cache_is_the_allocated_one(cfg, tmp_path, capsys)
     assert [line.split()[4] for line in table[2:5]] == ["1056", "2080", "?"]
     assert table[5].startswith("cache len: the tokens each sequence's cache was allocated for")
     assert "though an attention step reads only the" in table[6]
+    # Found by a new-user check: CPU records against the H200's floor, with nothing saying so.
+    assert table[1].endswith("measured on") and [r["device"] for r in rows] == [None, "NVIDIA H200", None]
+    assert table[2].endswith("%  ?") and table[3].endswith("%  NVIDIA H200")
+    assert "measured on: the record's device; the floor is the one of bandwidth_tb_s" in table[7]
+
+
+def test_records_take_glob_patterns(cfg, tmp_path):
+    """Found by a new-user check: records=[dec/decode-*.json] was "records file not found", where
+    eval/report.py's runs= expands patterns."""
+    for name in ("decode-attention-tiny.json", "decode-mamba-tiny.json"):
+        (tmp_path / name).write_text(json.dumps([DECODE_RECORD | {"mixer": name.split("-")[1]}]))
+    (tmp_path / "decode-notes.txt").write_text("not records")
+    records = rl.load_records([str(tmp_path / "decode-*")])
+    assert [r["mixer"] for r in records] == ["attention", "mamba"]
+    everything = rl.record_paths([str(tmp_path / "**" / "*.json")])
+    assert everything == sorted(str(p) for p in tmp_path.glob("*.json"))
+    missing = r"records pattern '.*nothing-\*\.json' matches no \.json file"
+    with pytest.raises(FileNotFoundError, match=missing):
+        rl.load_records([str(tmp_path / "nothing-*.json")])
