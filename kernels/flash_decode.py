@@ -633,10 +633,10 @@ def flash_decode(
     Raises:
         The reference's errors, from the same checks (TypeError: non-tensor inputs, non-floating q /
         caches or mismatched dtypes, non-integer block_table / seqlens, non-int window or
-        num_splits; ValueError: wrong ndim or mismatched shapes, no query or KV head, Hq not a multiple of Hkv, seqlens
-        out of [0, max_blocks * block_size], a used page index outside [0, num_blocks), window <= 0,
-        num_splits < 1, head_dim 0 without a scale, tensors on different devices), and, for this
-        backend only, RuntimeError for inputs that require grad in grad mode (no backward: run it
+        num_splits; ValueError: wrong ndim or mismatched shapes, no query or KV head or head_dim 0,
+        Hq not a multiple of Hkv, seqlens out of [0, max_blocks * block_size], a used page index
+        outside [0, num_blocks), window <= 0, num_splits < 1, tensors on different devices), and,
+        for this backend only, RuntimeError for inputs that require grad in grad mode (no backward: run it
         under torch.no_grad()), ValueError for head_dim outside [1, 256], a scale beyond fp32's
         range, batch or KV heads above 65535, a table of more than 2**31 - 1 keys a sequence
         (``max_blocks * block_size``: lengths are int32 in the kernel), devices other than CUDA, or

@@ -569,10 +569,10 @@ def _check_decode_args(q, k_cache, v_cache, block_table, seqlens, window, scale,
             f"block_table (B, max_blocks) = {tuple(block_table.shape)} and seqlens (B,) = "
             f"{tuple(seqlens.shape)} must have B = {batch} rows like q"
         )
-    if num_heads == 0 or num_kv_heads == 0:
+    if num_heads == 0 or num_kv_heads == 0 or head_dim == 0:  # as flash_attention, on both backends
         raise ValueError(
             f"q (B, Hq, D) = {tuple(q.shape)} and k_cache (num_blocks, block_size, Hkv, D) = "
-            f"{tuple(k_cache.shape)} need at least one head each"
+            f"{tuple(k_cache.shape)} need at least one head each and head_dim >= 1"
         )
     _check_heads(num_heads, num_kv_heads)
     _check_window(window)
@@ -642,9 +642,9 @@ def flash_decode(
         TypeError: non-tensor inputs, non-floating q / caches or mismatched dtypes, non-integer
             block_table / seqlens, non-int window or num_splits.
         ValueError: wrong ndim or mismatched shapes, tensors on different devices, no query or KV
-            head, Hq not a multiple of Hkv, seqlens out of [0, max_blocks * block_size], a used page
-            index outside [0, num_blocks) (those two only with ``check_values``), window <= 0,
-            num_splits < 1.
+            head or head_dim 0 (as :func:`flash_attention`), Hq not a multiple of Hkv, seqlens out of
+            [0, max_blocks * block_size], a used page index outside [0, num_blocks) (those two only
+            with ``check_values``), window <= 0, num_splits < 1.
     """
     batch, num_heads, num_kv_heads, head_dim, num_blocks, block_size, max_blocks, scale = _check_decode_args(
         q, k_cache, v_cache, block_table, seqlens, window, scale, num_splits, check_values

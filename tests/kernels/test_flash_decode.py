@@ -403,10 +403,13 @@ def test_zero_heads_are_refused(backend):
 
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])
-def test_head_dim_zero_needs_a_scale(backend):
+def test_head_dim_zero_is_refused(backend):
+    # Found by a new-user check: with a scale the reference returned a (B, Hq, 0) output where the
+    # Triton backend refused; both refuse it now, as flash_attention does.
     empty = (_t(2, 2, 0), _t(3, 4, 1, 0), _t(3, 4, 1, 0), _TABLE, _LENS)
-    with pytest.raises(ValueError, match="head_dim is 0.*pass scale="):
-        kernels.flash_decode(*empty, backend=backend)
+    for scale in (None, 1.0):
+        with pytest.raises(ValueError, match=r"need at least one head each and head_dim >= 1"):
+            kernels.flash_decode(*empty, scale=scale, backend=backend)
 
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])
