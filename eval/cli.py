@@ -355,11 +355,40 @@ def _check_group_options(overrides: list[Override], config_dir: Path) -> None:
             )
 
 
-def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> Any:
+def _compose(config_dir: Path, config_name: str, overrides: list[str], with_hydra: bool = False) -> Any:
     """``<config_dir>/<config_name>.yaml`` composed with ``overrides`` by Hydra's compose API, as the
-    script's ``@hydra.main`` composes it (unresolved)."""
+    script's ``@hydra.main`` composes it (unresolved); ``with_hydra`` keeps Hydra's own ``hydra``
+    node."""
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        return compose(config_name=config_name, overrides=overrides)
+        return compose(config_name=config_name, overrides=overrides, return_hydra_config=with_hydra)
+
+
+def _hydra_key_problem(hydra_cfg: Any, key: str, line: str) -> str | None:
+    """What is wrong with ``line``, an override of Hydra's own setting ``key`` (``hydra.run.dirr=x``)
+    that Hydra refused to compose, given the composed ``hydra`` node: a key no setting has (named
+    with a guess and the settings where it was looked for), or a new key of an open mapping
+    (``hydra.job.env_set.X``), which needs a ``+``. None where the key exists."""
+    raw = OmegaConf.to_container(hydra_cfg, resolve=False)
+    path = key.split(".")[1:]
+    if _node(raw, path)[0]:
+        return None
+    found = max(i for i in range(len(path)) if _node(raw, path[:i])[0])
+    _, parent = _node(raw, path[:found])
+    where = ".".join(["hydra", *path[:found]])
+    if not isinstance(parent, Mapping):
+        return f"unknown setting '{key}' in {line}: {where} is a value, not a group of settings"
+    parent_cfg = OmegaConf.select(hydra_cfg, ".".join(path[:found])) if found else hydra_cfg
+    if found == len(path) - 1 and OmegaConf.get_type(parent_cfg) is dict:  # env_set: any key, added
+        return f"{line} sets a key {where} does not hold yet; write +{line} to add it"
+    leaves = {f"hydra.{leaf}": [leaf.rsplit(".", 1)[-1]] for leaf in _leaf_paths(raw)}
+    guesses = closest_settings(path[-1], leaves)
+    # hydra.run.dirr: hydra.run.dir, not also hydra.sweep.dir (both end in "dir").
+    guesses = [guess for guess in guesses if guess.startswith(f"{where}.")] or guesses
+    return (
+        f"unknown setting '{key}' in {line}" + (f" (did you mean {' or '.join(guesses)}?)" if guesses else "")
+        + f": Hydra's settings have no such key; the settings under {where} are "
+        + ", ".join(sorted(map(str, parent)))
+    )
 
 
 def _node(raw: Any, path: list[str]) -> tuple[bool, Any]:
@@ -556,6 +585,16 @@ def _composition_problem(
     raw = OmegaConf.to_container(base, resolve=False)
     for override in overrides:
         key, line = override.key_or_group, override.input_line
+        if key.startswith("hydra.") and override.type is OverrideType.CHANGE:
+            try:  # Hydra's own settings: "Could not override ... Key 'dirr' not in 'RunDir'" over 4 lines
+                chosen = [group.input_line for group in groups]
+                hydra_cfg = _compose(config_dir, config_name, chosen, with_hydra=True).hydra
+            except Exception:  # noqa: BLE001 -- as above
+                return None
+            problem = _hydra_key_problem(hydra_cfg, key, line)
+            if problem:
+                return problem
+            continue
         if override in groups or key.startswith("hydra") or override.is_delete():
             continue
         path = key.split(".")

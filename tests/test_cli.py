@@ -537,6 +537,19 @@ TRAIN_CHECK = dict(
         (["~trainer"], "eval/decode", "~trainer: conf/eval/decode.yaml takes no trainer option "),
         (["eval=recall"], "train", "eval=recall: conf/train.yaml takes no eval option (it chooses data, "
          "experiment, logger, mixer, model, trainer); remove it"),
+        # Hydra's own settings (a carried new-user note): Hydra's four lines and "use +..." advice.
+        (["hydra.run.dirr=/tmp/x"], "train", "unknown setting 'hydra.run.dirr' in hydra.run.dirr=/tmp/x "
+         "(did you mean hydra.run.dir?): Hydra's settings have no such key; the settings under hydra.run "
+         "are dir"),
+        (["hydra.jobb.name=x"], "train", "unknown setting 'hydra.jobb.name' in hydra.jobb.name=x (did you "
+         "mean hydra.job.name?): Hydra's settings have no such key; the settings under hydra are "
+         "callbacks, env, "),
+        (["hydra.run.dir.x=1"], "train", "unknown setting 'hydra.run.dir.x' in hydra.run.dir.x=1: "
+         "hydra.run.dir is a value, not a group of settings"),
+        (["hydra.job.env_set.FOO=1"], "train", "hydra.job.env_set.FOO=1 sets a key hydra.job.env_set does "
+         "not hold yet; write +hydra.job.env_set.FOO=1 to add it"),
+        (["ckpt=x.ckpt", "hydra.sweep.subdirr=a"], "recall", "unknown setting 'hydra.sweep.subdirr' in "
+         "hydra.sweep.subdirr=a (did you mean hydra.sweep.subdir?): "),
         (["ckpt=x.ckpt", "num_example=3"], "recall",
          "unknown setting 'num_example' in num_example=3 (did you mean num_examples?): "
          "conf/eval/recall.yaml "),
@@ -629,6 +642,7 @@ def test_sweep_jobs_checked_cover_every_value():
         ["-m", "mixer=attention,mamba", "++mixer.settings.attention.pos_emb=learned", "optim.lr=1e-3,3e-3"],
         ["-m", "mixer=glob(*)", "trainer.max_step=3"],  # a glob: left to Hydra
         ["--cfg", "job", "data=text", "data.path=x.txt", "+tag=a", "hydra.job.name=${tag}"],
+        ["hydra.run.dir=/tmp/x", "+hydra.job.env_set.FOO=1", "hydra.job.env_set={}", "hydra.verbose=true"],
     ],
 )
 def test_command_lines_hydra_composes_pass_the_check(argv):
