@@ -274,7 +274,16 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
                     "the byte tokenizer its UTF-8 bytes)"
                 ) from err
             return separator.join(ds["text"])
-    ds = datasets.load_dataset(name, config_name, split=split, cache_dir=cache_dir)
+    try:
+        ds = datasets.load_dataset(name, config_name, split=split, cache_dir=cache_dir)
+    except (ConnectionError, datasets.exceptions.DatasetNotFoundError) as err:
+        # Offline without a cached copy, or no such dataset: datasets' own traceback, 30 s of retries.
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(
+            f"dataset_name={name!r} could not be loaded: {reason}; on a machine without network, load it "
+            "once where there is one (into the same cache_dir or HF_DATASETS_CACHE), or give a local "
+            "text file with path=..."
+        ) from err
     if text_column not in ds.column_names:
         raise ValueError(
             f"dataset {name!r} has no column {text_column!r} (columns: {ds.column_names}); set text_column"

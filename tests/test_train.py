@@ -1139,6 +1139,17 @@ def test_bad_trainer_and_optim_settings_fail_before_training(tmp_path, override,
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("logger,csv", [("csv", True), ("none", False)])
+def test_wandb_can_be_enabled_from_every_logger_option(tmp_path, logger, csv):
+    """Found by a new-user check: logger=csv logger.wandb.enabled=true failed with a traceback
+    ("Key 'mode' is not in struct") and left the run folder: only logger=wandb had W&B's settings."""
+    cfg = compose_train([*TINY, f"logger={logger}", "logger.wandb.enabled=true", f"run_dir={tmp_path}"])
+    train_module.check_logger_settings(cfg.logger)
+    loggers = train_module._loggers(cfg, tmp_path, "run")
+    assert [type(one).__name__ for one in loggers] == ["CSVLogger"] * csv + ["WandbLogger"]
+    assert (cfg.logger.wandb.mode, cfg.logger.wandb.project, list(cfg.logger.wandb.tags)) == ("offline", "mixerlab", [])
+
+
 @pytest.mark.parametrize("precision", ["bf16-mixed", "32-true", "16", "32", "bf16"])
 def test_lightning_precisions_pass_the_trainer_check(precision):
     # The values are read from the Trainer's signature: a reading that lost its Literal types would

@@ -5,7 +5,9 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
+from unittest import mock
 
+import datasets as datasets_lib
 import lightning as L
 import numpy as np
 import pytest
@@ -607,7 +609,7 @@ def test_text_cache_stays_in_given_or_temporary_directory(corpus, tmp_path, monk
     assert not any(scratch.iterdir())
 
 
-def test_text_errors(corpus, tmp_path):
+def test_text_errors(corpus, tmp_path, monkeypatch):
     path, _ = corpus
     missing = tmp_path / "nope.txt"
     with pytest.raises(FileNotFoundError, match="nope.txt"):
@@ -624,6 +626,14 @@ def test_text_errors(corpus, tmp_path):
         TextDataModule(path=path, dataset_name="tiny_shakespeare")
     with pytest.raises(ValueError, match="train_fraction"):
         TextDataModule(path=path, train_fraction=1.0)
+    # A hub dataset on a machine without network (a new-user check: datasets' traceback after 30 s
+    # of retries, and train.py left its run folder). Simulated: no network is reached here.
+    with monkeypatch.context() as patch:
+        message = "Couldn't reach 'karpathy/tiny_shakespeare' on the Hub (LocalEntryNotFoundError)"
+        patch.setattr(datasets_lib, "load_dataset", mock.Mock(side_effect=ConnectionError(message)))
+        with pytest.raises(ValueError, match=re.escape(f"dataset_name='karpathy/tiny_shakespeare' could not be "
+                                                       f"loaded: {message}; on a machine without network")):
+            TextDataModule(dataset_name="karpathy/tiny_shakespeare").setup()
     with pytest.raises(ValueError, match="is a directory; set data.path to a text file"):
         TextDataModule(path=tmp_path, seqlen=8).setup()
     with pytest.raises(ValueError, match="train_fraction must be a number in \\(0, 1\\), got 'abc'"):
