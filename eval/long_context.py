@@ -39,6 +39,7 @@ evaluated, ``reason``).
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -177,13 +178,22 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         )
         dm.setup("test")
     except ValueError as exc:
-        # The data module speaks of its own settings (test_configs, seqlen): say which of this
-        # evaluation's options they come from.
+        # The data module speaks of its own settings (test_configs[i], seqlen): its cell i is named
+        # by its length and depths, which this evaluation's options give.
+        grid = _test_grid(lengths, buckets)
+
+        def cell(match: re.Match) -> str:
+            i = int(match.group(1))
+            if i >= len(grid):
+                return match.group(0)
+            depths = f"[{grid[i]['depth_min']:g}, {grid[i]['depth_max']:g})"
+            return f"the length {grid[i]['seqlen']} at depths {depths}"
+
+        reason = re.sub(r"test_configs\[(\d+)\]", cell, str(exc))
         raise ValueError(
             f"eval/long_context.py: the lengths {lengths} (from {length_option}) x "
-            f"num_depth_buckets={buckets} do not fit the {task} task: {exc}. Here the data module's "
-            f"test_configs are those lengths times the depth buckets and its seqlen is each length: "
-            f"lower num_depth_buckets or use longer {length_option}"
+            f"num_depth_buckets={buckets} do not fit the {task} task: {reason} (the task's seqlen is each "
+            f"length); lower num_depth_buckets or use longer {length_option}"
         ) from exc
 
     records, rows = [], []

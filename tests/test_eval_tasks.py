@@ -380,6 +380,13 @@ def test_long_context_on_byte_level_text(text_run, tmp_path):
         ValueError, match=r"from length_multipliers\) x num_depth_buckets=4 do not fit.*use seqlen >= "
     ):
         evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=passkey")  # 32 bytes
+    # A cell is named by its length and depths (a new-user check read "test_configs[1]" as an index
+    # into the lengths): at 255 bytes the second quarter's needle does not fit (test_configs[1]).
+    message = (r"do not fit the passkey task: the length 255 at depths \[0.25, 0.5\): seqlen=255 is too "
+               r"short .*use seqlen >= 257 \(the task's seqlen")
+    with pytest.raises(ValueError, match=message):
+        evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=passkey",
+                      "seqlens=[512,255]")  # fmt: skip
     with pytest.raises(ValueError, match=r"num_depth_buckets=600 do not fit.*lower num_depth_buckets"):
         evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=passkey", "seqlens=[512]",
                       "num_depth_buckets=600")  # fmt: skip
