@@ -785,11 +785,15 @@ def check_resume(
             continue
         if key == TOKENIZER_SETTING:
             was, now = (set((t or {}).get("vocab") or "") for t in (value, current.get(key)))
+            # Only the differences there are (an appended 'z' has no missing characters).
+            new, missing = ("".join(sorted(chars)) for chars in (now - was, was - now))
+            named = [f"new characters {new!r}"] * bool(new) + [f"missing {missing!r}"] * bool(missing)
+            changes = ", ".join(named)
             raise ValueError(
-                f"{given}: this run's corpus has another vocabulary than the checkpoint's (new "
-                f"characters {''.join(sorted(now - was))!r}, missing {''.join(sorted(was - now))!r}; the "
-                "token ids would mean other characters): data.path names another file than the checkpoint's "
-                "corpus, or the file was edited; resume on the checkpoint's corpus"
+                f"{given}: this run's corpus has another vocabulary than the checkpoint's "
+                f"({changes or 'the same characters in another order'}; the token ids would mean "
+                "other characters): data.path names another file than the checkpoint's corpus, or the file "
+                "was edited; resume on the checkpoint's corpus"
             )
         # The data module's name is chosen by the data group: data=mqar gives it (and its defaults).
         shown = "data" if key == "data.name" else key

@@ -218,6 +218,10 @@ def test_text_training_stores_its_tokenizer(tmp_path, monkeypatch):
         match=r"another vocabulary than the checkpoint's \(new characters 'ABEHINOQRSTU', missing 'abehinoqrstu';",
     ):
         run_train(tmp_path / "edited", [*resume, f"data.path={corpus}"])
+    # Only what differs is named (a new-user check: "new characters 'z', missing ''").
+    corpus.write_text(text * 200 + "zzzz")
+    with pytest.raises(ValueError, match=r"than the checkpoint's \(new characters 'z'; the token ids"):
+        run_train(tmp_path / "appended", [*resume, f"data.path={corpus}"])
 
 
 def test_a_run_seed_other_than_the_data_seed_trains_with_a_logger(tmp_path):
