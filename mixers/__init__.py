@@ -103,5 +103,12 @@ def build_mixer(name: str, d_model: int, **settings) -> nn.Module:
     known = _settings_of(cls)
     missing = [s for s, p in known.items() if p.default is p.empty and s not in settings]
     if missing:
-        raise ValueError(f"mixer {name!r} needs the setting(s) {missing}")
+        # A shared block's mixer (mixer.shared_block.mixer=sliding_window) may have no settings in
+        # the layout's config: say where they go (a new-user check got only the names).
+        add = " ".join(f"+mixer.settings.{name}.{setting}=<value>" for setting in missing)
+        raise ValueError(
+            f"mixer {name!r} needs the setting(s) {missing}, which have no default: give them in the model "
+            f"config's mixer_settings[{name!r}] (on train.py's command line: {add}; conf/mixer/{name}.yaml "
+            "has values)"
+        )
     return cls(d_model, **settings)

@@ -7,6 +7,7 @@ clear errors; causality; finite, non-zero gradients for every parameter.
 
 import functools
 import math
+import re
 from collections import Counter
 
 import pytest
@@ -412,6 +413,19 @@ def test_registry_lists_the_four_mixers():
             dict(num_heads=4, window=2, bias=0),
             TypeError,
             r"^sliding_window: bias must be true or false, got 0$",
+        ),
+        # A new-user check (hybrid_zamba with mixer.shared_block.mixer=sliding_window) got the names
+        # alone; the message says where they go.
+        (
+            "sliding_window",
+            {},
+            ValueError,
+            re.escape(
+                "mixer 'sliding_window' needs the setting(s) ['num_heads', 'window'], which have no "
+                "default: give them in the model config's mixer_settings['sliding_window'] (on train.py's "
+                "command line: +mixer.settings.sliding_window.num_heads=<value> "
+                "+mixer.settings.sliding_window.window=<value>;"
+            ),
         ),
     ],
 )
