@@ -269,9 +269,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         check_resume_world_size(cfg.get("resume"), trainer.world_size)
     try:
         if trainer.is_global_zero:
+            shared = model_config.get("shared_block")  # Zamba's block, which the layout does not list
             log.info(
                 f"mixerlab: {model_config['name']} layout={ModelConfig.from_dict(model_config).layout} "
-                f"params={lit.model.num_params():,} data={data_cfg['name']} run_dir={run_dir}"
+                + (f"shared_block={shared['mixer']} every {shared['every']} layers " if shared else "")
+                + f"params={lit.model.num_params():,} data={data_cfg['name']} run_dir={run_dir}"
             )
         interrupted = False
         # numpy_scalars_loadable: fit loads resume= again (Lightning's restore), as check_resume read it.

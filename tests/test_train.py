@@ -74,8 +74,12 @@ def logged(run_dir: str, key: str) -> list[float]:
 
 
 @pytest.mark.parametrize("mixer", MIXER_CONFIGS)
-def test_every_mixer_config_trains_20_steps(tmp_path, mixer):
-    out = run_train(tmp_path, [f"mixer={mixer}"])
+def test_every_mixer_config_trains_20_steps(tmp_path, mixer, monkeypatch, caplog):
+    with train_log_heard(monkeypatch, caplog):
+        out = run_train(tmp_path, [f"mixer={mixer}"])
+    # The start line names Zamba's shared block, which its layout does not list (a new-user check).
+    started = next(line for line in caplog.messages if line.startswith("mixerlab: "))
+    assert ("shared_block=attention every 4 layers params=" in started) == (mixer == "hybrid_zamba"), started
     losses = logged(out["run_dir"], "train/loss")
     assert len(losses) == 20 and all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5  # it learns something
