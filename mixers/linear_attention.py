@@ -124,7 +124,8 @@ class LinearAttention(nn.Module):
             raise ValueError(f"{self.name}: num_heads={num_heads} does not divide d_model={d_model}")
         if feature_map not in FEATURE_MAPS:
             raise ValueError(
-                f"{self.name}: unknown feature_map {feature_map!r}; choose one of {FEATURE_MAPS}"
+                f"{self.name}: unknown feature_map {feature_map!r}; choose one of {FEATURE_MAPS} (elu is "
+                "elu(x) + 1, the positive map of Katharopoulos et al.; taylor is Based's)"
             )
         if normalize and feature_map == "identity":
             raise ValueError(

@@ -377,6 +377,8 @@ def test_registry_lists_the_four_mixers():
         ("sliding_window", dict(num_heads=4, window=2.5), TypeError, r"window must be an int"),
         ("linear_attention", dict(num_heads=4, feature_map="identity"), ValueError, r"normalize=True"),
         ("linear_attention", dict(num_heads=4, feature_map="cosine"), ValueError, r"unknown feature_map"),
+        # The README's name of the map (a new-user check wrote feature_map=elu+1).
+        ("linear_attention", dict(num_heads=4, feature_map="elu+1"), ValueError, r"\(elu is elu\(x\) \+ 1"),
         ("mamba", dict(dt_rank="full"), ValueError, r"dt_rank"),
         ("mamba", dict(dt_min=0.1, dt_max=0.01), ValueError, r"dt_min <= dt_max"),
         # Found by an audit: NaN passed the checks and gave NaN biases, inf failed inside torch's init.
