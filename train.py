@@ -73,6 +73,7 @@ from eval.records import (
     check_wandb_settings,
     git_sha,
     make_record,
+    run_settings,
     training_settings,
     write_records,
 )
@@ -219,6 +220,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # too; a new run compares no count.
     with trainer_settings_errors():
         world_size = resolved_world_size(trainer_cfg)
+    settings = run_settings(
+        {"data": hparams["data"], "optim": hparams["optim"], "trainer": trainer_cfg, "seed": cfg.seed},
+        model_config,
+        world_size,
+    )
     resume = check_resume(
         cfg.get("resume"),
         hparams,
@@ -322,8 +328,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             metrics = dict(lit.val_metrics)  # exact (float64) values of the best checkpoint
             if trainer.is_global_zero:
                 _write_train_records(
-                    run_dir, lit, data_cfg, metrics, slice_seqlens, trainer.strategy.root_device, interrupted
-                )
+                    run_dir, lit, data_cfg, settings, metrics, slice_seqlens, trainer.strategy.root_device,
+                    interrupted,
+                )  # fmt: skip
                 if best_unsaved:
                     log.info(
                         "training was interrupted while best.ckpt was being saved, so it was not: the best "
@@ -1131,6 +1138,7 @@ def _write_train_records(
     run_dir: Path,
     lit: LitLM,
     data_cfg: dict[str, Any],
+    settings: dict[str, Any],
     metrics: dict[str, float],
     slice_seqlens: dict[str, int],
     device: torch.device,
@@ -1161,6 +1169,7 @@ def _write_train_records(
             train_tokens=int(lit.tokens_seen),  # tokens the validated (best) checkpoint was trained on
             # so a sweep can report its best run over learning rates per width (eval/report.py)
             **training_settings(lit, data_cfg),
+            settings=settings,  # all but lr (eval.records.run_settings): what tells two groups apart
             **({"interrupted": True} if interrupted else {}),
         )
         for name, value in sorted(metrics.items())

@@ -17,6 +17,7 @@ import math
 import os
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,55 @@ def training_settings(lit, data_cfg: dict[str, Any]) -> dict[str, Any]:
         "n_layers": config.n_layers,
         "batch_size": int(batch_size) if batch_size is not None else None,
     }
+
+
+# Trainer settings that change what a run learns (the others change how it runs: devices, logging).
+TRAINER_SETTINGS_RECORDED = (
+    "max_steps", "max_epochs", "max_time", "accumulate_grad_batches", "gradient_clip_val", "precision",
+)  # fmt: skip
+
+
+def run_settings(cfg: Mapping[str, Any], model_config: Mapping[str, Any], world_size: int) -> dict[str, Any]:
+    """Every setting of a training run but its learning rate, flat (``mixer.settings.sliding_window
+    .window``: 1000), so that eval/report.py groups a learning-rate sweep by them and names the ones
+    that tell two of its groups apart: runs that differ in a window, a feature map, a corpus, a
+    seed, the training length or the process count are not one group.
+
+    Args:
+        cfg: the run's config, resolved to plain containers (``model``, ``mixer``, ``data``,
+            ``optim``, ``trainer``, ``seed``).
+        model_config: the model config built from it (:func:`models.config.config_from_groups`), of
+            which the mixers' settings are kept only for the mixers the model builds.
+        world_size: the run's process count (``data.batch_size`` is per process).
+
+    Returns:
+        ``{dotted setting: value}``, values as JSON has them.
+    """
+    flat: dict[str, Any] = {}
+
+    def add(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping) and value:
+            for key, item in value.items():
+                add(f"{prefix}.{key}", item)
+        else:
+            flat[prefix] = value
+
+    shared = model_config.get("shared_block")
+    used = {*model_config["pattern"], *([shared["mixer"]] if shared else [])}
+    for key, value in model_config.items():
+        if key == "mixer_settings":
+            for name in sorted(used):
+                add(f"mixer.settings.{name}", value.get(name) or {})
+        elif key in ("pattern", "shared_block", "name"):
+            add(f"mixer.{key}", value)
+        else:
+            add(f"model.{key}", value)
+    add("data", {key: value for key, value in cfg["data"].items() if key != "num_workers"})  # how, not what
+    add("optim", {key: value for key, value in cfg["optim"].items() if key != "lr"})
+    add("trainer", {key: cfg["trainer"][key] for key in TRAINER_SETTINGS_RECORDED if key in cfg["trainer"]})
+    flat["seed"] = cfg["seed"]
+    flat["world_size"] = int(world_size)
+    return flat
 
 
 def check_output(path: str | os.PathLike, example: str, *, option: str = "output") -> None:

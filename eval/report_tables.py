@@ -19,6 +19,7 @@ each record carries ``record_file``):
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
 import re
 from collections import defaultdict
@@ -228,6 +229,9 @@ class RunScore:
         seqlen, slice: the main slice (``slice`` is None where the records do not name it).
         lr, d_model, n_layers, batch_size: from any record of the run (train.py writes them, the
             batch size per process); None where none has it.
+        settings: the run's other settings (train.py's ``settings``,
+            :func:`eval.records.run_settings`) as sorted ``(name, JSON text)`` pairs; () where its
+            records predate them.
         loss: train.py's best ``val/loss`` (nats per token) for ``task=text``, whose runs are ranked
             by it (next-token accuracy is not what a language model is compared on); None otherwise.
     """
@@ -246,6 +250,7 @@ class RunScore:
     layout: tuple[str, ...]
     batch_size: int | None = None
     loss: float | None = None
+    settings: tuple[tuple[str, str], ...] = ()
 
     def group_key(self) -> tuple:
         """What runs that differ only in the learning rate share: everything but run, lr, accuracy and loss."""
@@ -260,6 +265,7 @@ class RunScore:
             self.d_model,
             self.params,
             self.batch_size,
+            self.settings,
         )
 
 
@@ -281,6 +287,9 @@ def run_scores(records: list[dict[str, Any]], task: str, path: str) -> list[RunS
     val_loss: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         key = (r["run"], r["mixer"])
+        if isinstance(r.get("settings"), dict):
+            pairs = ((str(name), json.dumps(value, sort_keys=True)) for name, value in r["settings"].items())
+            info[key].setdefault("settings", tuple(sorted(pairs)))
         for field in ("lr", "d_model", "n_layers", "batch_size"):
             value = r.get(field)
             if value is None:
@@ -321,6 +330,7 @@ def run_scores(records: list[dict[str, Any]], task: str, path: str) -> list[RunS
                 params=r.get("params"),
                 layout=tuple(r.get("layout") or ()),
                 batch_size=info[key].get("batch_size"),
+                settings=info[key].get("settings", ()),
                 loss=float(min(val_loss[key], key=measurement_rank)["value"])
                 if split == "val" and val_loss[key]
                 else None,
@@ -388,10 +398,11 @@ class LrGroup:
 def lr_groups(scores: list[RunScore]) -> list[LrGroup]:
     """Group the scores of runs that record their learning rate by everything else they record
     (:meth:`RunScore.group_key`: task, split, depth, main slice, mixer, layout, width, params,
-    batch size).
+    batch size, and the run's other settings where train.py recorded them).
 
-    Settings that none of these reflect (e.g. attention heads, dropout, training length in steps)
-    are not told apart: report such sweeps from separate ``runs=``. Runs without ``lr`` form no group.
+    For records written before train.py recorded its settings, settings that none of the other
+    fields reflect (e.g. attention heads, dropout, training length in steps) are not told apart:
+    report such sweeps from separate ``runs=``. Runs without ``lr`` form no group.
     """
     groups: dict[tuple, list[RunScore]] = defaultdict(list)
     for s in scores:
@@ -403,10 +414,10 @@ def lr_groups(scores: list[RunScore]) -> list[LrGroup]:
 def best_lr_tables(groups: list[LrGroup]) -> list[Table]:
     """One ``Best over learning rates`` table per task, split, main slice and ``n_layers``: a row per
     mixer, a column per ``d_model`` (``d_model ?`` for runs whose records lack it), each cell
-    :meth:`LrGroup.cell` or ``no record``. Where several groups of one mixer share a cell (a setting
-    that changes the parameter count, such as learned versus RoPE positions, or another batch size),
-    the cell lists each with its parameter count (and batch size, where those differ), separated by
-    ``;``."""
+    :meth:`LrGroup.cell` or ``no record``. Where several groups of one mixer share a cell (learned
+    versus RoPE positions, another batch size, window or seed), the cell lists each, led by the
+    recorded settings that differ among them (:func:`differing_settings`: ``window=1000: ...``),
+    with its parameter count (and batch size, where those differ), separated by ``;``."""
     tables: dict[tuple, list[LrGroup]] = defaultdict(list)
     for g in groups:
         s = g.best
@@ -435,10 +446,28 @@ def best_lr_tables(groups: list[LrGroup]) -> list[Table]:
 def _cell(groups: list[LrGroup]) -> str:
     if not groups:
         return NO_RECORD
-    ordered = sorted(groups, key=lambda g: (g.best.params or 0, g.best.batch_size or 0))
+    ordered = sorted(groups, key=lambda g: (g.best.params or 0, g.best.batch_size or 0, g.best.settings))
     many = len(groups) > 1
     with_batch = many and len({g.best.batch_size for g in groups}) > 1
-    return "; ".join(g.cell(with_params=many, with_batch=with_batch) for g in ordered)
+    labels = differing_settings([dict(g.best.settings) for g in ordered])
+    return "; ".join(
+        (f"{label}: " if label else "") + g.cell(with_params=many, with_batch=with_batch)
+        for g, label in zip(ordered, labels, strict=True)
+    )
+
+
+def differing_settings(settings: list[dict[str, str]]) -> list[str]:
+    """For the settings of groups that share a table cell (``{name: JSON text}``), each group's
+    values of the settings that differ among them, as ``name=value`` joined by spaces (a name by its
+    last part where that is unambiguous: ``window=1000``); "" for a group where none differs."""
+    names = sorted({name for one in settings for name in one})
+    differ = [name for name in names if len({one.get(name) for one in settings}) > 1]
+    last = [name.rsplit(".", 1)[-1] for name in differ]
+    shown = [short if last.count(short) == 1 else name for name, short in zip(differ, last, strict=True)]
+    return [
+        " ".join(f"{label}={one.get(name, '?')}" for name, label in zip(differ, shown, strict=True))
+        for one in settings
+    ]
 
 
 def drop_worse_lrs(points: list[dict[str, Any]], groups: list[LrGroup]) -> tuple[list[dict[str, Any]], int]:

@@ -29,7 +29,7 @@ from eval.report import (
     val_loss_points,
 )
 from eval.report_plots import PLOTS, plot_points
-from eval.report_tables import compact_layout, fold_slice, summary_tables
+from eval.report_tables import compact_layout, differing_settings, fold_slice, summary_tables
 
 STATE = {  # decode-state bytes per sequence at a length, per mixer (made up, of the right shape)
     "attention": lambda t: 2048 * t,
@@ -995,6 +995,37 @@ def test_best_over_lr_keeps_batch_sizes_apart(grid, tmp_path):
         "no record",
     ]
     assert not any("share a learning rate" in n for n in rep.notes)
+
+
+def test_best_over_lr_keeps_runs_of_other_settings_apart(grid, tmp_path):
+    """Found by a new-user check: sliding windows of 1 and 1000 tokens (same params, same batch)
+    were one group, its cell the better window's score with "2 runs". train.py now records its
+    other settings; groups that share a cell are led by the settings that tell them apart."""
+    def settings(window: int, seed: int) -> dict:
+        return {"mixer.settings.mamba.d_state": window, "seed": seed, "optim.weight_decay": 0.1}
+
+    for lr in LRS:  # the grid's mamba runs: d_state 16, seed 0
+        path = grid / f"mamba-d64-lr{lr}" / "results" / "train.json"
+        write_json(path, [r | {"settings": settings(16, 0)} for r in json.loads(path.read_text())])
+    for lr, acc in zip(LRS, (0.3, 0.8), strict=True):
+        run = f"mamba-d64-lr{lr}-state64"
+        records = sweep_records(run, "mamba", 64, lr, {"T64_kv4": (64, acc)})
+        records = [r | {"settings": settings(64, 0)} for r in records]
+        write_json(grid / run / "results" / "train.json", records)
+    rep = make_report(f"[{grid}]", tmp_path / "out")
+    table = next(t for t in rep.tables if t.title.startswith("Best"))
+    params = f"{PARAMS['mamba']:,} params"
+    assert table.rows[1] == [
+        "mamba",
+        f"d_state=16: 0.600 (lr 2.2e-3, 2 lrs, {params}); d_state=64: 0.800 (lr 2.2e-3, 2 lrs, {params})",
+        "no record",
+    ]
+    assert not any("share a learning rate" in n for n in rep.notes)
+    # Only what differs is named, by its full name where two settings end alike.
+    three = [{"a.seed": "0", "b.seed": "1", "x": "2"}, {"a.seed": "0", "b.seed": "2", "x": "2"},
+             {"a.seed": "1", "b.seed": "2", "x": "2"}]  # fmt: skip
+    assert differing_settings(three) == ["a.seed=0 b.seed=1", "a.seed=0 b.seed=2", "a.seed=1 b.seed=2"]
+    assert differing_settings([{"x": "1"}, {"x": "1"}]) == ["", ""]
 
 
 def test_best_over_lr_with_bad_or_missing_learning_rates(grid, tmp_path):

@@ -94,6 +94,15 @@ def test_every_mixer_config_trains_20_steps(tmp_path, mixer, monkeypatch, caplog
     records = json.loads((Path(out["run_dir"]) / "results" / "train.json").read_text())
     assert {r["metric"] for r in records} >= {"val/acc", "val/loss"}
     assert all(r["mixer"] == mixer and r["state_bytes"] == lit.model.state_size(r["seqlen"]) for r in records)
+    # Every setting but the learning rate, for eval/report.py's groups; mixer settings of the
+    # mixers the model builds only (the configs carry others for sweeps).
+    settings = records[0]["settings"]
+    shared = lit.model.config.shared_block
+    built = set(lit.model.config.layout) | ({shared.mixer} if shared else set())
+    assert {key.split(".")[2] for key in settings if key.startswith("mixer.settings.")} == built
+    assert "optim.lr" not in settings and settings["optim.weight_decay"] == lit.optim["weight_decay"]
+    assert settings["world_size"] == 1 and settings["trainer.max_steps"] == 20
+    assert settings["mixer.name"] == mixer
     seqlens = {r["metric"]: r["seqlen"] for r in records}
     assert seqlens["val/acc"] == seqlens["val/acc_T64_kv4"] == 64 and seqlens["val/acc_T256_kv16"] == 256
     slices = {r["metric"]: r["slice"] for r in records}
