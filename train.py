@@ -10,7 +10,8 @@ data order from the next batch) in a new run directory, e.g. a long run cut by `
 into several sessions. A run stopped by
 Ctrl+C or SIGTERM (``kill``, ``timeout``, a scheduler) shuts down as Lightning does for Ctrl+C,
 then still saves ``last.ckpt`` and writes the records of its best checkpoint, marked
-``interrupted``, and exits with status 1 (single-process runs; DDP runs just stop). Ctrl+C before
+``interrupted``, and exits with status 1 (single-process runs; a DDP run stops at once, see
+:class:`StopDDPOnSigterm`). Ctrl+C before
 training (while the modules import, the config is composed or the data prepared) ends it with one
 line and status 130; such a run, and one refused by a settings error, removes what Hydra made for
 it (its run directory, when that holds only Hydra's files), never a folder that was there before,
@@ -33,6 +34,7 @@ import shutil
 import signal
 import stat
 import sys
+import threading
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
@@ -251,7 +253,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         enable_version_counter=False,
     )
     loggers = _loggers(cfg, run_dir, run_name)
-    callbacks = [checkpoint_cb, WorldSizeRecord()]
+    callbacks = [checkpoint_cb, WorldSizeRecord(), StopDDPOnSigterm()]
     callbacks += [LearningRateMonitor(logging_interval="step")] if loggers else []
     if cfg.get("early_stopping"):
         early_stopping = OmegaConf.to_container(cfg.early_stopping, resolve=True)
@@ -836,6 +838,57 @@ class WorldSizeRecord(Callback):
     def state_dict(self) -> dict[str, int]:
         """``{"world_size": int, "num_nodes": int}`` (empty, so not stored, before :meth:`setup`)."""
         return dict(self.processes)
+
+
+class StopDDPOnSigterm(Callback):
+    """Under DDP (``world_size > 1``), a SIGTERM from the start of the sanity check, of training or
+    of the final evaluation on stops the run at once: the process that launched the others (local
+    rank 0) SIGKILLs them, prints one line and exits with status 1; the others ignore the signal
+    (their launcher stops them). Nothing more is saved: the checkpoints already written stay, each
+    whole.
+
+    Why: Lightning 2.x answers SIGTERM with a ``torch.distributed.broadcast`` made inside the signal
+    handler, a collective at whatever point each process has reached; with train.py's KeyboardInterrupt
+    on top, a CPU (gloo) run hung for good in one of three SIGTERMs, its processes waiting on each
+    other's collectives (a new-user check). Lightning registers its handler after ``on_fit_start``,
+    so this one replaces it from ``on_sanity_check_start`` / ``on_train_start`` on; Lightning puts
+    the earlier handlers back after fit. A single process keeps the graceful stop (final save,
+    evaluation and records). Main thread only: Python sets signal handlers there alone.
+    """
+
+    def _install(self, trainer: L.Trainer) -> None:
+        if trainer.world_size <= 1 or threading.current_thread() is not threading.main_thread():
+            return
+        if trainer.local_rank != 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            return
+
+        def stop(signum: int, frame: Any) -> None:
+            print(
+                f"{signal.Signals(signum).name}: stopping the DDP run now, without a final save or "
+                "evaluation (the checkpoints written so far stay)",
+                flush=True,
+            )
+            launcher = trainer.strategy.launcher
+            if launcher is not None:
+                launcher.kill(signal.SIGKILL)  # the other processes of this node, wherever they wait
+            # No Python exit: its clean-up (Lightning's teardown, the process group) would wait on
+            # the processes just killed.
+            os._exit(1)
+
+        signal.signal(signal.SIGTERM, stop)
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Take SIGTERM over from Lightning's handler before the sanity check's collectives."""
+        self._install(trainer)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Take SIGTERM over from Lightning's handler (a run without a sanity check)."""
+        self._install(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Take SIGTERM over from Lightning's handler in ``trainer.validate`` (the final evaluation)."""
+        self._install(trainer)
 
 
 def refuse_another_world_size(checkpoint: Mapping[str, Any], resume: str, world_size: int) -> None:

@@ -1272,6 +1272,33 @@ def test_ddp_on_two_cpu_processes_leaves_one_run_dir(tmp_path):
             assert distributed[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
 
 
+def test_sigterm_stops_a_ddp_run_at_once(tmp_path):
+    """Found by a new-user check: a SIGTERM to a CPU DDP run hung both processes for good (one try
+    in three), in Lightning's broadcast from inside its signal handler. The launching process now
+    SIGKILLs the other and exits with status 1 (StopDDPOnSigterm): no collective in the handler."""
+    run_dir = tmp_path / "run"
+    tiny = [a for a in TINY if not a.startswith(("trainer.max_steps=", "trainer.val_check_interval="))]
+    args = [str(REPO_ROOT / "train.py"), "trainer=ddp", f"hydra.run.dir={run_dir}", *tiny, *MQAR_TINY]
+    args += ["trainer.max_steps=100000", "trainer.val_check_interval=50", "data.num_train_examples=2048"]
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, *args], cwd=tmp_path, env=env, **pipes)
+    logged_step = run_dir / "csv" / "metrics.csv"  # training is under way in both processes
+    deadline = time.monotonic() + 240
+    while not logged_step.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert logged_step.exists(), "no training step was logged before the deadline"
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-3000:]
+    assert "SIGTERM: stopping the DDP run now, without a final save or evaluation" in out
+    assert "Traceback" not in err, err[-3000:]
+    # The other process is gone too (it would hold the run's command line).
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(run_dir) not in ps
+
+
 def test_joblib_launcher_runs_a_sweep_in_parallel_processes(tmp_path):
     # Three jobs on two worker processes: one worker runs two jobs in turn, so state left over from
     # a job (seeds, the Lightning trainer, the run dir's logging) must not leak into the next.
