@@ -232,9 +232,10 @@ def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpe
     :data:`_LABEL_OFFSETS` whose text stays inside the axes, overlaps no label placed before it and
     keeps :data:`_NEAR_MARKER_PT` clear of other markers, measured on the rendered
     figure; where none is free, at the offset that overlaps least (area outside the axes counted
-    as overlap) among those whose text covers no label's text. Where every offset would, as in a
-    crowded cluster, the label is left out (the legend names every series) rather than drawn over
-    another. Far offsets draw a leader line to the marker. Markers are labelled left to right."""
+    as overlap) among those whose text covers no label's text and stays inside the figure. Where
+    every offset would cover a label or leave the figure, as in a crowded cluster, the label is left
+    out (the legend names every series) rather than drawn over another or cut. Far offsets draw a
+    leader line to the marker. Markers are labelled left to right."""
     canvas = FigureCanvasAgg(fig)
     canvas.draw()  # final layout and limits, so data -> pixel positions hold
     renderer = canvas.get_renderer()
@@ -272,7 +273,10 @@ def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpe
             cost = _area(box) - _area(Bbox.intersection(box, frame))
             cost += sum(_area(Bbox.intersection(box, other)) for other in obstacles)
             own = Text.get_window_extent(text, renderer)  # the text alone (positions updated above)
-            if not any(_area(Bbox.intersection(own, other)) for other in texts):
+            # Never past the figure's edge, where the saved picture cuts it (a new-user check saw
+            # "linear" of "linear_attention" at the right-most marker).
+            inside = _area(Bbox.intersection(own, fig.bbox)) == _area(own)
+            if inside and not any(_area(Bbox.intersection(own, other)) for other in texts):
                 costs.append((cost, k, box, own))
             if cost == 0:
                 break

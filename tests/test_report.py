@@ -450,6 +450,29 @@ def test_marker_labels_do_not_overlap():
         assert not any(box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1 for x, y in markers)
 
 
+def test_marker_labels_stay_inside_the_figure():
+    """Found by a new-user check: the label of the right-most marker ran past the figure's edge,
+    where the saved picture cut it ("linear" of a linear_attention label). Three markers at the
+    right edge, their long labels: every label drawn lies inside the figure."""
+    spec = next(p for p in PLOTS if p.name == "recall_vs_state_bytes")
+    cells = [("attention", 0, 653830, 0.432, 128), ("mamba", 1, 219473, 0.361, 64),
+             ("attention", 2, 663333, 0.106, 128), ("attention", 3, 8634, 0.179, 64),
+             ("attention", 4, 669314, 0.441, 128)]  # fmt: skip
+    points = [
+        {"series": f"{m} [r{i}]", "mixer": m, "seqlen": 64, "state_bytes": b, "accuracy": a,
+         "label": f"{m} d{d} taylor feature_dim 16 @ 64"}
+        for m, i, b, a, d in cells
+    ]  # fmt: skip
+    fig = plot_points(points, spec)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    edge = fig.bbox
+    boxes = [label_box(t, renderer) for t in fig.axes[0].texts]
+    assert len(boxes) >= 4  # at most one left out
+    for box in boxes:
+        assert edge.x0 <= box.x0 and box.x1 <= edge.x1 and edge.y0 <= box.y0 and box.y1 <= edge.y1
+
+
 def test_crowded_markers_leave_out_labels_rather_than_stack_them():
     # The induction-heads runs: seven attention runs at one state size, all near chance; their
     # labels were drawn over one another. Here 14 runs at one point: the labels drawn cover no other
