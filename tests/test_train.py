@@ -429,6 +429,33 @@ def cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedP
     )
 
 
+def sigterm_once(
+    args: list[str], cwd: Path, ready: Path, *, wait: float, settle: float = 0.0, to: str = "process",
+    env: dict[str, str] | None = None,
+) -> tuple[int, str, str]:
+    """Run ``python args`` (a train.py command line), send it SIGTERM ``settle`` seconds after
+    ``ready`` exists (waiting at most ``wait`` seconds for it: an AssertionError past that), to the
+    process or, ``to="group"``, to its whole new process group (as ``timeout`` and schedulers do);
+    returns ``(status, stdout, stderr)``."""
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=to == "group")  # fmt: skip
+    deadline = time.monotonic() + wait
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not ready.exists():
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"{ready} did not appear within {wait} s")
+    time.sleep(settle)
+    if to == "group":
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out, err
+
+
 def test_recall_cli_reports_missing_and_corrupt_checkpoints(tmp_path):
     result = cli([str(REPO_ROOT / "eval" / "recall.py"), f"ckpt={tmp_path / 'nope.ckpt'}"], cwd=tmp_path)
     assert result.returncode == 2 and "checkpoint not found" in result.stderr
@@ -1004,27 +1031,8 @@ def test_sigterm_stops_training_gracefully_and_keeps_its_results(tmp_path, to):
     args = [str(REPO_ROOT / "train.py"), f"hydra.run.dir={run_dir}", "trainer.max_steps=100000"]
     args += ["trainer.val_check_interval=5", *tiny, *MQAR_TINY]
     args += ["data.num_workers=2"] if to == "group" else []
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, *args],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=to == "group",
-    )
-    best = run_dir / "checkpoints" / "best.ckpt"
-    deadline = time.monotonic() + 300
-    while not best.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert best.exists(), "no validation ran before the deadline"
-    if to == "group":
-        os.killpg(proc.pid, signal.SIGTERM)
-    else:
-        proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 1, err[-3000:]
+    status, out, err = sigterm_once(args, tmp_path, run_dir / "checkpoints" / "best.ckpt", wait=300, to=to)
+    assert status == 1, err[-3000:]
     assert "training interrupted at step" in out and "Traceback" not in err
     # The run's own lines, timestamped, in the run directory's train.log (Hydra's job log).
     train_log = (run_dir / "train.log").read_text()
@@ -1047,19 +1055,8 @@ def test_sigterm_before_training_ends_the_run_as_ctrl_c_does(tmp_path):
     tiny = [a for a in TINY if not a.startswith("trainer.max_steps=")]
     args = [str(REPO_ROOT / "train.py"), f"hydra.run.dir={run_dir}", "trainer.max_steps=4", *tiny, *MQAR_TINY]
     args += ["data.num_train_examples=400000"]  # seconds of data preparation to signal it in
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    written = run_dir / ".hydra" / "overrides.yaml"
-    deadline = time.monotonic() + 120
-    while not written.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert written.exists(), "Hydra wrote no run folder before the deadline"
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-3000:]
+    status, _, err = sigterm_once(args, tmp_path, run_dir / ".hydra" / "overrides.yaml", wait=120, settle=0.5)
+    assert status == 130, err[-3000:]
     assert "Traceback" not in err and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
 
@@ -1280,18 +1277,10 @@ def test_sigterm_stops_a_ddp_run_at_once(tmp_path):
     tiny = [a for a in TINY if not a.startswith(("trainer.max_steps=", "trainer.val_check_interval="))]
     args = [str(REPO_ROOT / "train.py"), "trainer=ddp", f"hydra.run.dir={run_dir}", *tiny, *MQAR_TINY]
     args += ["trainer.max_steps=100000", "trainer.val_check_interval=50", "data.num_train_examples=2048"]
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    proc = subprocess.Popen([sys.executable, *args], cwd=tmp_path, env=env, **pipes)
     logged_step = run_dir / "csv" / "metrics.csv"  # training is under way in both processes
-    deadline = time.monotonic() + 240
-    while not logged_step.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert logged_step.exists(), "no training step was logged before the deadline"
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1, err[-3000:]
+    one_thread = {"OMP_NUM_THREADS": "1"}
+    status, out, err = sigterm_once(args, tmp_path, logged_step, wait=240, settle=1.0, env=one_thread)
+    assert status == 1, err[-3000:]
     assert "SIGTERM: stopping the DDP run now, without a final save or evaluation" in out
     assert "Traceback" not in err, err[-3000:]
     # The other process is gone too (it would hold the run's command line).
