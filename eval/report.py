@@ -620,6 +620,35 @@ def decode_points(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+# The settings (train.py's records' ``settings``) that decide what one unit of validation loss means:
+# the task, the corpus and the tokens it is cut into.
+LOSS_SCALE_SETTINGS = ("data.name", "data.path", "data.dataset_name", "data.tokenizer", "model.vocab_size")
+
+
+def _loss_scale_notes(records: list[dict[str, Any]], runs: list[str]) -> list[str]:
+    """A note when the runs of the validation-loss plot were trained on other tasks, corpora or
+    tokenizers (:data:`LOSS_SCALE_SETTINGS`, from the records' ``settings``): nats per token of a
+    character and of a byte tokenizer, or of MQAR's answers and of text, are not one scale. Runs
+    whose records carry no settings are not compared."""
+    scales: dict[str, list[str]] = defaultdict(list)
+    seen = set()
+    for r in records:
+        settings = r.get("settings")
+        if r["run"] in runs and r["run"] not in seen and isinstance(settings, dict):
+            seen.add(r["run"])
+            shown = [name for name in LOSS_SCALE_SETTINGS if name in settings]
+            scale = ", ".join(f"{name.split('.', 1)[1]}={json.dumps(settings[name])}" for name in shown)
+            scales[scale].append(r["run"])
+    if len(scales) < 2:
+        return []
+    listed = "; ".join(f"{scale} ({', '.join(sorted(names))})" for scale, names in sorted(scales.items()))
+    return [
+        f"Validation loss vs training tokens: the runs were trained on other tasks, corpora or tokenizers, "
+        f"whose losses per token are not on one scale: {listed}; compare within one (report them with "
+        "separate runs=)"
+    ]
+
+
 def val_loss_points(
     records: list[dict[str, Any]], sources: Sources, skip_invalid: bool
 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -683,6 +712,7 @@ def val_loss_points(
         if name in curves or not isinstance(tokens, int | float) or not isinstance(loss, int | float):
             continue
         curves[name] = (mixer, [(float(tokens), float(loss))], str(path))
+    notes += _loss_scale_notes(records, list(curves))
     labels = series_labels([(mixer, run, ()) for run, (mixer, _, _) in curves.items()])
     points = [
         {

@@ -294,6 +294,27 @@ def test_val_loss_of_reruns_with_one_name(tmp_path):
     ]
 
 
+def test_val_loss_plot_notes_runs_whose_losses_are_not_on_one_scale(tmp_path):
+    """Found by a new-user check: char-level and byte-level runs (and runs on other corpora) shared
+    the nats-per-token axis without a word. The records' settings tell them apart now."""
+    def record(run: str, tokenizer: str) -> dict:
+        settings = {"data.name": "text", "data.path": "/c/a.txt", "data.tokenizer": tokenizer, "seed": 0}
+        return {"run": run, "mixer": "attention", "metric": "val/loss", "value": 1.5, "train_tokens": 1000,
+                "record_file": str(tmp_path / run / "train.json"), "settings": settings}  # fmt: skip
+
+    sources = Sources(searched=[tmp_path])
+    same = [record("a", "char"), record("b", "char")]
+    assert val_loss_points(same, sources, skip_invalid=False)[1] == []
+    mixed = [record("a", "char"), record("b", "byte"), record("c", "byte")]
+    _, notes = val_loss_points(mixed, sources, skip_invalid=False)
+    assert notes == [
+        "Validation loss vs training tokens: the runs were trained on other tasks, corpora or tokenizers, "
+        'whose losses per token are not on one scale: name="text", path="/c/a.txt", tokenizer="byte" '
+        '(b, c); name="text", path="/c/a.txt", tokenizer="char" (a); compare within one (report them '
+        "with separate runs=)"
+    ]
+
+
 def test_reruns_with_one_name_stay_apart_in_records(tmp_path):
     # Records of two run directories with one name (a rerun in another session's folder) used to
     # merge into one run: one row in the Runs table, one series, the second run's numbers lost.
