@@ -444,8 +444,9 @@ STAND_IN_VOCAB_SIZE = 256
 
 def check_sweep_job(cfg: DictConfig) -> None:
     """What :func:`train` would refuse in a sweep's job before it draws or reads any data:
-    :func:`check_settings`, the data module's arguments and the model's settings (built on the meta
-    device with :data:`STAND_IN_VOCAB_SIZE`), so that ``-m optim.lr=1e-3,abc`` or
+    :func:`check_settings`, the data module's arguments, the model's settings (built on the meta
+    device with :data:`STAND_IN_VOCAB_SIZE`) and the process count Lightning resolves
+    (:func:`resolved_world_size`), so that ``-m optim.lr=1e-3,abc`` or
     ``mixer.settings.mamba.d_state=8,0`` is refused before the first job trains.
 
     Raises:
@@ -455,6 +456,8 @@ def check_sweep_job(cfg: DictConfig) -> None:
     build_datamodule(OmegaConf.to_container(cfg.data, resolve=True), setup=False)
     with torch.device("meta"):
         LanguageModel(build_model_config(cfg, STAND_IN_VOCAB_SIZE))
+    with trainer_settings_errors():  # trainer.devices=0, an accelerator this machine lacks
+        resolved_world_size(OmegaConf.to_container(cfg.trainer, resolve=True))
 
 
 def slice_lengths(dm, slice_names: list[str], train_seqlen: int) -> dict[str, int]:
@@ -1093,7 +1096,8 @@ def check_trainer_settings(cfg: DictConfig) -> None:
             ``trainer.val_check_interval`` not a step count >= 1 or an epoch fraction in (0, 1],
             ``trainer.check_val_every_n_epoch`` not null or >= 1, or a fractional interval with it
             null; ``trainer.precision`` none of :func:`lightning_precisions` (``bf17``);
-            ``trainer.limit_val_batches`` <= 0 (no validation, so no best.ckpt and no records).
+            ``trainer.limit_val_batches`` <= 0 (no validation, so no best.ckpt and no records);
+            ``trainer.max_time`` neither ``DD:HH:MM:SS`` nor a mapping.
     """
 
     def integer(name: str, value: Any) -> int:
@@ -1166,6 +1170,14 @@ def check_trainer_settings(cfg: DictConfig) -> None:
                 f"trainer.limit_val_batches={limit} turns validation off, but validation picks best.ckpt "
                 "and gives the final metrics and result records; give a batch count >= 1 or a fraction "
                 "in (0, 1] (data.num_test_examples sets the validation sets' size)"
+            )
+    max_time = trainer.get("max_time")
+    # Lightning parses it only when the Trainer is built: in a sweep, after the jobs before it ran.
+    if max_time is not None and not OmegaConf.is_dict(max_time):
+        if not isinstance(max_time, str) or not re.fullmatch(r"\d+:\d+:\d+:\d+", max_time.strip()):
+            raise ValueError(
+                f"trainer.max_time must be DD:HH:MM:SS (e.g. 00:12:00:00 for 12 hours) or a mapping such "
+                f"as {{hours: 12}}, got {max_time!r}"
             )
     precision = trainer.get("precision")
     allowed = lightning_precisions()

@@ -480,27 +480,21 @@ def check_command_line(
         if problem:
             raise ValueError(problem)
         return
-    if not all(isinstance(override.value(), ChoiceSweep) for override in sweeps):
-        return  # glob(*), range(...): Hydra expands them
+    values = _sweep_values(overrides)
+    if values is None:
+        return  # glob(*), interval(...): Hydra expands them
     # Each job of a sweep over group options has its own config (mixer=attention,mamba): one composed
     # per combination of the group choices (at most MAX_SWEEP_JOBS_CHECKED), a key sweep at its first
     # value (its key, not its values, is what composing checks).
-    group_sweeps = [override for override in sweeps if _is_group(override, config_dir)]
-    fixed = [override.input_line for override in overrides if not override.is_sweep_override()]
-    fixed += [
-        f"{override.get_key_element()}={override_value(override.value().list[0])}"
-        for override in sweeps
-        if override not in group_sweeps
-    ]
-    combinations = itertools.product(*(override.value().list for override in group_sweeps))
+    groups = {i for i in values if _is_group(overrides[i], config_dir)}
+    firsts = {i: choices[0] for i, choices in values.items()}
+    combinations = itertools.product(*(values[i] for i in sorted(groups)))
     problems = {}  # the job's group choices -> what is wrong in it
     for combination in itertools.islice(combinations, MAX_SWEEP_JOBS_CHECKED):
-        job = [
-            f"{override.get_key_element()}={override_value(choice)}"
-            for override, choice in zip(group_sweeps, combination, strict=True)
-        ]
-        problems[" ".join(job)] = _composition_problem(
-            config_dir, config_name, OverridesParser.create().parse_overrides(job + fixed), hints, settings
+        chosen = {**firsts, **dict(zip(sorted(groups), combination, strict=True))}
+        job = _job_overrides(overrides, chosen)
+        problems[" ".join(job[i] for i in sorted(groups))] = _composition_problem(
+            config_dir, config_name, OverridesParser.create().parse_overrides(job), hints, settings
         )
     failed = {job: problem for job, problem in problems.items() if problem}
     if failed and len(failed) == len(problems):  # wrong in every job: a typo
@@ -512,45 +506,64 @@ def check_command_line(
             "those that lack it, write ++key=value)"
         )
     if check_job is not None:
-        _check_sweep_jobs(config_dir, config_name, overrides, check_job)
+        _check_sweep_jobs(config_dir, config_name, overrides, values, check_job)
 
 
-def _sweep_jobs(sweeps: list[Override]) -> Iterator[list[str]]:
-    """The jobs :func:`_check_sweep_jobs` composes, as the overrides of their sweeps' values: every
+def _sweep_values(overrides: list[Override]) -> dict[int, list[str]] | None:
+    """The values of each sweep of a command line (by its index among ``overrides``), each as Hydra's
+    basic sweeper writes it into its job's override (``'a,b'`` keeps its quotes, ``range(0,3)`` gives
+    0, 1, 2); None where a sweep is enumerated only when the job runs (``glob(*)`` needs the config
+    repository, ``interval(...)`` is for other sweepers)."""
+    try:
+        return {i: list(o.sweep_string_iterator()) for i, o in enumerate(overrides) if o.is_sweep_override()}
+    except HydraException:
+        return None
+
+
+def _job_overrides(overrides: list[Override], chosen: dict[int, str]) -> list[str]:
+    """One job's overrides, in the command line's order (a later override of a key wins, as in the
+    job): each sweep at its ``chosen`` value, the others as given."""
+    return [
+        f"{override.get_key_element()}={chosen[i]}" if i in chosen else override.input_line
+        for i, override in enumerate(overrides)
+    ]
+
+
+def _sweep_jobs(values: dict[int, list[str]]) -> list[dict[int, str]]:
+    """The jobs :func:`_check_sweep_jobs` composes, as the value of each sweep (by its index): every
     combination when there are at most :data:`MAX_SWEEP_JOBS_CHECKED`, else each value of each sweep
     once, the other sweeps at their first value (so every value is seen, if not every pairing)."""
-    values = [override.value().list for override in sweeps]
-    if math.prod(len(choices) for choices in values) <= MAX_SWEEP_JOBS_CHECKED:
-        combinations = list(itertools.product(*values))
-    else:
-        firsts = tuple(choices[0] for choices in values)
-        combinations = [firsts]
-        for i, choices in enumerate(values):
-            combinations += [(*firsts[:i], value, *firsts[i + 1 :]) for value in choices[1:]]
-    for combination in combinations:
-        yield [
-            f"{override.get_key_element()}={override_value(value)}"
-            for override, value in zip(sweeps, combination, strict=True)
-        ]
+    indices = sorted(values)
+    if math.prod(len(values[i]) for i in indices) <= MAX_SWEEP_JOBS_CHECKED:
+        combinations = itertools.product(*(values[i] for i in indices))
+        return [dict(zip(indices, combination, strict=True)) for combination in combinations]
+    firsts = {i: values[i][0] for i in indices}
+    return [firsts] + [{**firsts, i: value} for i in indices for value in values[i][1:]]
 
 
 def _check_sweep_jobs(
-    config_dir: Path, config_name: str, overrides: list[Override], check_job: Callable[[Any], None]
+    config_dir: Path,
+    config_name: str,
+    overrides: list[Override],
+    values: dict[int, list[str]],
+    check_job: Callable[[Any], None],
 ) -> None:
-    """``check_job`` on the composed config of each of a sweep's jobs (:func:`_sweep_jobs`).
+    """``check_job`` on the composed config of each of a sweep's jobs (:func:`_sweep_jobs`), Hydra's
+    own settings included (a ``+tag=a,b`` that ``hydra.sweep.subdir=${tag}`` reads is a setting).
 
     Raises:
         ValueError: the first refusal, as ``the sweep's job with <its values>: <message>``.
     """
-    fixed = [override.input_line for override in overrides if not override.is_sweep_override()]
-    for job in _sweep_jobs([override for override in overrides if override.is_sweep_override()]):
+    for chosen in _sweep_jobs(values):
+        job = _job_overrides(overrides, chosen)
         try:
-            cfg = _compose(config_dir, config_name, job + fixed)
+            cfg = _compose(config_dir, config_name, job, with_hydra=True)
             check_job(cfg)
         except OmegaConfBaseException:  # a ${...} only the job resolves (${hydra:...}): its own check
             continue
         except (TypeError, ValueError) as err:
-            raise ValueError(f"the sweep's job with {' '.join(job)}: {err}") from err
+            named = " ".join(job[i] for i in sorted(chosen))
+            raise ValueError(f"the sweep's job with {named}: {err}") from err
         except Exception:  # noqa: BLE001 -- Hydra composes again in the job and reports it its own way
             continue
 

@@ -27,7 +27,9 @@ import models.checkpoint as checkpoint_module
 import train as train_module
 from eval.cli import (
     INTERRUPTED,
+    _job_overrides,
     _sweep_jobs,
+    _sweep_values,
     check_command_line,
     check_group_options,
     check_known_settings,
@@ -611,6 +613,18 @@ def test_an_evaluation_refuses_a_misspelt_setting_in_one_line_before_hydra(tmp_p
         # 3 x 5 x 5 = 75 jobs, over MAX_SWEEP_JOBS_CHECKED: each value is still checked once.
         (["mixer=attention,mamba,hybrid_jamba", "seed=0,1,2,3,4", "optim.lr=1e-3,2e-3,3e-3,4e-3,-1"],
          "the sweep's job with mixer=attention seed=0 optim.lr=-1: optim.lr must be > 0"),
+        # A fresh-clone check of the above: a quoted value (with a comma), a range() sweep beside the
+        # bad value, and a key given earlier on the command line, which the sweep's later value overrides.
+        (["mixer.settings.attention.pos_emb=rope,'rop,e'"],
+         "the sweep's job with mixer.settings.attention.pos_emb='rop,e': attention: unknown pos_emb 'rop,e'"),
+        (["seed=range(0,2)", "optim.lr=1e-3,abc"], "the sweep's job with seed=0 optim.lr=abc: optim.lr must"),
+        (["trainer.val_check_interval=3", "trainer.val_check_interval=3,0"],
+         "the sweep's job with trainer.val_check_interval=0: trainer.val_check_interval must be >= 1"),
+        # Lightning's refusals when it builds the Trainer: the devices, the time limit.
+        (["trainer.devices=1,0"],
+         "the sweep's job with trainer.devices=0: trainer settings: `Trainer(devices=0)`"),
+        (["+trainer.max_time=00:00:05:00,abc"],
+         "the sweep's job with +trainer.max_time=abc: trainer.max_time must be DD:HH:MM:SS (e.g. "),
     ],
 )  # fmt: skip
 def test_a_sweeps_bad_value_is_refused_before_any_job_runs(argv, message):
@@ -624,13 +638,18 @@ def test_a_sweeps_bad_value_is_refused_before_any_job_runs(argv, message):
 
 
 def test_sweep_jobs_checked_cover_every_value():
-    overrides = OverridesParser.create().parse_overrides(["a=1,2", "b=x,y,z"])
-    assert list(_sweep_jobs(overrides)) == [
-        ["a=1", "b=x"], ["a=1", "b=y"], ["a=1", "b=z"], ["a=2", "b=x"], ["a=2", "b=y"], ["a=2", "b=z"]
-    ]
-    many = OverridesParser.create().parse_overrides(["a=" + ",".join(map(str, range(9))), "b=0,1,2,3,4,5,6,7,8"])
-    jobs = list(_sweep_jobs(many))  # 81 > MAX_SWEEP_JOBS_CHECKED: each value once, the others at their first
-    assert len(jobs) == 17 and jobs[0] == ["a=0", "b=0"] and jobs[8] == ["a=8", "b=0"] and jobs[16] == ["a=0", "b=8"]
+    overrides = OverridesParser.create().parse_overrides(["a=1,2", "c=5", "b=x,'y,z'"])
+    values = _sweep_values(overrides)
+    assert values == {0: ["1", "2"], 2: ["x", "'y,z'"]}  # as Hydra's basic sweeper writes them
+    jobs = [{0: "1", 2: "x"}, {0: "1", 2: "'y,z'"}, {0: "2", 2: "x"}, {0: "2", 2: "'y,z'"}]
+    assert _sweep_jobs(values) == jobs
+    assert _job_overrides(overrides, {0: "2", 2: "x"}) == ["a=2", "c=5", "b=x"]
+    many = {0: [str(v) for v in range(9)], 1: [str(v) for v in range(9)]}
+    jobs = _sweep_jobs(many)  # 81 > MAX_SWEEP_JOBS_CHECKED: each value once, the others at their first
+    assert len(jobs) == 17 and jobs[0] == {0: "0", 1: "0"} and jobs[8] == {0: "8", 1: "0"}
+    assert jobs[16] == {0: "0", 1: "8"}
+    assert _sweep_values(OverridesParser.create().parse_overrides(["a=range(0,3)"])) == {0: ["0", "1", "2"]}
+    assert _sweep_values(OverridesParser.create().parse_overrides(["mixer=glob(*)"])) is None
 
 
 @pytest.mark.parametrize(
@@ -641,6 +660,12 @@ def test_sweep_jobs_checked_cover_every_value():
         ["experiment=zoology_mqar", "trainer.max_steps=5", "data.seqlen=64"],  # the experiment's keys
         ["-m", "mixer=attention,mamba", "++mixer.settings.attention.pos_emb=learned", "optim.lr=1e-3,3e-3"],
         ["-m", "mixer=glob(*)", "trainer.max_step=3"],  # a glob: left to Hydra
+        # Valid sweeps a fresh-clone check saw refused or crash: a '+' key that Hydra's sweep subdir
+        # reads, and quoted string values.
+        ["-m", "+tag=a,b", "hydra.sweep.subdir=${tag}"],
+        ["-m", "logger.wandb.project='x','y'"],
+        ["-m", "logger.wandb.project='a,b',c"],
+        ["-m", "+trainer.max_time=00:00:05:00,{minutes:5}"],
         ["--cfg", "job", "data=text", "data.path=x.txt", "+tag=a", "hydra.job.name=${tag}"],
         ["hydra.run.dir=/tmp/x", "+hydra.job.env_set.FOO=1", "hydra.job.env_set={}", "hydra.verbose=true"],
     ],
