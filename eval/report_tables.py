@@ -446,7 +446,7 @@ def best_lr_tables(groups: list[LrGroup]) -> list[Table]:
 def _cell(groups: list[LrGroup]) -> str:
     if not groups:
         return NO_RECORD
-    ordered = sorted(groups, key=lambda g: (g.best.params or 0, g.best.batch_size or 0, g.best.settings))
+    ordered = sorted(groups, key=lambda g: (g.best.params or 0, g.best.batch_size or 0, _settings_order(g)))
     many = len(groups) > 1
     with_batch = many and len({g.best.batch_size for g in groups}) > 1
     labels = differing_settings([dict(g.best.settings) for g in ordered])
@@ -456,16 +456,32 @@ def _cell(groups: list[LrGroup]) -> str:
     )
 
 
+def _settings_order(group: LrGroup) -> tuple:
+    """A group's settings as a sort key: numbers by value (window 4 before 16), then text."""
+
+    def key(text: str) -> tuple:
+        value = json.loads(text)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        return (0, value, "") if number else (1, 0, text)
+
+    return tuple((name, key(text)) for name, text in group.best.settings)
+
+
 def differing_settings(settings: list[dict[str, str]]) -> list[str]:
     """For the settings of groups that share a table cell (``{name: JSON text}``), each group's
-    values of the settings that differ among them, as ``name=value`` joined by spaces (a name by its
-    last part where that is unambiguous: ``window=1000``); "" for a group where none differs."""
-    names = sorted({name for one in settings for name in one})
-    differ = [name for name in names if len({one.get(name) for one in settings}) > 1]
+    values of the settings that all of them record and that differ among them, as ``name=value``
+    joined by spaces (a name by its last part where that is unambiguous: ``window=1000``); "" for a
+    group where none differs, ``settings not recorded`` for a group whose records predate them
+    (beside groups that have them)."""
+    recorded = [one for one in settings if one]
+    names = sorted(set.intersection(*(set(one) for one in recorded))) if recorded else []
+    differ = [name for name in names if len({one[name] for one in recorded}) > 1]
     last = [name.rsplit(".", 1)[-1] for name in differ]
     shown = [short if last.count(short) == 1 else name for name, short in zip(differ, last, strict=True)]
     return [
-        " ".join(f"{label}={one.get(name, '?')}" for name, label in zip(differ, shown, strict=True))
+        " ".join(f"{label}={one[name]}" for name, label in zip(differ, shown, strict=True))
+        if one
+        else ("settings not recorded" if recorded else "")
         for one in settings
     ]
 

@@ -303,7 +303,7 @@ def check_record(rec: Any, where: str) -> bool:
 def record_paths(given: list[str]) -> list[str]:
     """The files ``records=`` names: paths as given (``~`` expanded), glob patterns expanded to the
     ``.json`` files they match, sorted (``decode-*.json``, ``runs/**/decode*.json``), as
-    eval/report.py's ``runs=`` takes them.
+    eval/report.py's ``runs=`` takes them; a file named twice (by a pattern and by its path) once.
 
     Raises:
         FileNotFoundError: a pattern that matches no ``.json`` file.
@@ -320,7 +320,10 @@ def record_paths(given: list[str]) -> list[str]:
                 f"records pattern {entry!r} matches no .json file; pass files written by eval/decode.py"
             )
         paths += matches
-    return paths
+    unique: dict[Path, str] = {}
+    for path in paths:
+        unique.setdefault(Path(path).resolve(), path)
+    return list(unique.values())
 
 
 def load_records(paths: list[str]) -> list[dict[str, Any]]:

@@ -1052,16 +1052,17 @@ def test_best_over_lr_keeps_runs_of_other_settings_apart(grid, tmp_path):
         path = grid / f"mamba-d64-lr{lr}" / "results" / "train.json"
         write_json(path, [r | {"settings": settings(16, 0)} for r in json.loads(path.read_text())])
     for lr, acc in zip(LRS, (0.3, 0.8), strict=True):
-        run = f"mamba-d64-lr{lr}-state64"
+        run = f"mamba-d64-lr{lr}-state4"
         records = sweep_records(run, "mamba", 64, lr, {"T64_kv4": (64, acc)})
-        records = [r | {"settings": settings(64, 0)} for r in records]
+        records = [r | {"settings": settings(4, 0)} for r in records]
         write_json(grid / run / "results" / "train.json", records)
     rep = make_report(f"[{grid}]", tmp_path / "out")
     table = next(t for t in rep.tables if t.title.startswith("Best"))
     params = f"{PARAMS['mamba']:,} params"
     assert table.rows[1] == [
         "mamba",
-        f"d_state=16: 0.600 (lr 2.2e-3, 2 lrs, {params}); d_state=64: 0.800 (lr 2.2e-3, 2 lrs, {params})",
+        # by value, 4 before 16 (a fresh-clone check saw "16" first: the JSON texts' order)
+        f"d_state=4: 0.800 (lr 2.2e-3, 2 lrs, {params}); d_state=16: 0.600 (lr 2.2e-3, 2 lrs, {params})",
         "no record",
     ]
     assert not any("share a learning rate" in n for n in rep.notes)
@@ -1070,6 +1071,11 @@ def test_best_over_lr_keeps_runs_of_other_settings_apart(grid, tmp_path):
              {"a.seed": "1", "b.seed": "2", "x": "2"}]  # fmt: skip
     assert differing_settings(three) == ["a.seed=0 b.seed=1", "a.seed=0 b.seed=2", "a.seed=1 b.seed=2"]
     assert differing_settings([{"x": "1"}, {"x": "1"}]) == ["", ""]
+    # Records from before train.py recorded settings, beside newer ones (a fresh-clone check got
+    # every setting of the newer groups listed, and "x=?" for each of the old one's).
+    mixed = [{}, {"a": "1", "b": "2", "c": "0"}, {"a": "1", "b": "3"}]
+    assert differing_settings(mixed) == ["settings not recorded", "b=2", "b=3"]
+    assert differing_settings([{}, {}]) == ["", ""]
 
 
 def test_best_over_lr_with_bad_or_missing_learning_rates(grid, tmp_path):

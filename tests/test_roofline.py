@@ -217,6 +217,9 @@ def test_records_take_glob_patterns(cfg, tmp_path):
     assert [r["mixer"] for r in records] == ["attention", "mamba"]
     everything = rl.record_paths([str(tmp_path / "**" / "*.json")])
     assert everything == sorted(str(p) for p in tmp_path.glob("*.json"))
+    # A file named by a pattern and by its path is read once (a fresh-clone check got its rows twice).
+    twice = [str(tmp_path / "decode-*.json"), str(tmp_path / "decode-mamba-tiny.json")]
+    assert [r["mixer"] for r in rl.load_records(twice)] == ["attention", "mamba"]
     missing = r"records pattern '.*nothing-\*\.json' matches no \.json file"
     with pytest.raises(FileNotFoundError, match=missing):
         rl.load_records([str(tmp_path / "nothing-*.json")])
