@@ -222,6 +222,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # too; a new run compares no count.
     with trainer_settings_errors():
         world_size = resolved_world_size(trainer_cfg)
+    check_val_batches(dm, trainer_cfg.get("limit_val_batches"), world_size)
     settings = run_settings(
         {"data": hparams["data"], "optim": hparams["optim"], "trainer": trainer_cfg, "seed": cfg.seed},
         model_config,
@@ -458,6 +459,30 @@ def check_sweep_job(cfg: DictConfig) -> None:
         LanguageModel(build_model_config(cfg, STAND_IN_VOCAB_SIZE))
     with trainer_settings_errors():  # trainer.devices=0, an accelerator this machine lacks
         resolved_world_size(OmegaConf.to_container(cfg.trainer, resolve=True))
+
+
+def check_val_batches(dm, limit: Any, world_size: int) -> None:
+    """Refuse a fractional ``trainer.limit_val_batches`` that leaves a validation slice no batch:
+    Lightning checks it only when validation starts, after a whole interval of training, and fails
+    with a traceback. The batches per process are counted as at least ``ceil(batches / world_size)``,
+    so a run Lightning would accept is never refused here.
+
+    Raises:
+        ValueError: ``limit * batches < 1`` for a slice, naming it and what to set.
+    """
+    if not isinstance(limit, float) or not 0 < limit < 1:
+        return
+    loaders = dm.val_dataloader()
+    loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
+    names = list(getattr(dm, "slice_names", [])) or [f"slice {i}" for i in range(len(loaders))]
+    for name, loader in zip(names, loaders, strict=False):
+        batches = math.ceil(len(loader) / world_size)
+        if int(limit * batches) < 1:
+            raise ValueError(
+                f"trainer.limit_val_batches={limit} of the {batches} validation batch(es) of {name} "
+                f"(a process) is less than one batch, which Lightning refuses when validation starts; "
+                f"raise it to at least {1 / batches:.3g} (1.0: all), or validate on more examples"
+            )
 
 
 def slice_lengths(dm, slice_names: list[str], train_seqlen: int) -> dict[str, int]:

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -1151,6 +1152,21 @@ def test_bad_trainer_and_optim_settings_fail_before_training(tmp_path, override,
     with pytest.raises(error, match=re.escape(message)):
         train_module.train(cfg)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_validation_fraction_below_one_batch_is_refused_before_training():
+    """Found by a fresh-clone check: trainer.limit_val_batches=0.5 of one batch trained a whole
+    interval, then Lightning failed with a traceback at validation."""
+    dm = types.SimpleNamespace(slice_names=["T64_kv4", "T128_kv8"], val_dataloader=lambda: [[0, 1], [0]])
+    message = "trainer.limit_val_batches=0.5 of the 1 validation batch(es) of T128_kv8 (a process) is less"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train_module.check_val_batches(dm, 0.5, world_size=1)
+    train_module.check_val_batches(dm, 1.0, world_size=1)  # all batches
+    train_module.check_val_batches(dm, 1, world_size=1)  # a batch count: Lightning takes min(1, batches)
+    with pytest.raises(ValueError, match=r"of the 1 validation batch\(es\) of T64_kv4"):  # 2 processes
+        train_module.check_val_batches(dm, 0.6, world_size=2)
+    one_loader = types.SimpleNamespace(val_dataloader=lambda: range(4))  # 4 batches: 0.5 keeps 2
+    train_module.check_val_batches(one_loader, 0.5, world_size=1)
 
 
 @pytest.mark.parametrize("logger,csv", [("csv", True), ("none", False)])
