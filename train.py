@@ -1210,7 +1210,9 @@ def check_trainer_settings(cfg: DictConfig) -> None:
     if precision is not None and (not isinstance(precision, (int, str)) or isinstance(precision, bool)
                                   or precision not in allowed):  # fmt: skip
         named = ", ".join(str(value) for value in allowed if isinstance(value, str))
-        raise ValueError(f"trainer.precision must be one of Lightning's precisions ({named}), got {precision!r}")
+        raise ValueError(
+            f"trainer.precision must be one of Lightning's precisions ({named}), got {precision!r}"
+        )
     every = trainer.get("check_val_every_n_epoch")
     if every is not None and integer("trainer.check_val_every_n_epoch", every) < 1:
         raise ValueError(f"trainer.check_val_every_n_epoch must be null or >= 1, got {every}")
@@ -1695,7 +1697,11 @@ def run_from_command_line() -> None:
     """
     with user_errors():  # before Hydra, whose own messages run over several lines
         check_command_line(
-            sys.argv[1:], "train", hints=SETTING_HINTS, settings=lightning_settings(), check_job=check_sweep_job
+            sys.argv[1:],
+            "train",
+            hints=SETTING_HINTS,
+            settings=lightning_settings(),
+            check_job=check_sweep_job,
         )
     try:
         # A SIGTERM (kill, timeout, a scheduler) before training ends the run as Ctrl+C does: one

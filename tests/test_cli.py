@@ -605,11 +605,13 @@ def test_an_evaluation_refuses_a_misspelt_setting_in_one_line_before_hydra(tmp_p
     "argv,message",
     [
         (["optim.lr=1e-3,abc"], "the sweep's job with optim.lr=abc: optim.lr must be a number, got 'abc'"),
-        (["trainer.max_steps=3,-5"], "the sweep's job with trainer.max_steps=-5: trainer.max_steps must be -1 "),
+        (["trainer.max_steps=3,-5"],
+         "the sweep's job with trainer.max_steps=-5: trainer.max_steps must be -1 "),
         (["data.seqlen=64,63"], "the sweep's job with data.seqlen=63: data.seqlen must be even "),
         # A mixer's value, seen only in the jobs that build that mixer.
         (["mixer=attention,mamba", "++mixer.settings.mamba.d_state=8,0"],
-         "the sweep's job with mixer=mamba ++mixer.settings.mamba.d_state=0: mamba: d_state must be > 0, got 0"),
+         "the sweep's job with mixer=mamba ++mixer.settings.mamba.d_state=0: mamba: d_state must be > 0, "
+         "got 0"),
         # 3 x 5 x 5 = 75 jobs, over MAX_SWEEP_JOBS_CHECKED: each value is still checked once.
         (["mixer=attention,mamba,hybrid_jamba", "seed=0,1,2,3,4", "optim.lr=1e-3,2e-3,3e-3,4e-3,-1"],
          "the sweep's job with mixer=attention seed=0 optim.lr=-1: optim.lr must be > 0"),

@@ -1177,7 +1177,8 @@ def test_wandb_can_be_enabled_from_every_logger_option(tmp_path, logger, csv):
     train_module.check_logger_settings(cfg.logger)
     loggers = train_module._loggers(cfg, tmp_path, "run")
     assert [type(one).__name__ for one in loggers] == ["CSVLogger"] * csv + ["WandbLogger"]
-    assert (cfg.logger.wandb.mode, cfg.logger.wandb.project, list(cfg.logger.wandb.tags)) == ("offline", "mixerlab", [])
+    wandb = cfg.logger.wandb
+    assert (wandb.mode, wandb.project, list(wandb.tags)) == ("offline", "mixerlab", [])
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "32-true", "16", "32", "bf16"])
