@@ -537,13 +537,17 @@ def _chunk_z_program(
     K, Z_IN, ZC, ZSTATES, Z_OUT, pid_d, head, bh, stride_kb, stride_kt, stride_kh, stride_kd,
     stride_zb, stride_zh, stride_zd, batch, T, D_DIM,
     HAS_Z_IN: tl.constexpr, STORE_Z: tl.constexpr, ACC: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, Z_STEP: tl.constexpr,
 ):  # fmt: skip
     """z before each chunk for rows offs_d of K: ZC[bh, c] (D, 2) = z_c as a (hi, lo) pair in K's dtype
     (lo = z_c - hi, zero for fp32 / fp64), ZSTATES[bh, c] (D,) = z_c in ACC with STORE_Z, Z_OUT[bh]
-    the total; z_0 = Z_IN (or 0). The sums run on the tensor cores (K_c^T times ones, as the state
-    kernel's z): the (BLOCK_D, 16) accumulator holds z in every column, so the pair and the stores
-    are elementwise, with no reduction on the sequential path."""
+    the total; z_0 = Z_IN (or 0). The sums run on the tensor cores, Z_STEP chunks a step: K^T of the
+    step's (Z_STEP * BLOCK_T) tokens times an indicator whose column j marks the tokens of the step's
+    chunks before its j-th gives, added to z (held in every column of a (BLOCK_D, 16) accumulator),
+    z before each of the step's chunks in its own column, and K^T times ones moves z past the step.
+    Neither product reads z, so the chain from step to step is one addition, not a product, and a
+    program walks cdiv(n_chunks, Z_STEP) steps (a chain of dependent loads and products per chunk
+    was what the z programs' time was made of)."""
     n_chunks = tl.cdiv(T, BLOCK_T)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     d_mask = offs_d < D_DIM
@@ -552,24 +556,27 @@ def _chunk_z_program(
     if HAS_Z_IN:
         z_in = tl.load(Z_IN + batch * stride_zb + head * stride_zh + offs_d * stride_zd, mask=d_mask, other=0.0)
         z_acc += z_in.to(ACC)[:, None]
-    ones = tl.full([BLOCK_T, 16], 1.0, dtype=K.dtype.element_ty)
-    pair_mask = d_mask[:, None] & (z_cols[None, :] < 2)
+    rows = tl.arange(0, Z_STEP * BLOCK_T)
+    before = ((rows // BLOCK_T)[:, None] < z_cols[None, :]).to(K.dtype.element_ty)  # (Z_STEP * BLOCK_T, 16)
+    ones = tl.full([Z_STEP * BLOCK_T, 16], 1.0, dtype=K.dtype.element_ty)
     first = d_mask[:, None] & (z_cols[None, :] == 0)
     k_base = K + batch * stride_kb + head * stride_kh
-    for chunk in range(0, n_chunks):
-        offs_t = chunk * BLOCK_T + tl.arange(0, BLOCK_T)
-        hi = z_acc.to(ZC.dtype.element_ty)
-        pair = tl.where(z_cols[None, :] == 0, hi, (z_acc - hi.to(ACC)).to(ZC.dtype.element_ty))
-        tl.store(ZC + ((bh * n_chunks + chunk) * D_DIM + offs_d[:, None]) * 2 + z_cols[None, :], pair,
-                 mask=pair_mask)  # fmt: skip
-        if STORE_Z:
-            tl.store(ZSTATES + (bh * n_chunks + chunk) * D_DIM + offs_d[:, None] + z_cols[None, :], z_acc,
-                     mask=first)  # fmt: skip
+    for step in range(0, tl.cdiv(n_chunks, Z_STEP)):
+        offs_t = step * Z_STEP * BLOCK_T + rows
         k_t = tl.load(
             k_base + offs_d[:, None] * stride_kd + offs_t[None, :] * stride_kt,
             mask=d_mask[:, None] & (offs_t < T)[None, :], other=0.0
-        )  # (BLOCK_D, BLOCK_T): K_c^T through its strides
-        z_acc = tl.dot(k_t, ones, z_acc, input_precision=DOT_PRECISION, out_dtype=ACC)
+        )  # (BLOCK_D, Z_STEP * BLOCK_T): K^T of the step through its strides
+        z_c = z_acc + tl.dot(k_t, before, input_precision=DOT_PRECISION, out_dtype=ACC)  # column j: chunk j's z
+        chunk = step * Z_STEP + z_cols
+        col_mask = d_mask[:, None] & ((z_cols < Z_STEP) & (chunk < n_chunks))[None, :]
+        hi = z_c.to(ZC.dtype.element_ty)
+        zc_ptr = ZC + ((bh * n_chunks + chunk[None, :]) * D_DIM + offs_d[:, None]) * 2
+        tl.store(zc_ptr, hi, mask=col_mask)
+        tl.store(zc_ptr + 1, (z_c - hi.to(ACC)).to(ZC.dtype.element_ty), mask=col_mask)
+        if STORE_Z:
+            tl.store(ZSTATES + (bh * n_chunks + chunk[None, :]) * D_DIM + offs_d[:, None], z_c, mask=col_mask)
+        z_acc += tl.dot(k_t, ones, input_precision=DOT_PRECISION, out_dtype=ACC)
     tl.store(Z_OUT + bh * D_DIM + offs_d[:, None] + z_cols[None, :], z_acc, mask=first)
 
 
@@ -583,6 +590,7 @@ def linear_attention_segment_kernel(
     HAS_Z: tl.constexpr, CHUNK_Z: tl.constexpr, HAS_Z_IN: tl.constexpr, STORE_Z: tl.constexpr,
     FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, Z_BLOCK_D: tl.constexpr,
+    Z_STEP: tl.constexpr,
 ):  # fmt: skip
     """SEG[bh, g] = sum over the chunks of segment g of K_c^T V_c (and ZSEG[bh, g] = the sum of those
     rows of K with HAS_Z), in the accumulator dtype, for the ``n_prev`` = n_seg - 1 first segments
@@ -604,7 +612,7 @@ def linear_attention_segment_kernel(
         _chunk_z_program(
             K, Z_IN, ZC, ZSTATES, Z_OUT, pid - n_kv, head, bh, stride_kb, stride_kt, stride_kh, stride_kd,
             stride_zb, stride_zh, stride_zd, batch, T, D_DIM, HAS_Z_IN, STORE_Z, ACC, DOT_PRECISION,
-            BLOCK_T, Z_BLOCK_D,
+            BLOCK_T, Z_BLOCK_D, Z_STEP,
         )  # fmt: skip
     else:
         pid_e = pid % n_e
@@ -1187,6 +1195,9 @@ CHUNK_Z_MIN_K = 128
 # against 63 with 64 at 3 stages).
 CHUNK_Z_BLOCK_D = 32
 
+# Chunks a z program of the segment kernel sums in one step (see _chunk_z_program): a power of two, at most 16.
+CHUNK_Z_STEP = 4
+
 # Pipeline stages of the segment kernel for 16-bit inputs. Its programs only load and accumulate,
 # so the depth of loads in flight sets their time: at B2 T8192 H16 K=V=128 (H200, 2026-12-05, bf16)
 # unnormalised 37.2 / 30.0 / 27.2 / 24.2 / 23.2 us with 3 / 4 / 5 / 6 / 8 stages (the forward
@@ -1292,7 +1303,7 @@ def _fused_forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, 
             num_heads, seqlen, k_dim, v_dim, chunks_per_seg, n_seg - 1,
             HAS_Z=normalize and not chunk_z, CHUNK_Z=chunk_z, HAS_Z_IN=z0 is not None,
             STORE_Z=zstates is not None, FP64=fp64, DOT_PRECISION=dot_precision, BLOCK_T=chunk,
-            BLOCK_D=block_d, BLOCK_E=block_e, Z_BLOCK_D=z_block_d, num_warps=num_warps,
+            BLOCK_D=block_d, BLOCK_E=block_e, Z_BLOCK_D=z_block_d, Z_STEP=CHUNK_Z_STEP, num_warps=num_warps,
             num_stages=segment_stages(q.dtype, num_stages),
         )  # fmt: skip
     # With z loaded (loads_chunk_z) the fused forward stores S_{c+1} after its update at the end of chunk
