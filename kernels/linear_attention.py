@@ -545,9 +545,8 @@ def _chunk_z_program(
     step's (Z_STEP * BLOCK_T) tokens times an indicator whose column j marks the tokens of the step's
     chunks before its j-th gives, added to z (held in every column of a (BLOCK_D, 16) accumulator),
     z before each of the step's chunks in its own column, and K^T times ones moves z past the step.
-    Neither product reads z, so the chain from step to step is one addition, not a product, and a
-    program walks cdiv(n_chunks, Z_STEP) steps (a chain of dependent loads and products per chunk
-    was what the z programs' time was made of)."""
+    Neither product reads z, so the chain from step to step is one addition, not a product, over
+    cdiv(n_chunks, Z_STEP) steps (CHUNK_Z_STEP gives the timings)."""
     n_chunks = tl.cdiv(T, BLOCK_T)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     d_mask = offs_d < D_DIM
@@ -567,7 +566,8 @@ def _chunk_z_program(
             k_base + offs_d[:, None] * stride_kd + offs_t[None, :] * stride_kt,
             mask=d_mask[:, None] & (offs_t < T)[None, :], other=0.0
         )  # (BLOCK_D, Z_STEP * BLOCK_T): K^T of the step through its strides
-        z_c = z_acc + tl.dot(k_t, before, input_precision=DOT_PRECISION, out_dtype=ACC)  # column j: chunk j's z
+        # column j: z before the step's chunk j
+        z_c = z_acc + tl.dot(k_t, before, input_precision=DOT_PRECISION, out_dtype=ACC)
         chunk = step * Z_STEP + z_cols
         col_mask = d_mask[:, None] & ((z_cols < Z_STEP) & (chunk < n_chunks))[None, :]
         hi = z_c.to(ZC.dtype.element_ty)
@@ -1189,13 +1189,17 @@ def uses_fused_forward(k_dim: int, v_dim: int) -> bool:
 CHUNK_Z_MIN_K = 128
 
 # Rows of K a z program of the segment kernel sums (see _chunk_z_program). Each program walks every
-# chunk of its sequence in order, so its time is the chain of chunk loads, not the bytes; the width
-# sets how many programs share that latency (H200, 2026-12-05, bf16, B2 T8192 H16 K=V=128: the
-# segment kernel 41 us with 32 rows against 52 with 64 and 71 with 16 at 6 stages; 91 with 128
-# against 63 with 64 at 3 stages).
+# chunk of its sequence in order; the width sets how many programs share that walk (H200, 2026-12-05,
+# bf16, B2 T8192 H16 K=V=128, one chunk a step: the segment kernel 41 us with 32 rows against 52 with
+# 64 and 71 with 16 at 6 stages; 91 with 128 against 63 with 64 at 3 stages).
 CHUNK_Z_BLOCK_D = 32
 
-# Chunks a z program of the segment kernel sums in one step (see _chunk_z_program): a power of two, at most 16.
+# Chunks a z program sums in one step (see _chunk_z_program): a power of two, at most 16. On an H100
+# (2026-12-05, bf16, B2 T8192 H16 K=V=128, CUDA-graph GPU time, 5 interleaved rounds in one process)
+# the normalised forward storing states took 0.230 / 0.210 / 0.216 / 0.210 ms with 1 / 2 / 4 / 8 chunks
+# a step (the segment kernel 67 / 56 / 60 / 57 us, torch.profiler), against 0.175 unnormalised; without
+# states 0.171 with 1 and 0.174 with 4. Four: within 3% of the fastest step, and the one the GPU
+# suite passed with (70 of 70 on that H100; 2 and 8 were not run there).
 CHUNK_Z_STEP = 4
 
 # Pipeline stages of the segment kernel for 16-bit inputs. Its programs only load and accumulate,

@@ -774,6 +774,17 @@ def test_fused_forward_normaliser_paths(monkeypatch, chunk_z, v_dim, layout):
     assert_linear_accuracy(q, k, v, state, normalize=True)
 
 
+@pytest.mark.parametrize("z_step", [1, 2, 8])
+def test_chunk_z_steps(monkeypatch, z_step):
+    # The z programs sum CHUNK_Z_STEP chunks a step (4 in the other tests): one a step, a step that
+    # leaves a ragged last step (5 chunks in steps of 2) and one longer than the sequence (8 > 5),
+    # against the float64 reference with an initial state, forward and backward.
+    monkeypatch.setattr(la, "CHUNK_Z_STEP", z_step)
+    assert la.loads_chunk_z(torch.float32, 80)
+    q, k, v, state = make_inputs(1, 70, 1, 80, 24, torch.float32, normalize=True, init=True)
+    assert_linear_accuracy(q, k, v, state, normalize=True)
+
+
 @pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
 @pytest.mark.parametrize("k_dim", [16, 80], ids=["K16", "K80"])
 def test_forward_without_grad_matches_training_forward(normalize, k_dim):
