@@ -136,6 +136,13 @@ def build_model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
 
 
 def _loggers(cfg: DictConfig, run_dir: Path, run_name: str) -> list:
+    """The run's Lightning loggers (CSV, W&B) as ``cfg.logger`` enables them; W&B is left out, with a
+    note, where wandb is not installed. An online W&B run is started here, before training, so that
+    W&B's refusal (no API key, no connection) is one line (:func:`_start_wandb_run`).
+
+    Raises:
+        ValueError: W&B could not start an online run.
+    """
     loggers = []
     if cfg.logger.csv.enabled:
         loggers.append(L.pytorch.loggers.CSVLogger(save_dir=str(run_dir), name="csv", version=""))
@@ -158,7 +165,32 @@ def _loggers(cfg: DictConfig, run_dir: Path, run_name: str) -> list:
             )
         except ModuleNotFoundError:
             log.info("wandb is not installed: logging to CSV only (pip install wandb, or use logger=csv)")
+        else:
+            if cfg.logger.wandb.mode == "online":
+                _start_wandb_run(loggers[-1])
     return loggers
+
+
+def _start_wandb_run(logger: Any) -> None:
+    """Start the W&B run of an online ``WandbLogger`` now (on the global rank 0; Lightning gives the
+    other ranks a stand-in). Lightning would start it at fit, where W&B's refusal (no API key: a
+    ``wandb.errors.UsageError``; W&B unreachable: a ``CommError``) came as a traceback.
+
+    Raises:
+        ValueError: W&B's message, with the fixes: ``wandb login`` (or WANDB_API_KEY), or
+            ``logger.wandb.mode=offline`` and ``wandb sync`` later.
+    """
+    import wandb
+
+    try:
+        logger.experiment  # noqa: B018 (the property starts the run)
+    except (wandb.errors.UsageError, wandb.errors.CommError) as err:
+        message = " ".join(str(err).split()).rstrip(".")
+        raise ValueError(
+            f"W&B could not start an online run ({message}); log in with `wandb login` (or set "
+            "WANDB_API_KEY), or log offline with logger.wandb.mode=offline and upload the run later with "
+            "`wandb sync`"
+        ) from err
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:

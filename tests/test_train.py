@@ -1181,6 +1181,22 @@ def test_wandb_can_be_enabled_from_every_logger_option(tmp_path, logger, csv):
     assert (wandb.mode, wandb.project, list(wandb.tags)) == ("offline", "mixerlab", [])
 
 
+def test_online_wandb_without_an_api_key_is_one_line_before_training(tmp_path, monkeypatch):
+    """Found by a new-user check: logger.wandb.mode=online without a W&B key ended in a traceback from
+    inside Lightning's fit (wandb's UsageError). The run now starts with the loggers, and W&B's
+    refusal is a ValueError naming the fixes. No key anywhere: none in the environment, no netrc
+    in a fresh HOME, no W&B settings folder."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    cfg = compose_train([*TINY, "logger=wandb", "logger.wandb.mode=online", f"run_dir={tmp_path}"])
+    with pytest.raises(ValueError, match=r"W&B could not start an online run \(.*API key.*\); log in with "
+                       r"`wandb login` \(or set WANDB_API_KEY\), or log offline with logger.wandb.mode=offline"):
+        train_module._loggers(cfg, tmp_path, "run")
+
+
 @pytest.mark.parametrize("precision", ["bf16-mixed", "32-true", "16", "32", "bf16"])
 def test_lightning_precisions_pass_the_trainer_check(precision):
     # The values are read from the Trainer's signature: a reading that lost its Literal types would
