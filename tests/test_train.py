@@ -1192,8 +1192,11 @@ def test_online_wandb_without_an_api_key_is_one_line_before_training(tmp_path, m
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
     cfg = compose_train([*TINY, "logger=wandb", "logger.wandb.mode=online", f"run_dir={tmp_path}"])
-    with pytest.raises(ValueError, match=r"W&B could not start an online run \(.*API key.*\); log in with "
-                       r"`wandb login` \(or set WANDB_API_KEY\), or log offline with logger.wandb.mode=offline"):
+    refusal = (
+        r"W&B could not start an online run \(.*API key.*\); log in with `wandb login` \(or set "
+        r"WANDB_API_KEY\), or log offline with logger.wandb.mode=offline"
+    )
+    with pytest.raises(ValueError, match=refusal):
         train_module._loggers(cfg, tmp_path, "run")
 
 
