@@ -77,6 +77,7 @@ from eval.records import (
     make_record,
     run_settings,
     training_settings,
+    wandb_start_refused,
     write_records,
 )
 from models import LanguageModel, ModelConfig
@@ -173,24 +174,14 @@ def _loggers(cfg: DictConfig, run_dir: Path, run_name: str) -> list:
 
 def _start_wandb_run(logger: Any) -> None:
     """Start the W&B run of an online ``WandbLogger`` now (on the global rank 0; Lightning gives the
-    other ranks a stand-in). Lightning would start it at fit, where W&B's refusal (no API key: a
-    ``wandb.errors.UsageError``; W&B unreachable: a ``CommError``) came as a traceback.
+    other ranks a stand-in). Lightning would start it at fit, where W&B's refusal (no API key, W&B
+    unreachable) came as a traceback.
 
     Raises:
-        ValueError: W&B's message, with the fixes: ``wandb login`` (or WANDB_API_KEY), or
-            ``logger.wandb.mode=offline`` and ``wandb sync`` later.
+        ValueError: :class:`eval.records.WandbStartRefused`, W&B's message with the fixes.
     """
-    import wandb
-
-    try:
+    with wandb_start_refused("logger.wandb.mode"):
         logger.experiment  # noqa: B018 (the property starts the run)
-    except (wandb.errors.UsageError, wandb.errors.CommError) as err:
-        message = " ".join(str(err).split()).rstrip(".")
-        raise ValueError(
-            f"W&B could not start an online run ({message}); log in with `wandb login` (or set "
-            "WANDB_API_KEY), or log offline with logger.wandb.mode=offline and upload the run later with "
-            "`wandb sync`"
-        ) from err
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:

@@ -11,13 +11,15 @@ so ``eval/report.py`` can rebuild everything offline, and are also logged to W&B
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import math
 import os
 import subprocess
+import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -390,6 +392,33 @@ def check_wandb_settings(wandb_cfg: Any, prefix: str = "wandb", keys: tuple[str,
         check_wandb_mode(wandb_cfg.mode, f"{prefix}.mode")
 
 
+class WandbStartRefused(ValueError):
+    """W&B refused to start an online run (no API key, W&B unreachable); the message names the fixes."""
+
+
+@contextlib.contextmanager
+def wandb_start_refused(option: str) -> Iterator[None]:
+    """Within the block (a ``wandb.init``, a ``WandbLogger.experiment``), wandb's refusal to start an
+    online run becomes a :class:`WandbStartRefused` whose message is wandb's in one line plus the fixes:
+    ``wandb login`` (or WANDB_API_KEY), or ``<option>=offline`` and ``wandb sync`` later. Without it the
+    refusal is a traceback from inside wandb.
+
+    Raises:
+        WandbStartRefused: from ``wandb.errors.UsageError`` (no API key) or ``wandb.errors.CommError``
+            (W&B unreachable).
+    """
+    import wandb
+
+    try:
+        yield
+    except (wandb.errors.UsageError, wandb.errors.CommError) as err:
+        message = " ".join(str(err).split()).rstrip(".")
+        raise WandbStartRefused(
+            f"W&B could not start an online run ({message}); log in with `wandb login` (or set "
+            f"WANDB_API_KEY), or log offline with {option}=offline and upload the run later with `wandb sync`"
+        ) from err
+
+
 def log_records_to_wandb(
     records: list[dict[str, Any]],
     *,
@@ -403,8 +432,8 @@ def log_records_to_wandb(
     """Log records as a W&B table in a new run (offline unless ``mode="online"``); no-op when disabled.
 
     NaN and infinite values are logged as None, as in the JSON file (:func:`finite_or_none`). A
-    missing wandb install is reported on stderr and otherwise ignored: the JSON records remain the
-    source of truth.
+    missing wandb install, or an online run W&B refuses to start (:func:`wandb_start_refused`), is
+    reported on stdout / stderr and otherwise ignored: the JSON records remain the source of truth.
     """
     if not enabled or not records:
         return
@@ -415,9 +444,19 @@ def log_records_to_wandb(
     except ImportError:
         print("wandb is not installed: records were written as JSON only")
         return
-    run = wandb.init(
-        project=project, name=name, mode=mode, dir=str(save_dir), job_type="eval", reinit="finish_previous"
-    )
+    try:
+        with wandb_start_refused("wandb.mode"):
+            run = wandb.init(
+                project=project,
+                name=name,
+                mode=mode,
+                dir=str(save_dir),
+                job_type="eval",
+                reinit="finish_previous",
+            )
+    except WandbStartRefused as err:
+        print(f"warning: {err}; the records were written as JSON only", file=sys.stderr)
+        return
     try:
         columns = sorted({k for r in records for k in r})
         rows = [

@@ -88,7 +88,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from data import DATAMODULES
 from eval.cli import CONF_DIR, check_command_line, check_known_settings, user_errors
-from eval.records import check_creatable_dir, check_flag, check_wandb_settings
+from eval.records import (
+    WandbStartRefused,
+    check_creatable_dir,
+    check_flag,
+    check_wandb_settings,
+    wandb_start_refused,
+)
 from eval.report_plots import PLOTS, plot_points
 from eval.report_tables import (
     COUNT_FIELDS,
@@ -833,8 +839,9 @@ def log_report_to_wandb(report: Report, *, enabled: bool, project: str, mode: st
     (``<plot>/points``, ``<plot>/scatter``) and each PNG as a ``wandb.Image``.
 
     Returns:
-        True when logged; False when disabled or wandb is not installed (reported on stdout; the
-        files remain the report).
+        True when logged; False when disabled, wandb is not installed (reported on stdout) or W&B
+        refuses to start an online run (:func:`eval.records.wandb_start_refused`, reported on stderr);
+        the files remain the report.
     """
     if not enabled:
         return False
@@ -843,14 +850,19 @@ def log_report_to_wandb(report: Report, *, enabled: bool, project: str, mode: st
     except ImportError:
         print("wandb is not installed: the report was written as files only")
         return False
-    run = wandb.init(
-        project=project,
-        name=name,
-        mode=mode,
-        dir=str(report.out),
-        job_type="report",
-        reinit="finish_previous",
-    )
+    try:
+        with wandb_start_refused("wandb.mode"):
+            run = wandb.init(
+                project=project,
+                name=name,
+                mode=mode,
+                dir=str(report.out),
+                job_type="report",
+                reinit="finish_previous",
+            )
+    except WandbStartRefused as err:
+        print(f"warning: {err}; the report was written as files only", file=sys.stderr)
+        return False
     try:
         log: dict[str, Any] = {}
         for table in report.tables:

@@ -1,6 +1,7 @@
 """Shared test helpers: composing the shipped Hydra configs; reading a run's CSV metrics; a mixer run
 against forced reference ops; the GPU marker, dtype ids and forced autotune configs of the kernel tests;
-stand-ins for Triton's compiled kernels that let the decode steps' replayed launches run on CPU."""
+stand-ins for Triton's compiled kernels that let the decode steps' replayed launches run on CPU; a
+W&B setup without an API key."""
 
 from __future__ import annotations
 
@@ -28,6 +29,16 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 def dtype_id(dtype: torch.dtype) -> str:
     """Test id of a dtype: ``"bfloat16"`` for ``torch.bfloat16``."""
     return str(dtype).removeprefix("torch.")
+
+
+def without_wandb_key(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """No W&B API key anywhere for the test: none in the environment, no netrc (``home`` as HOME and
+    an absent NETRC file), no W&B settings folder; W&B's mode left to the caller."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(home / "wandb-config"))
+    monkeypatch.setenv("NETRC", str(home / "netrc"))
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO_ROOT, compose_eval, compose_train
+from helpers import REPO_ROOT, compose_eval, compose_train, without_wandb_key
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
@@ -43,7 +43,7 @@ from eval.decode import decode_eval
 from eval.long_context import long_context_eval
 from eval.perplexity import perplexity_eval
 from eval.recall import recall_eval
-from eval.records import check_output, finite_or_none, write_records
+from eval.records import check_output, finite_or_none, log_records_to_wandb, write_records
 from eval.report import build_report, read_record_file
 from eval.roofline import roofline
 from eval.startup import quiet_interrupt_while_starting
@@ -760,6 +760,19 @@ def test_signal_handlers_swap_and_restore(sigint_restored, monkeypatch):
     worker.start()
     worker.join()
     assert seen == [None] and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_an_online_wandb_run_refused_after_an_evaluation_is_a_warning(tmp_path, monkeypatch, capsys):
+    # The records are written before they are logged: W&B refusing an online run (no API key) is a
+    # warning naming the fixes, not a traceback after the evaluation.
+    pytest.importorskip("wandb")
+    without_wandb_key(monkeypatch, tmp_path)
+    log_records_to_wandb(
+        [{"acc": 1.0}], enabled=True, project="p", name="n", mode="online", save_dir=tmp_path, table="recall"
+    )
+    err = capsys.readouterr().err
+    assert "warning: W&B could not start an online run (" in err and "API key" in err
+    assert "or log offline with wandb.mode=offline" in err and "the records were written as JSON only" in err
 
 
 def test_an_evaluation_refuses_a_wandb_key_it_does_not_pass_on(tmp_path):

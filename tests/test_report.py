@@ -14,7 +14,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from helpers import REPO_ROOT, compose_eval, refuse_files_in
+from helpers import REPO_ROOT, compose_eval, refuse_files_in, without_wandb_key
 from matplotlib.text import Text
 from matplotlib.ticker import ScalarFormatter
 
@@ -844,6 +844,16 @@ def test_wandb_offline_tables_and_scatter(runs, tmp_path, monkeypatch):
     assert len(points["data"]) == 6 and {row[2] for row in points["data"]} == {"attention", "mamba"}
     assert tables["runs"]["columns"][:2] == ["run", "mixer"]
     assert list(run_dir.rglob("*.png")), "the plot image was not logged"
+
+
+def test_an_online_wandb_run_refused_leaves_the_report_and_warns(runs, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("wandb")
+    without_wandb_key(monkeypatch, tmp_path / "home")
+    report = make_report(f"[{runs / 'decode'}]", tmp_path / "out", "wandb.enabled=true", "wandb.mode=online")
+    assert report.pngs and all(path.exists() for path in report.pngs.values())
+    err = capsys.readouterr().err
+    assert "warning: W&B could not start an online run (" in err and "API key" in err
+    assert "or log offline with wandb.mode=offline" in err and "the report was written as files only" in err
 
 
 def run_script(*args: str) -> None:

@@ -23,7 +23,15 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from helpers import MIXER_CONFIGS, REPO_ROOT, SHAKESPEARE, compose_eval, compose_train, metrics_rows
+from helpers import (
+    MIXER_CONFIGS,
+    REPO_ROOT,
+    SHAKESPEARE,
+    compose_eval,
+    compose_train,
+    metrics_rows,
+    without_wandb_key,
+)
 from omegaconf import OmegaConf
 
 import train as train_module
@@ -1184,13 +1192,8 @@ def test_wandb_can_be_enabled_from_every_logger_option(tmp_path, logger, csv):
 def test_online_wandb_without_an_api_key_is_one_line_before_training(tmp_path, monkeypatch):
     """Found by a new-user check: logger.wandb.mode=online without a W&B key ended in a traceback from
     inside Lightning's fit (wandb's UsageError). The run now starts with the loggers, and W&B's
-    refusal is a ValueError naming the fixes. No key anywhere: none in the environment, no netrc
-    in a fresh HOME, no W&B settings folder."""
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.delenv("WANDB_MODE", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
-    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    refusal is a ValueError naming the fixes."""
+    without_wandb_key(monkeypatch, tmp_path)
     cfg = compose_train([*TINY, "logger=wandb", "logger.wandb.mode=online", f"run_dir={tmp_path}"])
     refusal = (
         r"W&B could not start an online run \(.*API key.*\); log in with `wandb login` \(or set "
