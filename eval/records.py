@@ -419,6 +419,34 @@ def wandb_start_refused(option: str) -> Iterator[None]:
         ) from err
 
 
+def start_wandb_run(
+    *, project: str, name: str, mode: str, save_dir: str | os.PathLike, job_type: str, kept: str
+) -> Any:
+    """A new W&B run (``wandb.init``, ending any earlier run of the process) for logging files already
+    written, or None where wandb is not installed (said on stdout) or W&B refuses to start an online
+    run (:func:`wandb_start_refused`, a warning on stderr): ``kept`` says what remains (``"the records
+    were written as JSON only"``).
+    """
+    try:
+        import wandb
+    except ImportError:
+        print(f"wandb is not installed: {kept}")
+        return None
+    try:
+        with wandb_start_refused("wandb.mode"):
+            return wandb.init(
+                project=project,
+                name=name,
+                mode=mode,
+                dir=str(save_dir),
+                job_type=job_type,
+                reinit="finish_previous",
+            )
+    except WandbStartRefused as err:
+        print(f"warning: {err}; {kept}", file=sys.stderr)
+        return None
+
+
 def log_records_to_wandb(
     records: list[dict[str, Any]],
     *,
@@ -439,24 +467,18 @@ def log_records_to_wandb(
         return
     check_wandb_mode(mode, "wandb.mode")
     records = finite_or_none(records)
-    try:
-        import wandb
-    except ImportError:
-        print("wandb is not installed: records were written as JSON only")
+    run = start_wandb_run(
+        project=project,
+        name=name,
+        mode=mode,
+        save_dir=save_dir,
+        job_type="eval",
+        kept="the records were written as JSON only",
+    )
+    if run is None:
         return
-    try:
-        with wandb_start_refused("wandb.mode"):
-            run = wandb.init(
-                project=project,
-                name=name,
-                mode=mode,
-                dir=str(save_dir),
-                job_type="eval",
-                reinit="finish_previous",
-            )
-    except WandbStartRefused as err:
-        print(f"warning: {err}; the records were written as JSON only", file=sys.stderr)
-        return
+    import wandb
+
     try:
         columns = sorted({k for r in records for k in r})
         rows = [

@@ -89,11 +89,10 @@ from omegaconf import DictConfig, OmegaConf
 from data import DATAMODULES
 from eval.cli import CONF_DIR, check_command_line, check_known_settings, user_errors
 from eval.records import (
-    WandbStartRefused,
     check_creatable_dir,
     check_flag,
     check_wandb_settings,
-    wandb_start_refused,
+    start_wandb_run,
 )
 from eval.report_plots import PLOTS, plot_points
 from eval.report_tables import (
@@ -845,24 +844,14 @@ def log_report_to_wandb(report: Report, *, enabled: bool, project: str, mode: st
     """
     if not enabled:
         return False
-    try:
-        import wandb
-    except ImportError:
-        print("wandb is not installed: the report was written as files only")
+    run = start_wandb_run(
+        project=project, name=name, mode=mode, save_dir=report.out, job_type="report",
+        kept="the report was written as files only",
+    )  # fmt: skip
+    if run is None:
         return False
-    try:
-        with wandb_start_refused("wandb.mode"):
-            run = wandb.init(
-                project=project,
-                name=name,
-                mode=mode,
-                dir=str(report.out),
-                job_type="report",
-                reinit="finish_previous",
-            )
-    except WandbStartRefused as err:
-        print(f"warning: {err}; the report was written as files only", file=sys.stderr)
-        return False
+    import wandb
+
     try:
         log: dict[str, Any] = {}
         for table in report.tables:
