@@ -8,7 +8,7 @@ rest of the old one's length), and a step-based one stopped at an epoch's last b
 a one-batch epoch. So the stream keeps its own position, ``(epoch, examples)``: pass ``epoch`` over
 the training set visits the base sampler's order for that pass, and ``examples`` of it have been
 handed out. A step interrupted before its optimizer step gives its batch back
-(``train.discard_unfinished_batch`` calls :meth:`ResumableLoader.put_back`).
+(``training.signals.discard_unfinished_batch`` calls :meth:`ResumableLoader.put_back`).
 
 - :class:`ResumableSampler` orders one pass: the base sampler's order for the pass (a function of
   its seed and the pass, e.g. :class:`ShuffledSampler`), split over the processes, from a start.

@@ -39,6 +39,7 @@ from data import build_datamodule
 from eval.recall import recall_eval
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
 from models.lit import LitLM, load_model, logged_metrics
+from training.signals import defer_stop_signals
 
 # A tiny but real run: 20 optimizer steps of a 32-wide model on MQAR, one validation at the end.
 TINY = [
@@ -1233,18 +1234,18 @@ def test_a_stop_signal_during_the_final_evaluation_waits_for_it(capsys):
     before = signal.getsignal(signal.SIGTERM)
     finished = []
     with pytest.raises(SystemExit) as exc:
-        with train_module.defer_stop_signals():
+        with defer_stop_signals():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.1)  # the handler runs in this (main) thread at the next bytecode
             finished.append(True)
     assert exc.value.code == 1 and finished == [True]
     assert signal.getsignal(signal.SIGTERM) is before
     assert "SIGTERM: finishing the final save and evaluation first" in capsys.readouterr().out
-    with train_module.defer_stop_signals():  # no signal: nothing happens
+    with defer_stop_signals():  # no signal: nothing happens
         pass
     # A second signal stops at once: the block's remaining work does not run.
     with pytest.raises(SystemExit) as exc:
-        with train_module.defer_stop_signals():
+        with defer_stop_signals():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.1)
             os.kill(os.getpid(), signal.SIGTERM)

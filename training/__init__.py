@@ -1,0 +1,8 @@
+"""What a training run needs besides ``train.py``'s task function, by concern:
+
+- :mod:`training.signals`: Ctrl+C and SIGTERM during training.
+
+The modules import torch and Lightning: ``train.py`` imports them after it has installed its quiet
+Ctrl+C handler (:func:`eval.startup.quiet_interrupt_while_starting`). Nothing in kernels/, mixers/,
+models/, data/ or eval/ imports this package.
+"""
