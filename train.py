@@ -29,12 +29,10 @@ import itertools
 import logging
 import math
 import os
-import re
 import shutil
 import signal
 import stat
 import sys
-import typing
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -55,21 +53,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import data as datasets_lib
-from data.mqar import parse_slice_name
-from eval.cli import (
-    INTERRUPTED,
-    check_command_line,
-    check_known_settings,
-    closest_settings,
-    override_value,
-    pasteable,
-    signal_handlers,
-    user_errors,
-)
+from eval.cli import INTERRUPTED, check_command_line, override_value, pasteable, signal_handlers, user_errors
 from eval.records import (
-    WANDB_KEYS,
-    check_flag,
-    check_wandb_settings,
     git_sha,
     make_record,
     run_settings,
@@ -80,7 +65,20 @@ from eval.records import (
 from models import LanguageModel, ModelConfig
 from models.checkpoint import AtomicCheckpointIO, atomic_write_bytes, numpy_scalars_loadable, read_checkpoint
 from models.config import config_from_groups
-from models.lit import DEFAULT_OPTIM, LitLM, check_optim, logged_metrics
+from models.lit import DEFAULT_OPTIM, LitLM
+from training.settings import (
+    SETTING_HINTS,
+    build_datamodule,
+    check_early_stopping,
+    check_learned_positions,
+    check_monitor,
+    check_settings,
+    check_val_batches,
+    lightning_settings,
+    resolved_world_size,
+    slice_lengths,
+    trainer_settings_errors,
+)
 from training.signals import (
     StopDDPOnSigterm,
     defer_stop_signals,
@@ -91,7 +89,6 @@ from training.signals import (
 # Hydra writes its records to the console and to <run_dir>/train.log (conf/train.yaml).
 log = logging.getLogger("mixerlab.train")
 
-DATA_META_KEYS = ("name", "monitor", "monitor_mode")
 
 # The data.* keys a resumed run may change (check_resume compares every other data.* key, optim.*,
 # the model and seed= with the checkpoint's): they change how the batches reach the model or which
@@ -414,56 +411,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 wandb.finish()
 
 
-def check_settings(cfg: DictConfig) -> None:
-    """The checks of a run's settings that need neither its data nor its model, which :func:`train`
-    makes first: every top-level key known (:func:`eval.cli.check_known_settings`), each group of
-    settings a mapping, a GPU for ``trainer.accelerator=gpu``, then :func:`check_trainer_settings`,
-    :func:`check_logger_settings` and :func:`models.lit.check_optim`.
-
-    Raises:
-        ValueError / TypeError: the first setting refused, named as its override.
-    """
-    check_known_settings(cfg, "train", hints=SETTING_HINTS, settings=lightning_settings())
-    for section in ("model", "mixer", "data", "optim", "trainer", "logger"):
-        if not OmegaConf.is_dict(cfg[section]):  # optim=5 replaced the whole group of settings
-            raise ValueError(
-                f"{section} must be a group of settings, got {section}={cfg[section]!r}; set one of them "
-                f"instead, e.g. {section}.<key>=<value> (conf/train.yaml lists them)"
-            )
-    if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise ValueError(
-            f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and none is available; "
-            "use trainer=cpu (or trainer=ddp for several CPU processes)"
-        )
-    check_trainer_settings(cfg)
-    check_logger_settings(cfg.logger)
-    check_optim(OmegaConf.to_container(cfg.optim, resolve=True))  # LitLM checks it too, after the seeding
-
-
-def build_datamodule(data_cfg: dict[str, Any], setup: bool) -> L.LightningDataModule:
-    """The data module of the ``data.*`` settings, its training and validation sets drawn or read
-    when ``setup`` (``setup("fit")``); a module's refusal names the ``data.*`` setting.
-
-    Raises:
-        ValueError / TypeError: an unknown data module or key, or a value the module refuses
-            (``data.seqlen=7``: ``data.seqlen must be even ...``).
-    """
-    try:
-        dm = datasets_lib.build_datamodule(
-            data_cfg["name"], **{k: v for k, v in data_cfg.items() if k not in DATA_META_KEYS}
-        )
-        if setup:
-            dm.setup("fit")
-    except (TypeError, ValueError) as err:
-        message = name_data_setting(str(err), data_cfg)
-        # Only the plain types are rebuilt from a message (UnicodeDecodeError's constructor takes five
-        # arguments): any other error, or one not naming a setting, goes on as it was raised.
-        if message == str(err) or type(err) not in (TypeError, ValueError):
-            raise
-        raise type(err)(message) from err
-    return dm
-
-
 # The vocabulary check_sweep_job builds the model with: a text corpus's is known only once it is
 # read, and it sizes only the embedding and the head, whose settings the mixers' checks do not read.
 STAND_IN_VOCAB_SIZE = 256
@@ -471,9 +418,9 @@ STAND_IN_VOCAB_SIZE = 256
 
 def check_sweep_job(cfg: DictConfig) -> None:
     """What :func:`train` would refuse in a sweep's job before it draws or reads any data:
-    :func:`check_settings`, the data module's arguments, the model's settings (built on the meta
-    device with :data:`STAND_IN_VOCAB_SIZE`) and the process count Lightning resolves
-    (:func:`resolved_world_size`), so that ``-m optim.lr=1e-3,abc`` or
+    :func:`training.settings.check_settings`, the data module's arguments, the model's settings (built
+    on the meta device with :data:`STAND_IN_VOCAB_SIZE`) and the process count Lightning resolves
+    (:func:`training.settings.resolved_world_size`), so that ``-m optim.lr=1e-3,abc`` or
     ``mixer.settings.mamba.d_state=8,0`` is refused before the first job trains.
 
     Raises:
@@ -485,185 +432,6 @@ def check_sweep_job(cfg: DictConfig) -> None:
         LanguageModel(build_model_config(cfg, STAND_IN_VOCAB_SIZE))
     with trainer_settings_errors():  # trainer.devices=0, an accelerator this machine lacks
         resolved_world_size(OmegaConf.to_container(cfg.trainer, resolve=True))
-
-
-def check_val_batches(dm, limit: Any, world_size: int) -> None:
-    """Refuse a fractional ``trainer.limit_val_batches`` that leaves a validation slice no batch:
-    Lightning checks it only when validation starts, after a whole interval of training, and fails
-    with a traceback. The batches per process are counted as at least ``ceil(batches / world_size)``,
-    so a run Lightning would accept is never refused here.
-
-    Raises:
-        ValueError: ``limit * batches < 1`` for a slice, naming it and what to set.
-    """
-    if not isinstance(limit, float) or not 0 < limit < 1:
-        return
-    loaders = dm.val_dataloader()
-    loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
-    names = list(getattr(dm, "slice_names", [])) or [f"slice {i}" for i in range(len(loaders))]
-    for name, loader in zip(names, loaders, strict=False):
-        batches = math.ceil(len(loader) / world_size)
-        if int(limit * batches) < 1:
-            raise ValueError(
-                f"trainer.limit_val_batches={limit} of the {batches} validation batch(es) of {name} "
-                f"(a process) is less than one batch, which Lightning refuses when validation starts; "
-                f"raise it to at least {1 / batches:.3g} (1.0: all), or validate on more examples"
-            )
-
-
-def slice_lengths(dm, slice_names: list[str], train_seqlen: int) -> dict[str, int]:
-    """Example length of every validation slice of a data module: its ``slice_seqlens`` where it has
-    one (the synthetic tasks), else read from MQAR slice names (``T128_kv8``), else ``train_seqlen``
-    (text, whose one slice is at the training length)."""
-    known = getattr(dm, "slice_seqlens", None)
-    if known is not None:
-        return {name: int(known[name]) for name in slice_names}
-    lengths = {}
-    for name in slice_names:
-        try:
-            lengths[name] = parse_slice_name(name)[0]
-        except ValueError:
-            lengths[name] = train_seqlen
-    return lengths
-
-
-def check_learned_positions(model, longest: int) -> None:
-    """Refuse, before any training, a learned position table shorter than the longest sequence the
-    run will see (training or validation): such a position has no row, so the mixer would fail at
-    the first validation of that slice.
-
-    Raises:
-        ValueError: naming the mixer, its ``max_position`` and the override that fixes it.
-    """
-    limit = model.position_limit()
-    if limit is not None and limit[1] < longest:
-        name, size = limit
-        raise ValueError(
-            f"{name}: pos_emb=learned has max_position={size} rows, but the run trains or validates "
-            f"sequences of {longest} tokens; set mixer.settings.{name}.max_position={longest} (rows past "
-            "the training length stay untrained, which is what a length-extrapolation test of learned "
-            "positions measures) or drop the longer slices from data.test_configs"
-        )
-
-
-def check_early_stopping(settings: Any, slice_names: list[str]) -> None:
-    """``early_stopping`` (EarlyStopping's arguments) checked before training: Lightning finds a
-    metric name it never sees only at the first validation, with a traceback.
-
-    Args:
-        settings: the ``early_stopping`` config, or None (no early stopping).
-        slice_names: the validation slices of the task (``val/acc_<slice>``, ``val/loss_<slice>``).
-
-    Raises:
-        ValueError: no ``monitor``, a ``monitor`` that is not a metric this run logs (listing them),
-            or a ``mode`` other than min / max.
-    """
-    if not settings:
-        return
-    monitor, mode = settings.get("monitor"), settings.get("mode", "min")
-    known = logged_metrics(slice_names)
-    if monitor not in known:
-        given = "no early_stopping.monitor" if monitor is None else f"early_stopping.monitor={monitor!r}"
-        raise ValueError(
-            f"{given}: monitor one of the metrics this run logs, {sorted(known)} "
-            "(e.g. early_stopping={monitor:val/loss,mode:min,patience:3})"
-        )
-    if mode not in ("min", "max"):
-        raise ValueError(f"early_stopping.mode must be min or max, got {mode!r}")
-
-
-def check_monitor(monitor: Any, mode: Any, slice_names: list[str]) -> None:
-    """``data.monitor`` / ``data.monitor_mode`` (best.ckpt's selection) checked before training:
-    Lightning refuses an unknown mode in ModelCheckpoint's constructor and an unlogged metric at
-    the first validation, both with a traceback.
-
-    Raises:
-        ValueError: a ``monitor`` that is not a metric this run logs (listing them), a ``mode`` other
-            than min / max, or a loss or perplexity monitored with ``max`` (best.ckpt would be the
-            worst checkpoint).
-    """
-    known = logged_metrics(slice_names)
-    if monitor not in known:
-        raise ValueError(
-            f"data.monitor={monitor!r}: monitor one of the metrics this run logs, {sorted(known)} "
-            "(e.g. data.monitor=val/loss data.monitor_mode=min)"
-        )
-    if mode not in ("min", "max"):
-        raise ValueError(f"data.monitor_mode must be min or max, got {mode!r}")
-    if mode == "max" and monitor.startswith(("val/loss", "val/ppl", "train/loss")):
-        raise ValueError(
-            f"data.monitor={monitor} with data.monitor_mode=max would keep the highest-loss checkpoint as "
-            "best.ckpt; add data.monitor_mode=min"
-        )
-
-
-def name_data_setting(message: str, data_cfg: Mapping[str, Any]) -> str:
-    """A data module's error ``message`` with ``data.`` before the setting it starts with, so that it
-    names the override (``test_configs[0].seqlen must be >= 4`` -> ``data.test_configs[0].seqlen ...``):
-    the modules name their own arguments. Any other message is returned as it is."""
-    key = re.match(r"\w+", message)
-    return f"data.{message}" if key is not None and key.group() in data_cfg else message
-
-
-def configured_world_size(trainer_cfg: Mapping[str, Any]) -> int | None:
-    """The process count (``trainer.devices`` x ``trainer.num_nodes``) when the config states it: a
-    device count >= 1 or a list of device ids, on a node count >= 1. None when Lightning derives it
-    from the machine (``auto``, ``-1``, a string) or the values are invalid (Lightning refuses them)."""
-    devices, nodes = trainer_cfg.get("devices"), trainer_cfg.get("num_nodes", 1)
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-        return None
-    if isinstance(devices, list) and devices:
-        return len(devices) * nodes
-    if isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1:
-        return devices * nodes
-    return None
-
-
-@contextlib.contextmanager
-def trainer_settings_errors() -> Iterator[None]:
-    """Lightning's refusal of ``trainer.*`` settings it cannot run (``MisconfigurationException``:
-    ``trainer.devices=0``, an accelerator this machine lacks) as the ValueError of a settings error:
-    one line and status 2 from the command line, and the run's folders undone, as for other settings.
-
-    Raises:
-        ValueError: the exception's message, prefixed with ``trainer settings``.
-    """
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    try:
-        yield
-    except MisconfigurationException as err:
-        raise ValueError(f"trainer settings: {err}") from err
-
-
-def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
-    """The process count a ``L.Trainer(**trainer_cfg)`` runs with on this machine: the count the
-    config states (:func:`configured_world_size`), else ``trainer.devices`` (``auto``, ``-1``, a
-    string such as ``"2"`` or ``"0,1"``) resolved as the Trainer resolves it, by Lightning's own
-    accelerator connector (which the Trainer runs first): on CPU ``auto`` is one process, on GPUs
-    ``auto`` and ``-1`` are one process per visible GPU (one in a notebook). It builds no Trainer and
-    prints nothing (the connector's info lines, such as the precision in use, come again from the
-    Trainer).
-
-    Raises:
-        TypeError / ValueError / lightning's MisconfigurationException: the settings the Trainer
-            would refuse (``trainer.devices=-1`` on CPU, an unavailable accelerator), as it would.
-    """
-    stated = configured_world_size(trainer_cfg)
-    if stated is not None:
-        return stated
-    from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
-
-    arguments = inspect.signature(_AcceleratorConnector).parameters
-    rank_zero_log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    level = rank_zero_log.level
-    rank_zero_log.setLevel(logging.WARNING)
-    try:
-        with trainer_settings_errors():
-            connector = _AcceleratorConnector(**{k: v for k, v in trainer_cfg.items() if k in arguments})
-    finally:
-        rank_zero_log.setLevel(level)
-    return int(getattr(connector.strategy, "world_size", 1))  # as Trainer.world_size reads it
 
 
 def _days_hms(span: timedelta) -> str:
@@ -771,7 +539,7 @@ def check_resume(
         max_time: this run's ``trainer.max_time`` (``"DD:HH:MM:SS"`` or a timedelta's keywords;
             None: no time limit). Lightning's Timer counts the checkpoint's training time in it.
         world_size: this run's process count where the config states it
-            (:func:`configured_world_size`), compared with the checkpoint's
+            (:func:`training.settings.configured_world_size`), compared with the checkpoint's
             (:func:`refuse_another_world_size`); None: not compared here.
 
     Returns:
@@ -952,182 +720,6 @@ def check_resume_world_size(resume: str | None, world_size: int) -> None:
     with numpy_scalars_loadable():
         checkpoint = torch.load(resume, map_location="cpu", weights_only=True, mmap=True)
     refuse_another_world_size(checkpoint, resume, world_size)
-
-
-# What a top-level key that is no setting's name means, for check_known_settings' message.
-SETTING_HINTS = {"device": "trainer=cpu or trainer=gpu", "gpu": "trainer=gpu", "gpus": "trainer=gpu"}
-
-
-def lightning_settings() -> tuple[str, ...]:
-    """``trainer.<name>`` for every argument of Lightning's Trainer and ``early_stopping.<name>`` for
-    EarlyStopping's: settings the configs do not spell out (``+trainer.max_time=...``), for the
-    guesses of :func:`eval.cli.check_known_settings`. (Not cached with functools: a joblib sweep
-    pickles this module's functions by value, and a cache wrapper by a name the workers lack.)"""
-    return tuple(
-        f"{group}.{name}"
-        for group, cls in (("trainer", L.Trainer), ("early_stopping", EarlyStopping))
-        for name in inspect.signature(cls.__init__).parameters
-        if name != "self"
-    )
-
-
-def lightning_precisions() -> tuple[int | str, ...]:
-    """The values Lightning's Trainer takes for ``precision`` (``bf16-mixed``, ``32-true``, ``16``,
-    ...), read from the Literal types of its signature, so that they follow the installed version."""
-
-    def literals(hint: Any) -> list[int | str]:
-        if typing.get_origin(hint) is typing.Literal:
-            return list(typing.get_args(hint))
-        return [value for arg in typing.get_args(hint) for value in literals(arg)]
-
-    return tuple(literals(inspect.signature(L.Trainer.__init__).parameters["precision"].annotation))
-
-
-def check_logger_settings(logger: DictConfig) -> None:
-    """The ``logger.*`` group (``conf/logger/*.yaml``): only the ``wandb`` and ``csv`` loggers and
-    the keys :func:`_loggers` reads (a ``+logger.wandb.entity=...`` or ``+logger.csv.foo=...``
-    would be dropped without a word), the flags booleans, W&B's mode online / offline.
-
-    Raises:
-        ValueError: an unknown logger or key, named with the valid ones; a flag that is not true /
-            false; ``logger.wandb.mode`` not online / offline with W&B enabled.
-    """
-    unknown = sorted(str(key) for key in logger.keys() if key not in ("wandb", "csv"))
-    if unknown:
-        raise ValueError(
-            f"unknown loggers {unknown}; valid ones: ['csv', 'wandb'] (logger.csv, logger.wandb)"
-        )
-    check_wandb_settings(logger.wandb, "logger.wandb", (*WANDB_KEYS, "tags"))
-    unknown = sorted(str(key) for key in logger.csv.keys() if key != "enabled")
-    if unknown:
-        raise ValueError(f"unknown logger.csv keys {unknown}; valid keys: ['enabled']")
-    check_flag(logger.csv.enabled, "logger.csv.enabled")
-
-
-# Trainer arguments that train() passes itself, from the run's folder and its loggers, callbacks
-# and checkpoint writer: a trainer.* key of the same name would clash with them.
-TRAINER_ARGS_SET_BY_TRAIN = frozenset({"default_root_dir", "logger", "callbacks", "plugins"})
-
-
-def check_trainer_settings(cfg: DictConfig) -> None:
-    """The ``trainer.*`` and ``seed`` settings that Lightning would reject late (after a step, with
-    a traceback) or take silently in a wrong type, checked before anything starts.
-
-    Raises:
-        TypeError: a setting of the wrong type (``trainer.max_steps=abc`` or ``=2.5``, ``seed=abc``,
-            ``trainer.enable_progress_bar=no``: Lightning's flags must be booleans).
-        ValueError: a ``trainer.*`` key that is no argument of Lightning's Trainer
-            (``+trainer.max_step=3``, named with a guess) or one that train.py passes itself
-            (:data:`TRAINER_ARGS_SET_BY_TRAIN`); ``seed`` outside [0, 2**32),
-            ``trainer.gradient_clip_val`` < 0,
-            ``trainer.max_steps`` or ``trainer.max_epochs`` not -1 (no limit) or >= 1, or
-            both -1 (the schedule needs a length),
-            ``trainer.val_check_interval`` not a step count >= 1 or an epoch fraction in (0, 1],
-            ``trainer.check_val_every_n_epoch`` not null or >= 1, or a fractional interval with it
-            null; ``trainer.precision`` none of :func:`lightning_precisions` (``bf17``);
-            ``trainer.limit_val_batches`` <= 0 (no validation, so no best.ckpt and no records);
-            ``trainer.max_time`` neither ``DD:HH:MM:SS`` nor a mapping.
-    """
-
-    def integer(name: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an integer, got {value!r}")
-        return value
-
-    if not 0 <= integer("seed", cfg.seed) < 2**32:
-        raise ValueError(f"seed must be in [0, 2**32) (numpy's seed range), got {cfg.seed}")
-    trainer = cfg.trainer
-    accepted = {name.removeprefix("trainer.") for name in lightning_settings() if name.startswith("trainer.")}
-    accepted -= TRAINER_ARGS_SET_BY_TRAIN
-    unknown = sorted(str(key) for key in trainer.keys() if key not in accepted)
-    if unknown:
-        arguments = {name: [name] for name in accepted}
-        named = []
-        for key in unknown:
-            meant = closest_settings(key, arguments) if key not in TRAINER_ARGS_SET_BY_TRAIN else []
-            guess = " or ".join(f"trainer.{name}" for name in meant)
-            named.append(f"'{key}'" + (f" (did you mean {guess}?)" if meant else ""))
-        raise ValueError(
-            f"unknown trainer keys {', '.join(named)}: the trainer.* settings are Lightning Trainer's "
-            f"arguments, less {', '.join(sorted(TRAINER_ARGS_SET_BY_TRAIN))}, which train.py sets itself "
-            "(logger=... chooses the loggers)"
-        )
-    clip = trainer.get("gradient_clip_val")
-    if clip is not None:
-        if isinstance(clip, bool) or not isinstance(clip, (int, float)):
-            raise TypeError(f"trainer.gradient_clip_val must be a number or null, got {clip!r}")
-        if clip < 0:  # Lightning takes any value <= 0 as "no clipping", silently
-            raise ValueError(f"trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got {clip}")
-    for name in ("max_steps", "max_epochs"):
-        value = trainer.get(name)
-        if value is not None and integer(f"trainer.{name}", value) != -1 and value < 1:
-            raise ValueError(f"trainer.{name} must be -1 (no limit) or >= 1, got {value}")
-    if trainer.get("max_steps") == -1 and trainer.get("max_epochs") == -1:
-        raise ValueError(
-            "trainer.max_steps=-1 and trainer.max_epochs=-1 leave the run without a length, which the "
-            "learning-rate schedule decays over; set one of them (with +trainer.max_time=..., a "
-            "max_steps the clock will not reach, e.g. trainer.max_steps=100000)"
-        )
-    interval = trainer.get("val_check_interval")
-    if interval is not None:
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)):
-            raise TypeError(
-                f"trainer.val_check_interval must be a number of steps (int) or a fraction of an epoch "
-                f"(float), got {interval!r}"
-            )
-        if (isinstance(interval, int) and interval < 1) or (
-            isinstance(interval, float) and not 0 < interval <= 1
-        ):
-            raise ValueError(
-                f"trainer.val_check_interval must be >= 1 (steps) or in (0, 1] (a fraction of an epoch), "
-                f"got {interval}"
-            )
-    for name in ("enable_progress_bar", "enable_checkpointing", "enable_model_summary", "deterministic"):
-        value = trainer.get(name)
-        # Hydra passes enable_progress_bar=no as the string "no", which Lightning takes as true.
-        if value is not None and not isinstance(value, bool) and not (name == "deterministic" and value == "warn"):
-            choices = "true, false or warn" if name == "deterministic" else "true or false"
-            raise TypeError(f"trainer.{name} must be {choices}, got {value!r}")
-    limit = trainer.get("limit_val_batches")
-    if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)):
-            raise TypeError(
-                f"trainer.limit_val_batches must be a batch count (int) or a fraction (float), got {limit!r}"
-            )
-        if limit <= 0:  # Lightning skips validation silently; the run kept no best.ckpt and no records
-            raise ValueError(
-                f"trainer.limit_val_batches={limit} turns validation off, but validation picks best.ckpt "
-                "and gives the final metrics and result records; give a batch count >= 1 or a fraction "
-                "in (0, 1] (data.num_test_examples sets the validation sets' size)"
-            )
-    max_time = trainer.get("max_time")
-    # Lightning parses it only when the Trainer is built: in a sweep, after the jobs before it ran.
-    if max_time is not None and not OmegaConf.is_dict(max_time):
-        if not isinstance(max_time, str) or not re.fullmatch(r"\d+:\d+:\d+:\d+", max_time.strip()):
-            raise ValueError(
-                f"trainer.max_time must be DD:HH:MM:SS (e.g. 00:12:00:00 for 12 hours) or a mapping such "
-                f"as {{hours: 12}}, got {max_time!r}"
-            )
-    precision = trainer.get("precision")
-    allowed = lightning_precisions()
-    # bool before the membership test: True == 1 and 16.0 == 16, which Lightning takes and then fails on.
-    if precision is not None and (not isinstance(precision, (int, str)) or isinstance(precision, bool)
-                                  or precision not in allowed):  # fmt: skip
-        named = ", ".join(str(value) for value in allowed if isinstance(value, str))
-        raise ValueError(
-            f"trainer.precision must be one of Lightning's precisions ({named}), got {precision!r}"
-        )
-    every = trainer.get("check_val_every_n_epoch")
-    if every is not None and integer("trainer.check_val_every_n_epoch", every) < 1:
-        raise ValueError(f"trainer.check_val_every_n_epoch must be null or >= 1, got {every}")
-    if isinstance(interval, float) and every is None:
-        # Lightning counts a null check_val_every_n_epoch's interval in steps across epochs and
-        # refuses a fraction from inside Trainer() with a traceback.
-        raise ValueError(
-            f"trainer.val_check_interval={interval} (a fraction of an epoch) needs validation counted "
-            "per epoch, but trainer.check_val_every_n_epoch is null (steps across epochs); add "
-            "trainer.check_val_every_n_epoch=1, or give the interval in steps (an int)"
-        )
 
 
 def _write_train_records(

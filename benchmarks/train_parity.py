@@ -71,6 +71,7 @@ import kernels  # noqa: E402
 import train as train_module  # noqa: E402
 from benchmarks.common import RESULTS_DIR, format_table, gpu_name, results_path, versions, write_json  # noqa: E402
 from eval.cli import check_command_line, user_errors  # noqa: E402
+from training.settings import SETTING_HINTS, lightning_settings  # noqa: E402
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 NAME = "train-parity"
@@ -131,8 +132,8 @@ def compose_config(overrides: Sequence[str], steps: int, run_dir: Path) -> DictC
         check_command_line(
             [*DEFAULT_OVERRIDES, *overrides],
             "train",
-            hints=train_module.SETTING_HINTS,
-            settings=train_module.lightning_settings(),
+            hints=SETTING_HINTS,
+            settings=lightning_settings(),
         )
     except ValueError as err:
         raise ValueError(f"bad override: {err}") from None

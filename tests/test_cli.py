@@ -48,6 +48,7 @@ from eval.report import build_report, read_record_file
 from eval.roofline import roofline
 from eval.startup import quiet_interrupt_while_starting
 from models.checkpoint import WriteError, atomic_write_bytes
+from training.settings import SETTING_HINTS, lightning_settings
 
 
 def full_disk(*args, **kwargs):
@@ -482,8 +483,8 @@ def test_group_options_that_exist_or_that_hydra_judges_pass(argv):
 
 
 TRAIN_CHECK = dict(
-    hints=train_module.SETTING_HINTS,
-    settings=train_module.lightning_settings(),
+    hints=SETTING_HINTS,
+    settings=lightning_settings(),
     check_job=train_module.check_sweep_job,
 )
 

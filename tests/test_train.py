@@ -39,6 +39,13 @@ from data import build_datamodule
 from eval.recall import recall_eval
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
 from models.lit import LitLM, load_model, logged_metrics
+from training.settings import (
+    check_logger_settings,
+    check_trainer_settings,
+    check_val_batches,
+    lightning_precisions,
+    resolved_world_size,
+)
 from training.signals import defer_stop_signals
 
 # A tiny but real run: 20 optimizer steps of a 32-wide model on MQAR, one validation at the end.
@@ -1169,13 +1176,13 @@ def test_a_validation_fraction_below_one_batch_is_refused_before_training():
     dm = types.SimpleNamespace(slice_names=["T64_kv4", "T128_kv8"], val_dataloader=lambda: [[0, 1], [0]])
     message = "trainer.limit_val_batches=0.5 of the 1 validation batch(es) of T128_kv8 (a process) is less"
     with pytest.raises(ValueError, match=re.escape(message)):
-        train_module.check_val_batches(dm, 0.5, world_size=1)
-    train_module.check_val_batches(dm, 1.0, world_size=1)  # all batches
-    train_module.check_val_batches(dm, 1, world_size=1)  # a batch count: Lightning takes min(1, batches)
+        check_val_batches(dm, 0.5, world_size=1)
+    check_val_batches(dm, 1.0, world_size=1)  # all batches
+    check_val_batches(dm, 1, world_size=1)  # a batch count: Lightning takes min(1, batches)
     with pytest.raises(ValueError, match=r"of the 1 validation batch\(es\) of T64_kv4"):  # 2 processes
-        train_module.check_val_batches(dm, 0.6, world_size=2)
+        check_val_batches(dm, 0.6, world_size=2)
     one_loader = types.SimpleNamespace(val_dataloader=lambda: range(4))  # 4 batches: 0.5 keeps 2
-    train_module.check_val_batches(one_loader, 0.5, world_size=1)
+    check_val_batches(one_loader, 0.5, world_size=1)
 
 
 @pytest.mark.parametrize("logger,csv", [("csv", True), ("none", False)])
@@ -1183,7 +1190,7 @@ def test_wandb_can_be_enabled_from_every_logger_option(tmp_path, logger, csv):
     """Found by a new-user check: logger=csv logger.wandb.enabled=true failed with a traceback
     ("Key 'mode' is not in struct") and left the run folder: only logger=wandb had W&B's settings."""
     cfg = compose_train([*TINY, f"logger={logger}", "logger.wandb.enabled=true", f"run_dir={tmp_path}"])
-    train_module.check_logger_settings(cfg.logger)
+    check_logger_settings(cfg.logger)
     loggers = train_module._loggers(cfg, tmp_path, "run")
     assert [type(one).__name__ for one in loggers] == ["CSVLogger"] * csv + ["WandbLogger"]
     wandb = cfg.logger.wandb
@@ -1209,8 +1216,8 @@ def test_lightning_precisions_pass_the_trainer_check(precision):
     # The values are read from the Trainer's signature: a reading that lost its Literal types would
     # refuse every precision, the config's own 32-true included.
     cfg = compose_train([*TINY, f"trainer.precision={precision}"])
-    train_module.check_trainer_settings(cfg)
-    assert cfg.trainer.precision in train_module.lightning_precisions()
+    check_trainer_settings(cfg)
+    assert cfg.trainer.precision in lightning_precisions()
 
 
 def test_a_data_error_of_another_type_is_raised_as_it_was(tmp_path, monkeypatch):
@@ -1780,7 +1787,7 @@ def test_resume_accepts_a_process_count_record_of_numpy_integers(jamba_run, tmp_
 def test_resolved_world_size_is_the_trainers(settings, capfd):
     """train.py resolves the process count before seeding (so that a resume on another count is
     refused first): the count the Trainer then runs with, printing nothing of its own."""
-    world_size = train_module.resolved_world_size(settings)
+    world_size = resolved_world_size(settings)
     assert capfd.readouterr() == ("", "")
     assert world_size == L.Trainer(**settings, logger=False, enable_progress_bar=False).world_size
 
