@@ -132,7 +132,7 @@ _NUMPY_NUMBER_DTYPES = {type(np.dtype(c)) for c in "?" + np.typecodes["AllIntege
 def numpy_scalars_loadable() -> torch.serialization.safe_globals:
     """Within the block, weights-only loads (:func:`read_checkpoint` uses it; train.py wraps
     Lightning's restore of ``resume=`` in it) accept numpy's bool, integer and float scalars, which
-    some tools write into a checkpoint (train.py's ``WorldSizeRecord`` count as ``np.int64(2)``),
+    some tools write into a checkpoint (``training.resume.WorldSizeRecord``'s count as ``np.int64(2)``),
     and which would otherwise fail as an unreadable ("truncated or corrupt") file. Each is rebuilt
     from its dtype and bytes: a plain value, no code run (other numpy types stay refused)."""
     return torch.serialization.safe_globals(

@@ -35,10 +35,19 @@ from helpers import (
 from omegaconf import OmegaConf
 
 import train as train_module
+import training.settings
 from data import build_datamodule
 from eval.recall import recall_eval
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
 from models.lit import LitLM, load_model, logged_metrics
+from training.resume import (
+    MAX_PROCESSES,
+    RESUME_EXEMPT_DATA_KEYS,
+    check_resume,
+    check_resume_world_size,
+    resolve_defaults,
+    resume_settings,
+)
 from training.settings import (
     check_logger_settings,
     check_trainer_settings,
@@ -377,9 +386,9 @@ def test_resume_refuses_a_checkpoint_at_max_epochs(jamba_run, tmp_path):
     torch.save(checkpoint, path)
     saved = checkpoint["hyper_parameters"]  # the run's own settings
     with pytest.raises(ValueError, match=re.escape("has already trained 3 epoch(s), and trainer.max_epochs=3")):
-        train_module.check_resume(str(path), saved, max_steps=-1, max_epochs=3)
-    assert train_module.check_resume(str(path), saved, max_steps=-1, max_epochs=4) == str(path.resolve())
-    assert train_module.check_resume(str(path), saved, max_steps=10**6, max_epochs=-1) == str(path.resolve())
+        check_resume(str(path), saved, max_steps=-1, max_epochs=3)
+    assert check_resume(str(path), saved, max_steps=-1, max_epochs=4) == str(path.resolve())
+    assert check_resume(str(path), saved, max_steps=10**6, max_epochs=-1) == str(path.resolve())
 
 
 def test_a_run_directory_holding_checkpoints_is_not_reused(jamba_run):
@@ -1229,7 +1238,7 @@ def test_a_data_error_of_another_type_is_raised_as_it_was(tmp_path, monkeypatch)
     def refuse(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(train_module.datasets_lib, "build_datamodule", refuse)
+    monkeypatch.setattr(training.settings.datasets_lib, "build_datamodule", refuse)
     cfg = compose_train(TINY + MQAR_TINY + [f"run_dir={tmp_path / 'run'}"])
     with pytest.raises(UnicodeDecodeError) as raised:
         train_module.train(cfg)
@@ -1465,12 +1474,12 @@ def test_resume_refuses_a_checkpoint_that_used_up_max_time(tmp_path):
     saved = read_checkpoint(part["last_ckpt"])["hyper_parameters"]  # the run's own settings
     message = r"has already trained for 0:00:0\d \(Lightning's timer counts it\), and trainer.max_time=00:00:00:00"
     with pytest.raises(ValueError, match=message):
-        train_module.check_resume(part["last_ckpt"], saved, max_steps=10, max_time="00:00:00:00")
+        check_resume(part["last_ckpt"], saved, max_steps=10, max_time="00:00:00:00")
     with pytest.raises(ValueError, match=r"trainer.max_time=\{seconds:0\}: nothing is left to train"):
-        train_module.check_resume(part["last_ckpt"], saved, max_steps=10, max_time={"seconds": 0})
+        check_resume(part["last_ckpt"], saved, max_steps=10, max_time={"seconds": 0})
     resolved = str(Path(part["last_ckpt"]).resolve())
-    assert train_module.check_resume(part["last_ckpt"], saved, max_steps=10, max_time="00:00:10:00") == resolved
-    assert train_module.check_resume(part["last_ckpt"], saved, max_steps=10) == resolved
+    assert check_resume(part["last_ckpt"], saved, max_steps=10, max_time="00:00:10:00") == resolved
+    assert check_resume(part["last_ckpt"], saved, max_steps=10) == resolved
 
 
 def test_resume_rejects_missing_weights_only_and_mismatched_checkpoints(tmp_path):
@@ -1595,11 +1604,11 @@ def test_resume_accepts_other_loader_and_selection_settings(jamba_run, tmp_path)
     changed = {"num_workers": 2, "cache_dir": str(tmp_path), "monitor": "val/loss", "monitor_mode": "min"}
     for key, value in changed.items():
         edited = {**hparams, "data": {**hparams["data"], key: value}}
-        assert train_module.check_resume(jamba_run["last_ckpt"], edited, max_steps=21)
+        assert check_resume(jamba_run["last_ckpt"], edited, max_steps=21)
     resumed = run_train(tmp_path, [*JAMBA_RESUME, f"resume={jamba_run['last_ckpt']}", "data.num_workers=1"])
     state = read_checkpoint(resumed["last_ckpt"])
     assert state["global_step"] == 21 and state["hyper_parameters"]["data"]["num_workers"] == 1
-    assert set(changed) == set(train_module.RESUME_EXEMPT_DATA_KEYS)  # every exempt key is tested
+    assert set(changed) == set(RESUME_EXEMPT_DATA_KEYS)  # every exempt key is tested
 
 
 def test_resume_accepts_a_default_written_out(jamba_run, tmp_path):
@@ -1617,13 +1626,13 @@ def test_resume_accepts_a_default_written_out(jamba_run, tmp_path):
     assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 21
     # The checkpoint holding the list, this run the default.
     resolved_path = str(Path(resumed["last_ckpt"]).resolve())
-    assert train_module.check_resume(resumed["last_ckpt"], hparams, max_steps=22) == resolved_path
+    assert check_resume(resumed["last_ckpt"], hparams, max_steps=22) == resolved_path
     # A synthetic task's slices, normalised (a copy slice's seqlen defaults to 2 * max_len + 3).
     copy = {"model": hparams["model"], "data": {"name": "copy", "test_configs": None}}
     written = [{"min_len": 1, "max_len": 20, "seqlen": 48}, {"min_len": 21, "max_len": 40},
                {"min_len": 41, "max_len": 80}]  # fmt: skip
     resolved = [
-        train_module.resolve_defaults(train_module.resume_settings(h))
+        resolve_defaults(resume_settings(h))
         for h in (copy, {**copy, "data": {"name": "copy", "test_configs": written}})
     ]
     assert resolved[0] == resolved[1]
@@ -1653,8 +1662,8 @@ def test_resume_refuses_another_process_count(jamba_run, tmp_path):
     del checkpoint["callbacks"]["WorldSizeRecord"]
     old = tmp_path / "old.ckpt"
     torch.save(checkpoint, old)
-    assert train_module.check_resume_world_size(str(old), 2) is None
-    assert train_module.check_resume_world_size(jamba_run["last_ckpt"], 1) is None
+    assert check_resume_world_size(str(old), 2) is None
+    assert check_resume_world_size(jamba_run["last_ckpt"], 1) is None
 
 
 def test_resume_refuses_a_corrupt_process_count_record_clearly(jamba_run, tmp_path):
@@ -1676,22 +1685,22 @@ def test_resume_refuses_a_corrupt_process_count_record_clearly(jamba_run, tmp_pa
         torch.save({**checkpoint, "callbacks": {**checkpoint["callbacks"], "WorldSizeRecord": record}}, path)
         message = re.escape(f"resume={path}: the checkpoint is corrupt (its WorldSizeRecord entry, ")
         with pytest.raises(ValueError, match=message + ".*another checkpoint of the run"):
-            train_module.check_resume(str(path), saved, max_steps=21, world_size=1)
+            check_resume(str(path), saved, max_steps=21, world_size=1)
         with pytest.raises(ValueError, match=message):
-            train_module.check_resume_world_size(str(path), 1)
+            check_resume_world_size(str(path), 1)
     # The whole callbacks (or loops) entry hand-edited: a traceback from the Timer's lookup before.
     for entry in ("callbacks", "loops"):
         path = tmp_path / f"{entry}.ckpt"
         torch.save({**checkpoint, entry: [1, 2]}, path)
         message = re.escape(f"resume={path}: the checkpoint is corrupt (its {entry} entry is a list, not a mapping)")
         with pytest.raises(ValueError, match=message):
-            train_module.check_resume(str(path), saved, max_steps=21, max_time="00:01:00:00", world_size=1)
+            check_resume(str(path), saved, max_steps=21, max_time="00:01:00:00", world_size=1)
     path = tmp_path / "odd.ckpt"
     record = {"world_size": 3, "num_nodes": 2}
     torch.save({**checkpoint, "callbacks": {**checkpoint["callbacks"], "WorldSizeRecord": record}}, path)
     message = re.escape("was trained on 3 process(es), this run has 1: ")
     with pytest.raises(ValueError, match=message + ".*resume with trainer.devices=3 trainer.num_nodes=1$"):
-        train_module.check_resume_world_size(str(path), 1)
+        check_resume_world_size(str(path), 1)
 
 
 def test_resume_refuses_a_process_count_record_of_none_or_out_of_range(jamba_run, tmp_path):
@@ -1701,7 +1710,7 @@ def test_resume_refuses_a_process_count_record_of_none_or_out_of_range(jamba_run
     without the entry (written before it existed) still resumes on any count."""
     checkpoint = read_checkpoint(jamba_run["last_ckpt"])
     saved = checkpoint["hyper_parameters"]
-    too_many = train_module.MAX_PROCESSES + 1
+    too_many = MAX_PROCESSES + 1
     edits = {
         "none": None,
         "none_count": {"world_size": None, "num_nodes": 1},
@@ -1717,13 +1726,13 @@ def test_resume_refuses_a_process_count_record_of_none_or_out_of_range(jamba_run
         message = re.escape(f"resume={path}: the checkpoint is corrupt (its WorldSizeRecord entry, ")
         for world_size in (1, 2):
             with pytest.raises(ValueError, match=message + ".*another checkpoint of the run"):
-                train_module.check_resume(str(path), saved, max_steps=21, world_size=world_size)
+                check_resume(str(path), saved, max_steps=21, world_size=world_size)
             with pytest.raises(ValueError, match=message):
-                train_module.check_resume_world_size(str(path), world_size)
-    largest = {"world_size": train_module.MAX_PROCESSES, "num_nodes": 1}
+                check_resume_world_size(str(path), world_size)
+    largest = {"world_size": MAX_PROCESSES, "num_nodes": 1}
     path = tmp_path / "largest.ckpt"
     torch.save({**checkpoint, "callbacks": {**checkpoint["callbacks"], "WorldSizeRecord": largest}}, path)
-    assert train_module.check_resume_world_size(str(path), train_module.MAX_PROCESSES) is None
+    assert check_resume_world_size(str(path), MAX_PROCESSES) is None
 
 
 def test_resume_accepts_a_process_count_record_of_numpy_integers(jamba_run, tmp_path):
@@ -1752,10 +1761,10 @@ def test_resume_accepts_a_process_count_record_of_numpy_integers(jamba_run, tmp_
     # help() shows Lightning's named arguments, not the wrapper's *args / **kwargs (a carried note).
     parameters = inspect.signature(LitLM.load_from_checkpoint).parameters
     assert list(parameters)[:4] == ["cls", "checkpoint_path", "map_location", "hparams_file"], parameters
-    assert train_module.check_resume(str(path), saved, max_steps=21, world_size=1) == str(path.resolve())
+    assert check_resume(str(path), saved, max_steps=21, world_size=1) == str(path.resolve())
     message = re.escape("was trained on 1 process(es), this run has 2: ")
     with pytest.raises(ValueError, match=message + ".*trainer.devices=1 trainer.num_nodes=1$"):
-        train_module.check_resume(str(path), saved, max_steps=21, world_size=2)
+        check_resume(str(path), saved, max_steps=21, world_size=2)
     resumed = run_train(tmp_path / "resumed", [*JAMBA_RESUME, f"resume={path}"])
     assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 21
     # As numpy 1 names the scalar's rebuilder (numpy.core), in torch's legacy format: its pickle is not
@@ -1765,12 +1774,12 @@ def test_resume_accepts_a_process_count_record_of_numpy_integers(jamba_run, tmp_
     written = numpy1.read_bytes()
     assert b"numpy._core.multiarray\nscalar" in written
     numpy1.write_bytes(written.replace(b"numpy._core.multiarray\nscalar", b"numpy.core.multiarray\nscalar"))
-    assert train_module.check_resume(str(numpy1), saved, max_steps=21, world_size=1) == str(numpy1.resolve())
+    assert check_resume(str(numpy1), saved, max_steps=21, world_size=1) == str(numpy1.resolve())
     for name, count in {"numpy_bool": np.bool_(True), "numpy_float": np.float64(1.0)}.items():
         path = with_record(name, {"world_size": count, "num_nodes": 1})
         message = re.escape(f"resume={path}: the checkpoint is corrupt (its WorldSizeRecord entry, ")
         with pytest.raises(ValueError, match=message + ".*not the integers world_size and num_nodes"):
-            train_module.check_resume(str(path), saved, max_steps=21, world_size=1)
+            check_resume(str(path), saved, max_steps=21, world_size=1)
 
 
 @pytest.mark.parametrize(
@@ -1812,7 +1821,7 @@ def test_resume_refusals_paste_back_as_overrides(jamba_run, tmp_path):
         for settings, world_size, max_steps, message in refusals:
             # Double-quoted for the shell around Hydra's single quotes (test_printed_overrides_...).
             with pytest.raises(ValueError, match=re.escape(f"\"resume='{path}'\" {message}")):
-                train_module.check_resume(str(path), settings, max_steps=max_steps, world_size=world_size)
+                check_resume(str(path), settings, max_steps=max_steps, world_size=world_size)
 
 
 def test_a_checkpoint_without_its_seed_still_resumes_and_loads(jamba_run, tmp_path):

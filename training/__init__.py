@@ -1,6 +1,7 @@
 """What a training run needs besides ``train.py``'s task function, by concern:
 
 - :mod:`training.settings`: the checks of a run's settings before training.
+- :mod:`training.resume`: continuing an earlier run from its checkpoint (``resume=``).
 - :mod:`training.signals`: Ctrl+C and SIGTERM during training.
 
 The modules import torch and Lightning: ``train.py`` imports them after it has installed its quiet
