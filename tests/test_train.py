@@ -37,6 +37,7 @@ from omegaconf import OmegaConf
 import train as train_module
 import training.settings
 from data import build_datamodule
+from eval.cli import override_value, pasteable
 from eval.recall import recall_eval
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
 from models.lit import LitLM, load_model, logged_metrics
@@ -47,6 +48,14 @@ from training.resume import (
     check_resume_world_size,
     resolve_defaults,
     resume_settings,
+)
+from training.run_folders import (
+    HYDRA_RUN_FILES,
+    FolderBefore,
+    FoldersBefore,
+    _restore_hydra_files,
+    remove_unused_folders,
+    remove_unused_run_dir,
 )
 from training.settings import (
     check_logger_settings,
@@ -862,16 +871,16 @@ def test_a_dangling_link_or_a_hydra_file_in_the_run_dir_is_one_line(tmp_path, ca
     args = [str(REPO_ROOT / "train.py"), *(["-m"] if "sweep" in option else []), f"{option}={value}"]
     result = cli([*args, *TINY, *MQAR_TINY], cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
-    given = train_module.pasteable(f"{option}={value}")
+    given = pasteable(f"{option}={value}")
     assert result.stdout == "" and result.stderr == f"error: {given}: {message.format(t=tmp_path)}\n"
     assert entries() == before
 
 
-def make_run_dir(path: Path, log: str = "", extra: str | None = None) -> train_module.FoldersBefore:
+def make_run_dir(path: Path, log: str = "", extra: str | None = None) -> FoldersBefore:
     """Make ``path`` as Hydra makes a run directory (``.hydra/``, ``train.log`` holding ``log``), plus
     a folder ``extra``; return the record of what existed of it before (what train.py's Hydra
     callback notes)."""
-    before = train_module.FoldersBefore.of(path)
+    before = FoldersBefore.of(path)
     (path / ".hydra").mkdir(parents=True, exist_ok=True)
     (path / ".hydra" / "config.yaml").write_text("seed: 0\n")
     (path / "train.log").write_text(log)
@@ -882,17 +891,17 @@ def make_run_dir(path: Path, log: str = "", extra: str | None = None) -> train_m
 
 def test_remove_unused_run_dir_keeps_anything_with_content(tmp_path):
     fresh = tmp_path / "fresh"
-    assert train_module.remove_unused_run_dir(fresh, make_run_dir(fresh)) and not fresh.exists()
+    assert remove_unused_run_dir(fresh, make_run_dir(fresh)) and not fresh.exists()
     kept = {tmp_path / "logged": "[INFO] model: ...\n", tmp_path / "trained": ""}
     befores = {run: make_run_dir(run, log, extra=None if log else "checkpoints") for run, log in kept.items()}
-    assert not any(train_module.remove_unused_run_dir(run, before) for run, before in befores.items())
+    assert not any(remove_unused_run_dir(run, before) for run, before in befores.items())
     assert all((run / ".hydra" / "config.yaml").exists() for run in kept)
     missing = tmp_path / "missing"
-    assert not train_module.remove_unused_run_dir(missing, train_module.FoldersBefore.of(missing))
+    assert not remove_unused_run_dir(missing, FoldersBefore.of(missing))
     # Without the record (what existed before is unknown) nothing is removed.
     unknown = tmp_path / "unknown"
     make_run_dir(unknown)
-    assert not train_module.remove_unused_run_dir(unknown, None)
+    assert not remove_unused_run_dir(unknown, None)
     assert sorted(p.name for p in unknown.iterdir()) == [".hydra", "train.log"]
 
 
@@ -904,13 +913,13 @@ def test_remove_unused_run_dir_removes_the_folders_made_for_the_run(tmp_path, mo
     (tmp_path / "kept").mkdir()
     (tmp_path / "full" / "old-run").mkdir(parents=True)
     for name in ("outputs/2026-12-02/10-00-00", "runs/a/b", "kept/run", "full/run"):
-        assert train_module.remove_unused_run_dir(Path(name), make_run_dir(Path(name)))
+        assert remove_unused_run_dir(Path(name), make_run_dir(Path(name)))
     assert sorted(os.listdir()) == ["full", "kept"]
     assert os.listdir("kept") == [] and os.listdir("full") == ["old-run"]
     # A folder that holds another run stays.
     make_run_dir(Path("outputs/2026-12-02/10-00-01"))
     run = Path("outputs/2026-12-02/10-00-02")
-    assert train_module.remove_unused_run_dir(run, make_run_dir(run))
+    assert remove_unused_run_dir(run, make_run_dir(run))
     assert os.listdir("outputs/2026-12-02") == ["10-00-01"]
 
 
@@ -922,26 +931,26 @@ def test_remove_unused_run_dir_keeps_the_folders_that_existed_before(tmp_path, m
     for folder in ("my_run", "outer/inner/run", "outputs/2026-12-02"):
         Path(folder).mkdir(parents=True)
     for run in (Path("my_run"), tmp_path / "outer" / "inner" / "run"):
-        assert not train_module.remove_unused_run_dir(run, make_run_dir(run))
+        assert not remove_unused_run_dir(run, make_run_dir(run))
     run = Path("outputs/2026-12-02/10-00-00")
-    assert train_module.remove_unused_run_dir(run, make_run_dir(run))
+    assert remove_unused_run_dir(run, make_run_dir(run))
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
         "my_run", "outer", "outer/inner", "outer/inner/run", "outputs", "outputs/2026-12-02",
     ]  # fmt: skip
     # The working directory itself (hydra.run.dir=.) stays.
     monkeypatch.chdir(tmp_path / "my_run")
-    assert not train_module.remove_unused_run_dir(Path("."), make_run_dir(Path(".")))
+    assert not remove_unused_run_dir(Path("."), make_run_dir(Path(".")))
     assert os.listdir() == [] and Path.cwd() == tmp_path / "my_run"
     # So do Hydra's files that were there before (an earlier run's .hydra/ and empty train.log).
     make_run_dir(Path("."))
-    assert not train_module.remove_unused_run_dir(Path("."), make_run_dir(Path(".")))
+    assert not remove_unused_run_dir(Path("."), make_run_dir(Path(".")))
     assert sorted(os.listdir()) == [".hydra", "train.log"]
 
 
-def sweep_job(sweep: Path, job: str = "0-attention-mqar") -> train_module.FoldersBefore:
+def sweep_job(sweep: Path, job: str = "0-attention-mqar") -> FoldersBefore:
     """Make a -m job's folders as Hydra does: ``sweep`` holding ``multirun.yaml`` and the job's run
     directory; return the record of what existed of ``sweep`` before (Hydra's multirun start)."""
-    before = train_module.FoldersBefore.of(sweep)
+    before = FoldersBefore.of(sweep)
     make_run_dir(sweep / job)
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
     return before
@@ -952,16 +961,16 @@ def test_remove_unused_run_dir_removes_a_refused_sweeps_folders(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     sweep = Path("multirun/2026-12-02/10-00-00")
     before = sweep_job(sweep)
-    assert train_module.remove_unused_run_dir(sweep / "0-attention-mqar", before, sweep)
+    assert remove_unused_run_dir(sweep / "0-attention-mqar", before, sweep)
     assert os.listdir() == []
     # A sweep folder the user made stays (empty); one holding another job's run keeps its multirun.yaml.
     Path("my_sweep").mkdir()
     before = sweep_job(Path("my_sweep"))
-    assert train_module.remove_unused_run_dir(Path("my_sweep/0-attention-mqar"), before, Path("my_sweep"))
+    assert remove_unused_run_dir(Path("my_sweep/0-attention-mqar"), before, Path("my_sweep"))
     assert os.listdir() == ["my_sweep"] and os.listdir("my_sweep") == []
     before = sweep_job(sweep)
     make_run_dir(sweep / "1-mamba-mqar", extra="checkpoints")
-    assert train_module.remove_unused_run_dir(sweep / "0-attention-mqar", before, sweep)
+    assert remove_unused_run_dir(sweep / "0-attention-mqar", before, sweep)
     assert sorted(os.listdir(sweep)) == ["1-mamba-mqar", "multirun.yaml"]
 
 
@@ -980,11 +989,11 @@ def test_hydra_files_shared_by_links_or_with_their_own_modes_are_put_back(tmp_pa
     (run / ".hydra" / "overrides.yaml").symlink_to(elsewhere / "overrides.yaml")
     (run / ".hydra" / "hydra.yaml").write_text("hydra: old\n")
     os.chmod(run / ".hydra" / "hydra.yaml", 0o600)
-    was = train_module.FolderBefore.of(run)
+    was = FolderBefore.of(run)
     for name in ("config.yaml", "overrides.yaml", "hydra.yaml"):  # as Hydra writes: through the links
         with open(run / ".hydra" / name, "w") as f:
             f.write("refused: run\n")
-    train_module._restore_hydra_files(run, was, train_module.HYDRA_RUN_FILES)
+    _restore_hydra_files(run, was, HYDRA_RUN_FILES)
     assert (backup / "config.yaml").read_text() == "config: old\n"
     assert os.stat(backup / "config.yaml").st_ino == os.stat(run / ".hydra" / "config.yaml").st_ino
     assert (run / ".hydra" / "overrides.yaml").is_symlink()
@@ -1000,12 +1009,12 @@ def test_a_refused_sweep_leaves_another_sweeps_jobs_in_the_same_folder(tmp_path,
     known, and only their folders are undone; the sweep's multirun.yaml stays, the folder in use."""
     monkeypatch.chdir(tmp_path)
     sweep = Path("shared_sweep")
-    before = train_module.FoldersBefore.of(sweep, job_depth=1)
+    before = FoldersBefore.of(sweep, job_depth=1)
     make_run_dir(sweep / "a0")  # the other sweep's job, made after this sweep's record
     make_run_dir(sweep / "b0")  # this sweep's refused job
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
     others = tree(sweep / "a0")
-    train_module.remove_unused_folders(before, jobs=[(sweep / "b0").resolve()])
+    remove_unused_folders(before, jobs=[(sweep / "b0").resolve()])
     assert sorted(os.listdir(sweep)) == ["a0", "multirun.yaml"] and tree(sweep / "a0") == others
 
 
@@ -1016,32 +1025,32 @@ def test_remove_unused_folders_undoes_the_jobs_a_joblib_sweep_killed(tmp_path, m
     sweep's; a job that trained keeps its folder, and the sweep its multirun.yaml."""
     monkeypatch.chdir(tmp_path)
     sweep = Path("multirun/2026-12-02/10-00-00")
-    before = train_module.FoldersBefore.of(sweep, job_depth=1)
+    before = FoldersBefore.of(sweep, job_depth=1)
     (sweep / "0-attention-mqar" / ".hydra").mkdir(parents=True)  # killed while Hydra wrote its config
     (sweep / "0-attention-mqar" / ".hydra" / "config.yaml").write_text("seed: ")
     (sweep / "1-mamba-mqar").mkdir()  # killed right after Hydra made it
     make_run_dir(sweep / "2-hybrid_jamba-mqar")  # refused
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
-    train_module.remove_unused_folders(before)
+    remove_unused_folders(before)
     assert os.listdir() == []
     # Into an earlier sweep's folder: its job's records and multirun.yaml are put back as they were.
     old = Path("old_sweep")
     earlier_run(old / "0-attention-mqar")
     (old / "multirun.yaml").write_text("# the earlier sweep\n")
     was = tree(old)
-    before = train_module.FoldersBefore.of(old, job_depth=1)
+    before = FoldersBefore.of(old, job_depth=1)
     for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
         (old / "0-attention-mqar" / ".hydra" / name).write_text("# the refused job's\n")
     (old / "multirun.yaml").write_text("# this sweep\n")
     make_run_dir(old / "1-mamba-mqar")
-    train_module.remove_unused_folders(before)
+    remove_unused_folders(before)
     assert tree(old) == was
     # A job that trained keeps its folder, and the sweep its multirun.yaml.
-    before = train_module.FoldersBefore.of(sweep, job_depth=1)
+    before = FoldersBefore.of(sweep, job_depth=1)
     make_run_dir(sweep / "0-attention-mqar", log="[...] mixerlab: attention\n")
     make_run_dir(sweep / "1-mamba-mqar")
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
-    train_module.remove_unused_folders(before)
+    remove_unused_folders(before)
     assert sorted(os.listdir(sweep)) == ["0-attention-mqar", "multirun.yaml"]
     assert (sweep / "0-attention-mqar" / "train.log").read_text() == "[...] mixerlab: attention\n"
 
@@ -1537,7 +1546,7 @@ def test_printed_overrides_paste_into_a_shell_unchanged(override, tmp_path):
     expansion of a mapping's commas, or variable expansion."""
     for name in ("c", "ab", "axb"):
         (tmp_path / name).touch()
-    printed = train_module.pasteable(override)
+    printed = pasteable(override)
     out = subprocess.run(
         ["bash", "-c", f"printf '%s\\0' {printed}"], cwd=tmp_path, capture_output=True, text=True, check=True
     )
@@ -1555,7 +1564,7 @@ def test_printed_overrides_paste_back_to_the_same_value(key, value, tmp_path):
     """Found by a review: a path holding a literal ${...} (a folder named so) was printed as it is, so
     the override pasted back made Hydra interpolate it (another value, or an error). It is printed
     escaped (\\${), which a shell passes through and Hydra's composed config reads as the path."""
-    printed = train_module.pasteable(f"{key}={train_module.override_value(value)}")
+    printed = pasteable(f"{key}={override_value(value)}")
     out = subprocess.run(
         ["bash", "-c", f"printf '%s\\0' {printed}"], cwd=tmp_path, capture_output=True, text=True, check=True
     )
