@@ -4,19 +4,15 @@ Hydra composes the config (``conf/train.yaml`` and its groups), :func:`train` ru
 Lightning: one run directory per run (also under DDP, whose launcher re-runs this command line
 with the same ``hydra.run.dir``), checkpoints ``best.ckpt`` and ``last.ckpt`` written atomically,
 W&B (offline by default) and CSV logs, optional early stopping (``early_stopping``: the arguments of
-Lightning's ``EarlyStopping``), and result records of the final validation. ``resume=<ckpt>``
-continues an earlier run (weights, optimizer, schedule, step and token counts, and the training
-data order from the next batch) in a new run directory, e.g. a long run cut by ``trainer.max_time``
-into several sessions. A run stopped by
-Ctrl+C or SIGTERM (``kill``, ``timeout``, a scheduler) shuts down as Lightning does for Ctrl+C,
-then still saves ``last.ckpt`` and writes the records of its best checkpoint, marked
-``interrupted``, and exits with status 1 (single-process runs; a DDP run stops at once, see
-:class:`training.signals.StopDDPOnSigterm`). Ctrl+C before
-training (while the modules import, the config is composed or the data prepared) ends it with one
-line and status 130; such a run, and one refused by a settings error, removes what Hydra made for
-it (its run directory, when that holds only Hydra's files), never a folder that was there before,
-and puts back the files of Hydra's it overwrote there (an earlier run's ``.hydra/``); a failed write
-(full disk) is one line naming the file.
+Lightning's ``EarlyStopping``), and result records of the final validation. A failed write (full
+disk) is one line naming the file. The rest of a run is in :mod:`training`:
+
+- :mod:`training.settings`: the checks of the config before training (one line, status 2).
+- :mod:`training.resume`: ``resume=<ckpt>``, an earlier run continued in a new run directory.
+- :mod:`training.signals`: Ctrl+C or SIGTERM during training stops gracefully and still saves
+  ``last.ckpt`` and the records, marked ``interrupted`` (status 1; a DDP run stops at once).
+- :mod:`training.run_folders`: a run refused, or stopped by Ctrl+C before training (one line,
+  status 130), removes what Hydra made for it and puts back the files of Hydra's it overwrote.
 """
 
 from __future__ import annotations
