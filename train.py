@@ -279,7 +279,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 interrupted = True
                 discard_unfinished_batch(trainer)
                 log.info(
-                    f"training interrupted at step {trainer.global_step}: saving and evaluating the best checkpoint"
+                    f"training interrupted at step {trainer.global_step}: "
+                    "saving and evaluating the best checkpoint"
                 )
         # The final save and evaluation take seconds and are what an interrupted run exists to
         # keep: a Ctrl+C or SIGTERM now is noted and acted on after them.
@@ -315,7 +316,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     )
                 elif not own_best:
                     log.info(
-                        "training was interrupted before its first validation: the best checkpoint is the last one"
+                        "training was interrupted before its first validation: "
+                        "the best checkpoint is the last one"
                         if interrupted
                         else "no validation ran during this run (its steps never reached a multiple of "
                         "trainer.val_check_interval): the best checkpoint is the last one"
@@ -331,7 +333,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     log.info(
                         f"the last {steps} not validated (after step {last_validated}, the last "
                         "validation): best.ckpt and the final "
-                        f"validation are of step {last_validated} or earlier, last.ckpt holds the final weights{advice}"
+                        f"validation are of step {last_validated} or earlier, "
+                        f"last.ckpt holds the final weights{advice}"
                     )
                 log.info(f"best checkpoint: {best}")
                 log.info(f"last checkpoint: {last}")

@@ -216,7 +216,8 @@ def check_resume(
             f"left to train; raise trainer.max_steps to continue (e.g. trainer.max_steps={2 * step})"
         )
     # Lightning stops at max_epochs by the epochs its fit loop has processed (FitLoop.done).
-    epochs = checkpoint["loops"].get("fit_loop", {}).get("epoch_progress", {}).get("current", {}).get("processed")
+    progress = checkpoint["loops"].get("fit_loop", {}).get("epoch_progress", {})
+    epochs = progress.get("current", {}).get("processed")
     if max_epochs is not None and max_epochs != -1 and isinstance(epochs, int) and epochs >= max_epochs:
         raise ValueError(
             f"{given} has already trained {epochs} epoch(s), and trainer.max_epochs={max_epochs}: "

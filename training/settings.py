@@ -192,7 +192,8 @@ def check_trainer_settings(cfg: DictConfig) -> None:
     for name in ("enable_progress_bar", "enable_checkpointing", "enable_model_summary", "deterministic"):
         value = trainer.get(name)
         # Hydra passes enable_progress_bar=no as the string "no", which Lightning takes as true.
-        if value is not None and not isinstance(value, bool) and not (name == "deterministic" and value == "warn"):
+        warn_only = name == "deterministic" and value == "warn"
+        if value is not None and not isinstance(value, bool) and not warn_only:
             choices = "true, false or warn" if name == "deterministic" else "true or false"
             raise TypeError(f"trainer.{name} must be {choices}, got {value!r}")
     limit = trainer.get("limit_val_batches")
