@@ -24,8 +24,10 @@ Forward for K <= 128, fused (``uses_fused_forward``):
   (``num_segments``: enough (V tile, segment, head) programs to fill the SMs once); one program per
   (K tile, V tile, segment, batch * head) sums its segment's K_c^T V_c in fp32. Skipped with one
   segment (B8 T2048 H32 on an H200) unless it has z programs: with normalize and K padded to 128
-  (``loads_chunk_z``), one program per (K tile, batch * head) also writes z_c before every chunk
-  (and the final z), for the fused kernel to load instead of carrying z through its chunks.
+  (``loads_chunk_z``), one program per (K tile, part of ``CHUNK_Z_PART_CHUNKS`` chunks, batch *
+  head) also writes z_c from its part's start before every chunk and the part's sum, and
+  ``linear_attention_chunk_z_kernel`` adds the earlier parts' sums (and the final z), for the fused
+  kernel to load instead of carrying z through its chunks.
 - ``linear_attention_fused_fwd_kernel``: one program per (V tile, segment, batch * head) starts from
   the initial state plus the earlier segments' sums, keeps the whole (K, V tile) state in fp32
   registers and walks its chunks in order: O_c from S_c and the masked (C x C) scores, then
@@ -534,61 +536,57 @@ def linear_attention_fwd_kernel(
 
 @triton.jit
 def _chunk_z_program(
-    K, Z_IN, ZC, ZSTATES, Z_OUT, pid_d, head, bh, stride_kb, stride_kt, stride_kh, stride_kd,
-    stride_zb, stride_zh, stride_zd, batch, T, D_DIM,
-    HAS_Z_IN: tl.constexpr, STORE_Z: tl.constexpr, ACC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    K, ZW, ZPART, pid, head, bh, stride_kb, stride_kt, stride_kh, stride_kd, batch, T, D_DIM,
+    chunks_per_part, ACC: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, Z_STEP: tl.constexpr,
 ):  # fmt: skip
-    """z before each chunk for rows offs_d of K: ZC[bh, c] (D, 2) = z_c as a (hi, lo) pair in K's dtype
-    (lo = z_c - hi, zero for fp32 / fp64), ZSTATES[bh, c] (D,) = z_c in ACC with STORE_Z, Z_OUT[bh]
-    the total; z_0 = Z_IN (or 0). The sums run on the tensor cores, Z_STEP chunks a step: K^T of the
-    step's (Z_STEP * BLOCK_T) tokens times an indicator whose column j marks the tokens of the step's
-    chunks before its j-th gives, added to z (held in every column of a (BLOCK_D, 16) accumulator),
-    z before each of the step's chunks in its own column, and K^T times ones moves z past the step.
-    Neither product reads z, so the chain from step to step is one addition, not a product, over
-    cdiv(n_chunks, Z_STEP) steps (CHUNK_Z_STEP gives the timings)."""
+    """For rows offs_d of K (``pid`` % cdiv(D, BLOCK_D)) and the chunks of part ``pid`` // cdiv(D,
+    BLOCK_D) (``chunks_per_part`` chunks a part): ZW[bh, c] (D,) = z before chunk c counted from the
+    part's start, ZPART[bh, part] (D,) = the part's sum, both in ACC; :func:`linear_attention_chunk_z_kernel`
+    adds the earlier parts. The sums run on the tensor cores, Z_STEP chunks a step: K^T of the step's
+    (Z_STEP * BLOCK_T) tokens times an indicator whose column j marks the tokens of the step's chunks
+    before its j-th gives, added to z (held in every column of a (BLOCK_D, 16) accumulator), z before
+    each of the step's chunks in its own column, and K^T times ones moves z past the step. Neither
+    product reads z, so the chain from step to step is one addition, not a product (CHUNK_Z_STEP gives
+    the timings)."""
     n_chunks = tl.cdiv(T, BLOCK_T)
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    n_d = tl.cdiv(D_DIM, BLOCK_D)
+    part = pid // n_d
+    offs_d = (pid % n_d) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_mask = offs_d < D_DIM
     z_cols = tl.arange(0, 16)
     z_acc = tl.zeros([BLOCK_D, 16], dtype=ACC)
-    if HAS_Z_IN:
-        z_in = tl.load(Z_IN + batch * stride_zb + head * stride_zh + offs_d * stride_zd, mask=d_mask, other=0.0)
-        z_acc += z_in.to(ACC)[:, None]
     rows = tl.arange(0, Z_STEP * BLOCK_T)
     before = ((rows // BLOCK_T)[:, None] < z_cols[None, :]).to(K.dtype.element_ty)  # (Z_STEP * BLOCK_T, 16)
     ones = tl.full([Z_STEP * BLOCK_T, 16], 1.0, dtype=K.dtype.element_ty)
-    first = d_mask[:, None] & (z_cols[None, :] == 0)
     k_base = K + batch * stride_kb + head * stride_kh
-    for step in range(0, tl.cdiv(n_chunks, Z_STEP)):
-        offs_t = step * Z_STEP * BLOCK_T + rows
+    first = part * chunks_per_part
+    last = tl.minimum(first + chunks_per_part, n_chunks)
+    for step in range(0, tl.cdiv(last - first, Z_STEP)):
+        chunk0 = first + step * Z_STEP
+        offs_t = chunk0 * BLOCK_T + rows
         k_t = tl.load(
             k_base + offs_d[:, None] * stride_kd + offs_t[None, :] * stride_kt,
-            mask=d_mask[:, None] & (offs_t < T)[None, :], other=0.0
-        )  # (BLOCK_D, Z_STEP * BLOCK_T): K^T of the step through its strides
+            mask=d_mask[:, None] & (offs_t < tl.minimum(last * BLOCK_T, T))[None, :], other=0.0
+        )  # (BLOCK_D, Z_STEP * BLOCK_T): K^T of the step through its strides, none past the part
         # column j: z before the step's chunk j
         z_c = z_acc + tl.dot(k_t, before, input_precision=DOT_PRECISION, out_dtype=ACC)
-        chunk = step * Z_STEP + z_cols
-        col_mask = d_mask[:, None] & ((z_cols < Z_STEP) & (chunk < n_chunks))[None, :]
-        hi = z_c.to(ZC.dtype.element_ty)
-        zc_ptr = ZC + ((bh * n_chunks + chunk[None, :]) * D_DIM + offs_d[:, None]) * 2
-        tl.store(zc_ptr, hi, mask=col_mask)
-        tl.store(zc_ptr + 1, (z_c - hi.to(ACC)).to(ZC.dtype.element_ty), mask=col_mask)
-        if STORE_Z:
-            tl.store(ZSTATES + (bh * n_chunks + chunk[None, :]) * D_DIM + offs_d[:, None], z_c, mask=col_mask)
+        chunk = chunk0 + z_cols
+        col_mask = d_mask[:, None] & ((z_cols < Z_STEP) & (chunk < last))[None, :]
+        tl.store(ZW + (bh * n_chunks + chunk[None, :]) * D_DIM + offs_d[:, None], z_c, mask=col_mask)
         z_acc += tl.dot(k_t, ones, input_precision=DOT_PRECISION, out_dtype=ACC)
-    tl.store(Z_OUT + bh * D_DIM + offs_d[:, None] + z_cols[None, :], z_acc, mask=first)
+    n_parts = tl.cdiv(n_chunks, chunks_per_part)
+    tl.store(ZPART + (bh * n_parts + part) * D_DIM + offs_d[:, None] + z_cols[None, :], z_acc,
+             mask=d_mask[:, None] & (z_cols[None, :] == 0))
 
 
-@triton.jit(do_not_specialize=["num_heads", "T", "chunks_per_seg", "n_prev"])
+@triton.jit(do_not_specialize=["num_heads", "T", "chunks_per_seg", "n_prev", "chunks_per_part"])
 def linear_attention_segment_kernel(
-    K, V, SEG, ZSEG, Z_IN, ZC, ZSTATES, Z_OUT,
+    K, V, SEG, ZSEG, ZW, ZPART,
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_vb, stride_vt, stride_vh, stride_ve,
-    stride_zb, stride_zh, stride_zd,
-    num_heads, T, D_DIM, E_DIM, chunks_per_seg, n_prev,
-    HAS_Z: tl.constexpr, CHUNK_Z: tl.constexpr, HAS_Z_IN: tl.constexpr, STORE_Z: tl.constexpr,
-    FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    num_heads, T, D_DIM, E_DIM, chunks_per_seg, n_prev, chunks_per_part,
+    HAS_Z: tl.constexpr, CHUNK_Z: tl.constexpr, FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, Z_BLOCK_D: tl.constexpr,
     Z_STEP: tl.constexpr,
 ):  # fmt: skip
@@ -596,9 +594,10 @@ def linear_attention_segment_kernel(
     rows of K with HAS_Z), in the accumulator dtype, for the ``n_prev`` = n_seg - 1 first segments
     (the last segment's sum is never needed): the first cdiv(D, BLOCK_D) * cdiv(E, BLOCK_E) * n_prev
     programs of axis 0. SEG (B*H, n_prev, D, E) and ZSEG (B*H, n_prev, D) contiguous. Segments hold
-    ``chunks_per_seg`` chunks of BLOCK_T tokens. With CHUNK_Z, cdiv(D, Z_BLOCK_D) more programs on axis 0
-    write the normaliser's z before every chunk of the whole sequence for the fused forward
-    (:func:`_chunk_z_program`); grid (that total, H, B).
+    ``chunks_per_seg`` chunks of BLOCK_T tokens. With CHUNK_Z, cdiv(D, Z_BLOCK_D) * n_parts more
+    programs on axis 0 write the normaliser's z before every chunk within its part of
+    ``chunks_per_part`` chunks, and each part's sum, for the fused forward (:func:`_chunk_z_program`;
+    ZW (B*H, n_chunks, D), ZPART (B*H, n_parts, D)); grid (that total, H, B).
     """
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
     n_d = tl.cdiv(D_DIM, BLOCK_D)
@@ -610,9 +609,8 @@ def linear_attention_segment_kernel(
     n_kv = n_d * n_e * n_prev
     if CHUNK_Z and pid >= n_kv:
         _chunk_z_program(
-            K, Z_IN, ZC, ZSTATES, Z_OUT, pid - n_kv, head, bh, stride_kb, stride_kt, stride_kh, stride_kd,
-            stride_zb, stride_zh, stride_zd, batch, T, D_DIM, HAS_Z_IN, STORE_Z, ACC, DOT_PRECISION,
-            BLOCK_T, Z_BLOCK_D, Z_STEP,
+            K, ZW, ZPART, pid - n_kv, head, bh, stride_kb, stride_kt, stride_kh, stride_kd, batch, T, D_DIM,
+            chunks_per_part, ACC, DOT_PRECISION, BLOCK_T, Z_BLOCK_D, Z_STEP,
         )  # fmt: skip
     else:
         pid_e = pid % n_e
@@ -653,6 +651,54 @@ def linear_attention_segment_kernel(
             tl.store(ZSEG + row * D_DIM + offs_d, tl.sum(z_acc, 1), mask=d_mask & (tl.zeros_like(offs_d) + pid_e == 0))
 
 
+@triton.jit(do_not_specialize=["num_heads", "n_chunks", "chunks_per_part"])
+def linear_attention_chunk_z_kernel(
+    ZW, ZPART, Z_IN, ZC, Z_OUT,
+    stride_zb, stride_zh, stride_zd,
+    num_heads, D_DIM, n_chunks, chunks_per_part,
+    HAS_Z_IN: tl.constexpr, STORE_Z: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """z before every chunk from the segment kernel's per-part sums; grid (n_parts, H, B), BLOCK_D >= D.
+
+    With base = Z_IN[b, h] (or 0) plus ZPART[bh, p] (B*H, n_parts, D) for every part p before this
+    one, z_c = base + ZW[bh, c] (B*H, n_chunks, D) for the part's chunks, BLOCK_C at a time: to ZC[bh,
+    c] (B*H, n_chunks, D, 2) as a (hi, lo) pair in ZC's dtype (lo = z_c - hi, zero for fp32 / fp64)
+    for the fused forward's q . z_c, and back to ZW with STORE_Z (ZW is then the saved zstates). The
+    last part writes the final z, base plus its own sum, to Z_OUT (B*H, D). Elementwise: the split
+    into parts is what lets the z programs walk the sequence in parallel.
+    """
+    part = tl.program_id(0)
+    n_parts = tl.num_programs(0)
+    head = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    bh = batch * num_heads + head
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_DIM
+    base = tl.zeros([BLOCK_D], dtype=ZPART.dtype.element_ty)
+    if HAS_Z_IN:
+        base += tl.load(Z_IN + batch * stride_zb + head * stride_zh + offs_d * stride_zd, mask=d_mask,
+                        other=0.0).to(base.dtype)  # fmt: skip
+    for prev in range(0, part):
+        base += tl.load(ZPART + (bh * n_parts + prev) * D_DIM + offs_d, mask=d_mask, other=0.0)
+    first = part * chunks_per_part
+    last = tl.minimum(first + chunks_per_part, n_chunks)
+    offs_c = tl.arange(0, BLOCK_C)
+    for block in range(first, last, BLOCK_C):
+        rows = bh * n_chunks + block + offs_c
+        mask = (block + offs_c < last)[:, None] & d_mask[None, :]
+        zw_ptr = ZW + rows[:, None] * D_DIM + offs_d[None, :]
+        z_c = tl.load(zw_ptr, mask=mask, other=0.0) + base[None, :]  # (BLOCK_C, BLOCK_D)
+        hi = z_c.to(ZC.dtype.element_ty)
+        zc_ptr = ZC + (rows[:, None] * D_DIM + offs_d[None, :]) * 2
+        tl.store(zc_ptr, hi, mask=mask)
+        tl.store(zc_ptr + 1, (z_c - hi.to(z_c.dtype)).to(ZC.dtype.element_ty), mask=mask)
+        if STORE_Z:
+            tl.store(zw_ptr, z_c, mask=mask)
+    if part == n_parts - 1:
+        total = base + tl.load(ZPART + (bh * n_parts + part) * D_DIM + offs_d, mask=d_mask, other=0.0)
+        tl.store(Z_OUT + bh * D_DIM + offs_d, total, mask=d_mask)
+
+
 @triton.jit(do_not_specialize=["num_heads", "T", "chunks_per_seg"])
 def linear_attention_fused_fwd_kernel(
     Q, K, V, S_IN, Z_IN, SEG, ZSEG, STATES, ZSTATES, Out, DEN, S_OUT, Z_OUT, ZC,
@@ -677,11 +723,11 @@ def linear_attention_fused_fwd_kernel(
     With STORE_STATES, S_c (``state_dtype``) and z_c (accumulator dtype) go to STATES (B*H, n_chunks,
     D, E) / ZSTATES (B*H, n_chunks, D) for the backward (S_c at the end of chunk c - 1 with
     LATE_STATE_STORE); with NORMALIZE, den to DEN (B*H, T). With ZC_LOADED, z_c comes from ZC
-    (B*H, n_chunks, D, 2), which the segment kernel's z programs wrote with ZSTATES and Z_OUT.
+    (B*H, n_chunks, D, 2), which linear_attention_chunk_z_kernel wrote with ZSTATES and Z_OUT.
     """
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
-    # z carried in registers through the chunks, or each chunk's z loaded (ZC_LOADED, from the
-    # segment kernel's z programs).
+    # z carried in registers through the chunks, or each chunk's z loaded (ZC_LOADED, summed by the
+    # segment kernel's z programs and completed by linear_attention_chunk_z_kernel).
     Z_CARRIED: tl.constexpr = NORMALIZE and not ZC_LOADED
     n_e = tl.cdiv(E_DIM, BLOCK_E)
     pid_e = tl.program_id(0) % n_e
@@ -1188,8 +1234,8 @@ def uses_fused_forward(k_dim: int, v_dim: int) -> bool:
 # Smallest K (padded) whose normalised fused forward loads each chunk's z (see loads_chunk_z).
 CHUNK_Z_MIN_K = 128
 
-# Rows of K a z program of the segment kernel sums (see _chunk_z_program). Each program walks every
-# chunk of its sequence in order; the width sets how many programs share that walk (H200, 2026-12-05,
+# Rows of K a z program of the segment kernel sums (see _chunk_z_program). Each program walks the
+# chunks of its part in order; the width sets how many programs share that walk (H200, 2026-12-05,
 # bf16, B2 T8192 H16 K=V=128, one chunk a step: the segment kernel 41 us with 32 rows against 52 with
 # 64 and 71 with 16 at 6 stages; 91 with 128 against 63 with 64 at 3 stages).
 CHUNK_Z_BLOCK_D = 32
@@ -1202,6 +1248,21 @@ CHUNK_Z_BLOCK_D = 32
 # suite passed with (70 of 70 on that H100; 2 and 8 were not run there).
 CHUNK_Z_STEP = 4
 
+# Chunks a z program walks (a part; see _chunk_z_program): the sequence is cut into parts of this many
+# chunks, summed in parallel, and linear_attention_chunk_z_kernel adds the earlier parts' sums. One
+# part walked the whole sequence in order: the segment kernel's critical path, 60 us against 31.5
+# unnormalised at B2 T8192 H16 K=V=128 (H100, 2026-12-05, bf16, torch.profiler) and 158 against 62 at
+# B1 T32768 H8 (2026-12-06). 32 and 64 are not yet timed against each other (nor CHUNK_Z_BLOCK_D,
+# CHUNK_Z_STEP and SEGMENT_STAGES_16BIT again, all measured with one part).
+CHUNK_Z_PART_CHUNKS = 32
+
+# Most parts a sequence is cut into: each chunk-z program sums the parts before its own, so the
+# prefix loads grow as the square of the parts (beyond this, parts hold more chunks).
+CHUNK_Z_MAX_PARTS = 64
+
+# Chunks a program of linear_attention_chunk_z_kernel adds the base to at a time.
+CHUNK_Z_BLOCK_C = 16
+
 # Pipeline stages of the segment kernel for 16-bit inputs. Its programs only load and accumulate,
 # so the depth of loads in flight sets their time: at B2 T8192 H16 K=V=128 (H200, 2026-12-05, bf16)
 # unnormalised 37.2 / 30.0 / 27.2 / 24.2 / 23.2 us with 3 / 4 / 5 / 6 / 8 stages (the forward
@@ -1211,13 +1272,23 @@ CHUNK_Z_STEP = 4
 SEGMENT_STAGES_16BIT = 6
 
 
+def chunk_z_parts(n_chunks: int) -> tuple[int, int]:
+    """(chunks a part, parts) of the z programs for a sequence of ``n_chunks`` chunks: parts of
+    CHUNK_Z_PART_CHUNKS chunks, longer where that would make more than CHUNK_Z_MAX_PARTS, never
+    longer than the sequence; (1, 0) for an empty one, which has no z programs)."""
+    per_part = max(CHUNK_Z_PART_CHUNKS, cdiv(n_chunks, CHUNK_Z_MAX_PARTS))
+    per_part = max(1, min(per_part, n_chunks))
+    return per_part, cdiv(n_chunks, per_part)
+
+
 def loads_chunk_z(dtype: torch.dtype, k_dim: int) -> bool:
     """Whether the normalised fused forward loads each chunk's z_c, written before it by the segment
-    kernel's z programs, instead of carrying z through the chunks in registers: for K padded to at
-    least CHUNK_Z_MIN_K (where the carried z, its 64-wide q . z operand built in registers and its
-    per-chunk sums made the kernel spill at 4 warps: 168 / 80 bytes a thread without / with the
-    states stored at K = 128, against none loaded; Triton 3.9, sm_90), and for the dtypes with fp32's
-    exponent range (z grows linearly in T, past fp16's 65504: fp16 keeps the carried z, rescaled)."""
+    kernel's z programs and linear_attention_chunk_z_kernel, instead of carrying z through the chunks
+    in registers: for K padded to at least CHUNK_Z_MIN_K (where the carried z, its 64-wide q . z
+    operand built in registers and its per-chunk sums made the kernel spill at 4 warps: 168 / 80
+    bytes a thread without / with the states stored at K = 128, against none loaded; Triton 3.9,
+    sm_90), and for the dtypes with fp32's exponent range (z grows linearly in T, past fp16's 65504:
+    fp16 keeps the carried z, rescaled)."""
     return dtype != torch.float16 and _pad(k_dim) >= CHUNK_Z_MIN_K
 
 
@@ -1290,25 +1361,35 @@ def _fused_forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, 
     dot_precision = _dot_precision(q.dtype)
     chunk_z = normalize and n_chunks > 0 and loads_chunk_z(q.dtype, k_dim)
     block_d = min(_pad(k_dim), block_e)
-    seg = zseg = zc = dummy
+    seg = zseg = zc = zw = zpart = dummy
     if n_seg > 1:
         seg = torch.empty((batch * num_heads, n_seg - 1, k_dim, v_dim), dtype=acc, device=device)
         if normalize and not chunk_z:
             zseg = torch.empty((batch * num_heads, n_seg - 1, k_dim), dtype=acc, device=device)
+    chunks_per_part, n_parts = chunk_z_parts(n_chunks)
     if chunk_z:
         zc = torch.empty((batch * num_heads, n_chunks, k_dim, 2), dtype=q.dtype, device=device)
+        # z within its part, completed in place when it is the saved zstates
+        zw = zstates if zstates is not None else torch.empty((batch * num_heads, n_chunks, k_dim), dtype=acc,
+                                                             device=device)  # fmt: skip
+        zpart = torch.empty((batch * num_heads, n_parts, k_dim), dtype=acc, device=device)
     kv_programs = cdiv(k_dim, block_d) * e_tiles * (n_seg - 1)
     z_block_d = min(CHUNK_Z_BLOCK_D, block_d)
-    z_programs = cdiv(k_dim, z_block_d) if chunk_z else 0
+    z_programs = cdiv(k_dim, z_block_d) * n_parts if chunk_z else 0
     if kv_programs + z_programs:
         linear_attention_segment_kernel[(kv_programs + z_programs, num_heads, batch)](
-            k, v, seg, zseg, z0 if z0 is not None else dummy, zc, zstates if zstates is not None else dummy,
-            z if normalize else dummy, *k.stride(), *v.stride(), *strides(z0, 3),
-            num_heads, seqlen, k_dim, v_dim, chunks_per_seg, n_seg - 1,
-            HAS_Z=normalize and not chunk_z, CHUNK_Z=chunk_z, HAS_Z_IN=z0 is not None,
-            STORE_Z=zstates is not None, FP64=fp64, DOT_PRECISION=dot_precision, BLOCK_T=chunk,
-            BLOCK_D=block_d, BLOCK_E=block_e, Z_BLOCK_D=z_block_d, Z_STEP=CHUNK_Z_STEP, num_warps=num_warps,
-            num_stages=segment_stages(q.dtype, num_stages),
+            k, v, seg, zseg, zw, zpart, *k.stride(), *v.stride(),
+            num_heads, seqlen, k_dim, v_dim, chunks_per_seg, n_seg - 1, chunks_per_part,
+            HAS_Z=normalize and not chunk_z, CHUNK_Z=chunk_z, FP64=fp64, DOT_PRECISION=dot_precision,
+            BLOCK_T=chunk, BLOCK_D=block_d, BLOCK_E=block_e, Z_BLOCK_D=z_block_d, Z_STEP=CHUNK_Z_STEP,
+            num_warps=num_warps, num_stages=segment_stages(q.dtype, num_stages),
+        )  # fmt: skip
+    if chunk_z:
+        linear_attention_chunk_z_kernel[(n_parts, num_heads, batch)](
+            zw, zpart, z0 if z0 is not None else dummy, zc, z, *strides(z0, 3),
+            num_heads, k_dim, n_chunks, chunks_per_part,
+            HAS_Z_IN=z0 is not None, STORE_Z=zstates is not None, BLOCK_C=CHUNK_Z_BLOCK_C,
+            BLOCK_D=_pad(k_dim), num_warps=4,
         )  # fmt: skip
     # With z loaded (loads_chunk_z) the fused forward stores S_{c+1} after its update at the end of chunk
     # c (S_first before the loop), rather than S_c at the start of chunk c, where the fp32 -> 16-bit

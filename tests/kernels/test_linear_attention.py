@@ -754,16 +754,19 @@ def test_fused_forward_rule_and_segments():
     # The normalised fused forward loads each chunk's z from K padded to 128 on, except in fp16.
     assert la.loads_chunk_z(torch.bfloat16, 128) and la.loads_chunk_z(torch.float32, 65)
     assert not la.loads_chunk_z(torch.float16, 128) and not la.loads_chunk_z(torch.float32, 64)
+    # The z programs' parts: 32 chunks each (T 8192 in bf16: 4 parts), at most 64 parts, none empty.
+    assert la.chunk_z_parts(128) == (32, 4) and la.chunk_z_parts(20) == (20, 1)
+    assert la.chunk_z_parts(64 * 32 + 1) == (33, 63) and la.chunk_z_parts(0) == (1, 0)
 
 
 @pytest.mark.parametrize("v_dim, layout", [(24, (1, 3)), (40, (2, 2))], ids=["V24", "V40"])
 @pytest.mark.parametrize("chunk_z", [True, False], ids=["z-loaded", "z-carried"])
 def test_fused_forward_normaliser_paths(monkeypatch, chunk_z, v_dim, layout):
     # K 80 pads to 128: in fp32 the normalised fused forward loads each chunk's z from the segment
-    # kernel's z programs (and stores the states at the end of a chunk), unless CHUNK_Z_MIN_K says
-    # otherwise. Both against the float64 reference, with an initial state, forward and backward, at
-    # B1 H1 T70 (5 chunks) in (V tiles, segments) = layout under the interpreter's 4 SMs: the segment
-    # sums, the z programs and the states at segment boundaries all take part.
+    # kernel's z programs and the chunk-z kernel (and stores the states at the end of a chunk), unless
+    # CHUNK_Z_MIN_K says otherwise. Both against the float64 reference, with an initial state, forward
+    # and backward, at B1 H1 T70 (5 chunks) in (V tiles, segments) = layout under the interpreter's 4
+    # SMs: the segment sums, the z programs and the states at segment boundaries all take part.
     monkeypatch.setattr(la, "CHUNK_Z_MIN_K", 128 if chunk_z else 1 << 30)
     assert la.loads_chunk_z(torch.float32, 80) == chunk_z
     n_chunks = -(-70 // la.chunk_size(torch.float32))
@@ -783,6 +786,25 @@ def test_chunk_z_steps(monkeypatch, z_step):
     assert la.loads_chunk_z(torch.float32, 80)
     q, k, v, state = make_inputs(1, 70, 1, 80, 24, torch.float32, normalize=True, init=True)
     assert_linear_accuracy(q, k, v, state, normalize=True)
+
+
+@pytest.mark.parametrize("part_chunks, z_step", [(1, 4), (2, 1), (3, 2)])
+def test_chunk_z_parts(monkeypatch, part_chunks, z_step):
+    # The z programs walk parts of CHUNK_Z_PART_CHUNKS chunks in parallel and the chunk-z kernel adds
+    # the earlier parts' sums and the initial z: 5 chunks in parts of one (a step past every part), two
+    # (a ragged last part) and three, against the float64 reference with an initial state, forward,
+    # backward and final state, and without autograd (z not stored) bitwise the same forward.
+    monkeypatch.setattr(la, "CHUNK_Z_PART_CHUNKS", part_chunks)
+    monkeypatch.setattr(la, "CHUNK_Z_STEP", z_step)
+    assert la.loads_chunk_z(torch.float32, 80)
+    q, k, v, state = make_inputs(1, 70, 1, 80, 24, torch.float32, normalize=True, init=True)
+    assert_linear_accuracy(q, k, v, state, normalize=True)
+    kwargs = dict(normalize=True, initial_state=state, output_final_state=True, backend="triton")
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    o_train, (s_train, z_train) = kernels.linear_attention(*leaves, **kwargs)
+    with torch.no_grad():
+        o_eval, (s_eval, z_eval) = kernels.linear_attention(*leaves, **kwargs)
+    assert torch.equal(o_train.detach(), o_eval) and torch.equal(z_train.detach(), z_eval)
 
 
 @pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
@@ -1172,6 +1194,19 @@ def test_gpu_realistic_shapes(dtype, normalize, batch, seqlen, num_heads, k_dim,
         batch, seqlen, num_heads, k_dim, v_dim, dtype, normalize=normalize, init=True
     )
     assert_linear_accuracy(q, k, v, state, normalize=normalize)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("part_chunks", [5, 8, 1 << 20], ids=["parts5", "parts8", "one-part"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+def test_gpu_chunk_z_parts(monkeypatch, dtype, part_chunks):
+    # The z programs' parts at a realistic shape (T 2100: 33 chunks of 64 in bf16, 66 of 32 in fp32), a
+    # ragged last part and one part, with an initial state, forward, backward and final state.
+    monkeypatch.setattr(la, "CHUNK_Z_PART_CHUNKS", part_chunks)
+    assert la.loads_chunk_z(dtype, 128)
+    q, k, v, state = make_inputs(2, 2100, 4, 128, 128, dtype, normalize=True, init=True)
+    assert_linear_accuracy(q, k, v, state, normalize=True)
 
 
 @pytest.mark.gpu
