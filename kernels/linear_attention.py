@@ -24,10 +24,12 @@ Forward for K <= 128, fused (``uses_fused_forward``):
   (``num_segments``: enough (V tile, segment, head) programs to fill the SMs once); one program per
   (K tile, V tile, segment, batch * head) sums its segment's K_c^T V_c in fp32. Skipped with one
   segment (B8 T2048 H32 on an H200) unless it has z programs: with normalize and K padded to 128
-  (``loads_chunk_z``), one program per (K tile, part of ``CHUNK_Z_PART_CHUNKS`` chunks, batch *
-  head) also writes z_c from its part's start before every chunk and the part's sum, and
-  ``linear_attention_chunk_z_kernel`` adds the earlier parts' sums (and the final z), for the fused
-  kernel to load instead of carrying z through its chunks.
+  (``loads_chunk_z``), one program per (K tile, batch * head) also writes z_c before every chunk
+  (and the final z), for the fused kernel to load instead of carrying z through its chunks. With
+  few heads (batch * heads < ``CHUNK_Z_PARTS_BELOW_HEADS``, where that serial walk, not bandwidth,
+  sets the kernel's time; ``chunk_z_parts``) the z programs walk parts of ``CHUNK_Z_PART_CHUNKS``
+  chunks in parallel, writing z from the part's start and the part's sum, and
+  ``linear_attention_chunk_z_kernel`` adds the earlier parts' sums and Z_IN (and the final z).
 - ``linear_attention_fused_fwd_kernel``: one program per (V tile, segment, batch * head) starts from
   the initial state plus the earlier segments' sums, keeps the whole (K, V tile) state in fp32
   registers and walks its chunks in order: O_c from S_c and the masked (C x C) scores, then
@@ -536,19 +538,29 @@ def linear_attention_fwd_kernel(
 
 @triton.jit
 def _chunk_z_program(
-    K, ZW, ZPART, pid, head, bh, stride_kb, stride_kt, stride_kh, stride_kd, batch, T, D_DIM,
-    chunks_per_part, ACC: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, Z_STEP: tl.constexpr,
+    K, Z_IN, ZC, ZW, ZEND, pid, head, bh, stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_zb, stride_zh, stride_zd, batch, T, D_DIM, chunks_per_part,
+    IN_PARTS: tl.constexpr, HAS_Z_IN: tl.constexpr, STORE_Z: tl.constexpr, ACC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, Z_STEP: tl.constexpr,
 ):  # fmt: skip
-    """For rows offs_d of K (``pid`` % cdiv(D, BLOCK_D)) and the chunks of part ``pid`` // cdiv(D,
-    BLOCK_D) (``chunks_per_part`` chunks a part): ZW[bh, c] (D,) = z before chunk c counted from the
-    part's start, ZPART[bh, part] (D,) = the part's sum, both in ACC; :func:`linear_attention_chunk_z_kernel`
-    adds the earlier parts. The sums run on the tensor cores, Z_STEP chunks a step: K^T of the step's
-    (Z_STEP * BLOCK_T) tokens times an indicator whose column j marks the tokens of the step's chunks
-    before its j-th gives, added to z (held in every column of a (BLOCK_D, 16) accumulator), z before
-    each of the step's chunks in its own column, and K^T times ones moves z past the step. Neither
-    product reads z, so the chain from step to step is one addition, not a product (CHUNK_Z_STEP gives
-    the timings)."""
+    """z before each chunk for rows offs_d of K (``pid`` % cdiv(D, BLOCK_D)) over the chunks of part
+    ``pid`` // cdiv(D, BLOCK_D) (``chunks_per_part`` chunks a part; see :func:`chunk_z_parts`), stored
+    in one of two schemes:
+
+    - one walk (not IN_PARTS: one part, the whole sequence): z_0 = Z_IN (or 0); ZC[bh, c] (D, 2) =
+      z_c as a (hi, lo) pair in K's dtype (lo = z_c - hi, zero for fp32 / fp64), ZW[bh, c] (D,) = z_c
+      in ACC with STORE_Z (the saved zstates), ZEND[bh] (D,) = the final z (Z_OUT).
+    - IN_PARTS: z counted from the part's start: ZW[bh, c] (D,) = z within the part, ZEND[bh, part]
+      (D,) = the part's sum, both in ACC (B*H, n_chunks, D) and (B*H, n_parts, D);
+      :func:`linear_attention_chunk_z_kernel` adds Z_IN and the earlier parts' sums and writes ZC,
+      the zstates and the final z.
+
+    The sums run on the tensor cores, Z_STEP chunks a step: K^T of the step's (Z_STEP * BLOCK_T)
+    tokens times an indicator whose column j marks the tokens of the step's chunks before its j-th
+    gives, added to z (held in every column of a (BLOCK_D, 16) accumulator), z before each of the
+    step's chunks in its own column, and K^T times ones moves z past the step. Neither product reads
+    z, so the chain from step to step is one addition, not a product (CHUNK_Z_STEP gives the
+    timings)."""
     n_chunks = tl.cdiv(T, BLOCK_T)
     n_d = tl.cdiv(D_DIM, BLOCK_D)
     part = pid // n_d
@@ -556,6 +568,10 @@ def _chunk_z_program(
     d_mask = offs_d < D_DIM
     z_cols = tl.arange(0, 16)
     z_acc = tl.zeros([BLOCK_D, 16], dtype=ACC)
+    if HAS_Z_IN and not IN_PARTS:  # in parts, the chunk-z kernel adds Z_IN to every part
+        z_in = tl.load(Z_IN + batch * stride_zb + head * stride_zh + offs_d * stride_zd, mask=d_mask,
+                       other=0.0)  # fmt: skip
+        z_acc += z_in.to(ACC)[:, None]
     rows = tl.arange(0, Z_STEP * BLOCK_T)
     before = ((rows // BLOCK_T)[:, None] < z_cols[None, :]).to(K.dtype.element_ty)  # (Z_STEP * BLOCK_T, 16)
     ones = tl.full([Z_STEP * BLOCK_T, 16], 1.0, dtype=K.dtype.element_ty)
@@ -573,20 +589,29 @@ def _chunk_z_program(
         z_c = z_acc + tl.dot(k_t, before, input_precision=DOT_PRECISION, out_dtype=ACC)
         chunk = chunk0 + z_cols
         col_mask = d_mask[:, None] & ((z_cols < Z_STEP) & (chunk < last))[None, :]
-        tl.store(ZW + (bh * n_chunks + chunk[None, :]) * D_DIM + offs_d[:, None], z_c, mask=col_mask)
+        # (BLOCK_D, 16): where z_c of the step's chunks sits in (B*H, n_chunks, D)
+        z_offs = (bh * n_chunks + chunk[None, :]) * D_DIM + offs_d[:, None]
+        if not IN_PARTS:  # z_c is final: the fused forward's operand now
+            hi = z_c.to(ZC.dtype.element_ty)
+            tl.store(ZC + z_offs * 2, hi, mask=col_mask)
+            tl.store(ZC + z_offs * 2 + 1, (z_c - hi.to(ACC)).to(ZC.dtype.element_ty), mask=col_mask)
+        if IN_PARTS or STORE_Z:  # in parts, the chunk-z kernel still has to add the earlier parts
+            tl.store(ZW + z_offs, z_c, mask=col_mask)
         z_acc += tl.dot(k_t, ones, input_precision=DOT_PRECISION, out_dtype=ACC)
-    n_parts = tl.cdiv(n_chunks, chunks_per_part)
-    tl.store(ZPART + (bh * n_parts + part) * D_DIM + offs_d[:, None] + z_cols[None, :], z_acc,
+    n_parts = tl.cdiv(n_chunks, chunks_per_part)  # one walk: 1, and ZEND[bh] is the final z
+    tl.store(ZEND + (bh * n_parts + part) * D_DIM + offs_d[:, None] + z_cols[None, :], z_acc,
              mask=d_mask[:, None] & (z_cols[None, :] == 0))
 
 
 @triton.jit(do_not_specialize=["num_heads", "T", "chunks_per_seg", "n_prev", "chunks_per_part"])
 def linear_attention_segment_kernel(
-    K, V, SEG, ZSEG, ZW, ZPART,
+    K, V, SEG, ZSEG, Z_IN, ZC, ZW, ZEND,
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_vb, stride_vt, stride_vh, stride_ve,
+    stride_zb, stride_zh, stride_zd,
     num_heads, T, D_DIM, E_DIM, chunks_per_seg, n_prev, chunks_per_part,
-    HAS_Z: tl.constexpr, CHUNK_Z: tl.constexpr, FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_Z: tl.constexpr, CHUNK_Z: tl.constexpr, IN_PARTS: tl.constexpr, HAS_Z_IN: tl.constexpr,
+    STORE_Z: tl.constexpr, FP64: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, Z_BLOCK_D: tl.constexpr,
     Z_STEP: tl.constexpr,
 ):  # fmt: skip
@@ -595,9 +620,11 @@ def linear_attention_segment_kernel(
     (the last segment's sum is never needed): the first cdiv(D, BLOCK_D) * cdiv(E, BLOCK_E) * n_prev
     programs of axis 0. SEG (B*H, n_prev, D, E) and ZSEG (B*H, n_prev, D) contiguous. Segments hold
     ``chunks_per_seg`` chunks of BLOCK_T tokens. With CHUNK_Z, cdiv(D, Z_BLOCK_D) * n_parts more
-    programs on axis 0 write the normaliser's z before every chunk within its part of
-    ``chunks_per_part`` chunks, and each part's sum, for the fused forward (:func:`_chunk_z_program`;
-    ZW (B*H, n_chunks, D), ZPART (B*H, n_parts, D)); grid (that total, H, B).
+    programs on axis 0 write the normaliser's z before every chunk for the fused forward
+    (:func:`_chunk_z_program`, parts of ``chunks_per_part`` chunks): with one part (not IN_PARTS) the
+    finished z_c to ZC (B*H, n_chunks, D, 2) and, with STORE_Z, ZW (B*H, n_chunks, D), the final z to
+    ZEND (B*H, D), from Z_IN with HAS_Z_IN; IN_PARTS, z within its part to ZW and each part's sum to
+    ZEND (B*H, n_parts, D), for :func:`linear_attention_chunk_z_kernel`. Grid (that total, H, B).
     """
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
     n_d = tl.cdiv(D_DIM, BLOCK_D)
@@ -609,8 +636,9 @@ def linear_attention_segment_kernel(
     n_kv = n_d * n_e * n_prev
     if CHUNK_Z and pid >= n_kv:
         _chunk_z_program(
-            K, ZW, ZPART, pid - n_kv, head, bh, stride_kb, stride_kt, stride_kh, stride_kd, batch, T, D_DIM,
-            chunks_per_part, ACC, DOT_PRECISION, BLOCK_T, Z_BLOCK_D, Z_STEP,
+            K, Z_IN, ZC, ZW, ZEND, pid - n_kv, head, bh, stride_kb, stride_kt, stride_kh, stride_kd,
+            stride_zb, stride_zh, stride_zd, batch, T, D_DIM, chunks_per_part,
+            IN_PARTS, HAS_Z_IN, STORE_Z, ACC, DOT_PRECISION, BLOCK_T, Z_BLOCK_D, Z_STEP,
         )  # fmt: skip
     else:
         pid_e = pid % n_e
@@ -658,7 +686,8 @@ def linear_attention_chunk_z_kernel(
     num_heads, D_DIM, n_chunks, chunks_per_part,
     HAS_Z_IN: tl.constexpr, STORE_Z: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """z before every chunk from the segment kernel's per-part sums; grid (n_parts, H, B), BLOCK_D >= D.
+    """z before every chunk from the segment kernel's per-part sums, when its z programs walk parts
+    (IN_PARTS: see :func:`chunk_z_parts`); grid (n_parts, H, B), BLOCK_D >= D.
 
     With base = Z_IN[b, h] (or 0) plus ZPART[bh, p] (B*H, n_parts, D) for every part p before this
     one, z_c = base + ZW[bh, c] (B*H, n_chunks, D) for the part's chunks, BLOCK_C at a time: to ZC[bh,
@@ -723,11 +752,12 @@ def linear_attention_fused_fwd_kernel(
     With STORE_STATES, S_c (``state_dtype``) and z_c (accumulator dtype) go to STATES (B*H, n_chunks,
     D, E) / ZSTATES (B*H, n_chunks, D) for the backward (S_c at the end of chunk c - 1 with
     LATE_STATE_STORE); with NORMALIZE, den to DEN (B*H, T). With ZC_LOADED, z_c comes from ZC
-    (B*H, n_chunks, D, 2), which linear_attention_chunk_z_kernel wrote with ZSTATES and Z_OUT.
+    (B*H, n_chunks, D, 2), written with ZSTATES and Z_OUT by the segment kernel's z programs (one
+    walk) or by linear_attention_chunk_z_kernel (parts; see :func:`chunk_z_parts`).
     """
     ACC: tl.constexpr = tl.float64 if FP64 else tl.float32
     # z carried in registers through the chunks, or each chunk's z loaded (ZC_LOADED, summed by the
-    # segment kernel's z programs and completed by linear_attention_chunk_z_kernel).
+    # segment kernel's z programs, and completed by linear_attention_chunk_z_kernel in parts).
     Z_CARRIED: tl.constexpr = NORMALIZE and not ZC_LOADED
     n_e = tl.cdiv(E_DIM, BLOCK_E)
     pid_e = tl.program_id(0) % n_e
@@ -1248,9 +1278,10 @@ CHUNK_Z_BLOCK_D = 32
 # suite passed with (70 of 70 on that H100; 2 and 8 were not run there).
 CHUNK_Z_STEP = 4
 
-# Chunks a z program walks (a part; see _chunk_z_program): the sequence is cut into parts of this many
-# chunks, summed in parallel, and linear_attention_chunk_z_kernel adds the earlier parts' sums. One
-# part walked the whole sequence in order: the segment kernel's critical path, 60 us against 31.5
+# Chunks a z program walks (a part; see _chunk_z_program) below CHUNK_Z_PARTS_BELOW_HEADS: the
+# sequence is cut into parts of this many chunks, summed in parallel, and
+# linear_attention_chunk_z_kernel adds the earlier parts' sums. One part walks the whole sequence in
+# order, there the segment kernel's critical path: 60 us against 31.5
 # unnormalised at B2 T8192 H16 K=V=128 (H100, 2026-12-05, bf16, torch.profiler) and 158 against 62 at
 # B1 T32768 H8 (2026-12-06). 32 and 64 are not yet timed against each other (nor CHUNK_Z_BLOCK_D,
 # CHUNK_Z_STEP and SEGMENT_STAGES_16BIT again, all measured with one part).
@@ -1263,6 +1294,17 @@ CHUNK_Z_MAX_PARTS = 64
 # Chunks a program of linear_attention_chunk_z_kernel adds the base to at a time.
 CHUNK_Z_BLOCK_C = 16
 
+# Batch * heads from which the z programs walk the whole sequence in one part (see chunk_z_parts).
+# The serial walk's time grows with n_chunks alone, the segment kernel's bandwidth time with B*H*T:
+# measured, walk / bandwidth ~ (29.4 / 52.5) * 32 / (B*H), so the walk is the critical path only for
+# B*H below about 16-18. Elsewhere parts only add the chunk-z kernel and the ZW round trip. H100,
+# 2026-12-06, bf16, torch.profiler, K=V=128, the normalised forward storing states, CUDA-graph ms,
+# one walk against parts (segment kernel us, plus the chunk-z kernel's with parts):
+# B1 T32768 H8 0.313 against 0.2456 (149.6 against 69.7 + 14.2: the walk of 512 chunks dominates);
+# B2 T8192 H16 0.2128 against 0.2264 (57.5 against 55.6 + 13.5: bandwidth-bound);
+# B8 T2048 H32 0.3832 against 0.4006 (one part of 32 chunks, still the extra kernel and round trip).
+CHUNK_Z_PARTS_BELOW_HEADS = 16
+
 # Pipeline stages of the segment kernel for 16-bit inputs. Its programs only load and accumulate,
 # so the depth of loads in flight sets their time: at B2 T8192 H16 K=V=128 (H200, 2026-12-05, bf16)
 # unnormalised 37.2 / 30.0 / 27.2 / 24.2 / 23.2 us with 3 / 4 / 5 / 6 / 8 stages (the forward
@@ -1272,23 +1314,28 @@ CHUNK_Z_BLOCK_C = 16
 SEGMENT_STAGES_16BIT = 6
 
 
-def chunk_z_parts(n_chunks: int) -> tuple[int, int]:
-    """(chunks a part, parts) of the z programs for a sequence of ``n_chunks`` chunks: parts of
+def chunk_z_parts(n_chunks: int, batch_heads: int) -> tuple[int, int]:
+    """(chunks a part, parts) of the z programs for ``batch_heads`` sequences of ``n_chunks`` chunks:
+    one part, the whole sequence, from CHUNK_Z_PARTS_BELOW_HEADS batch * heads on; below, parts of
     CHUNK_Z_PART_CHUNKS chunks, longer where that would make more than CHUNK_Z_MAX_PARTS, never
-    longer than the sequence; (1, 0) for an empty one, which has no z programs)."""
-    per_part = max(CHUNK_Z_PART_CHUNKS, cdiv(n_chunks, CHUNK_Z_MAX_PARTS))
+    longer than the sequence; (1, 0) for an empty one, which has no z programs. With more than one
+    part the z programs walk them in parallel (IN_PARTS) and linear_attention_chunk_z_kernel
+    completes z; with one they write the finished z themselves (see _chunk_z_program)."""
+    per_part = n_chunks
+    if batch_heads < CHUNK_Z_PARTS_BELOW_HEADS:
+        per_part = max(CHUNK_Z_PART_CHUNKS, cdiv(n_chunks, CHUNK_Z_MAX_PARTS))
     per_part = max(1, min(per_part, n_chunks))
     return per_part, cdiv(n_chunks, per_part)
 
 
 def loads_chunk_z(dtype: torch.dtype, k_dim: int) -> bool:
     """Whether the normalised fused forward loads each chunk's z_c, written before it by the segment
-    kernel's z programs and linear_attention_chunk_z_kernel, instead of carrying z through the chunks
-    in registers: for K padded to at least CHUNK_Z_MIN_K (where the carried z, its 64-wide q . z
-    operand built in registers and its per-chunk sums made the kernel spill at 4 warps: 168 / 80
-    bytes a thread without / with the states stored at K = 128, against none loaded; Triton 3.9,
-    sm_90), and for the dtypes with fp32's exponent range (z grows linearly in T, past fp16's 65504:
-    fp16 keeps the carried z, rescaled)."""
+    kernel's z programs (completed by linear_attention_chunk_z_kernel in parts: see chunk_z_parts),
+    instead of carrying z through the chunks in registers: for K padded to at least CHUNK_Z_MIN_K
+    (where the carried z, its 64-wide q . z operand built in registers and its per-chunk sums made
+    the kernel spill at 4 warps: 168 / 80 bytes a thread without / with the states stored at K =
+    128, against none loaded; Triton 3.9, sm_90), and for the dtypes with fp32's exponent range (z
+    grows linearly in T, past fp16's 65504: fp16 keeps the carried z, rescaled)."""
     return dtype != torch.float16 and _pad(k_dim) >= CHUNK_Z_MIN_K
 
 
@@ -1361,32 +1408,40 @@ def _fused_forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, 
     dot_precision = _dot_precision(q.dtype)
     chunk_z = normalize and n_chunks > 0 and loads_chunk_z(q.dtype, k_dim)
     block_d = min(_pad(k_dim), block_e)
-    seg = zseg = zc = zw = zpart = dummy
+    seg = zseg = zc = dummy
     if n_seg > 1:
         seg = torch.empty((batch * num_heads, n_seg - 1, k_dim, v_dim), dtype=acc, device=device)
         if normalize and not chunk_z:
             zseg = torch.empty((batch * num_heads, n_seg - 1, k_dim), dtype=acc, device=device)
-    chunks_per_part, n_parts = chunk_z_parts(n_chunks)
+    chunks_per_part, n_parts = chunk_z_parts(n_chunks, batch * num_heads)
+    in_parts = chunk_z and n_parts > 1
+    # One walk: the z programs write the saved zstates and the final z themselves.
+    zw = zstates if zstates is not None else dummy
+    zend = z if normalize else dummy
     if chunk_z:
         zc = torch.empty((batch * num_heads, n_chunks, k_dim, 2), dtype=q.dtype, device=device)
-        # z within its part, completed in place when it is the saved zstates
-        zw = zstates if zstates is not None else torch.empty((batch * num_heads, n_chunks, k_dim), dtype=acc,
-                                                             device=device)  # fmt: skip
-        zpart = torch.empty((batch * num_heads, n_parts, k_dim), dtype=acc, device=device)
+    if in_parts:
+        # z within its part (completed in place by the chunk-z kernel when it is the saved zstates)
+        # and the parts' sums
+        if zstates is None:
+            zw = torch.empty((batch * num_heads, n_chunks, k_dim), dtype=acc, device=device)
+        zend = torch.empty((batch * num_heads, n_parts, k_dim), dtype=acc, device=device)
     kv_programs = cdiv(k_dim, block_d) * e_tiles * (n_seg - 1)
     z_block_d = min(CHUNK_Z_BLOCK_D, block_d)
     z_programs = cdiv(k_dim, z_block_d) * n_parts if chunk_z else 0
     if kv_programs + z_programs:
         linear_attention_segment_kernel[(kv_programs + z_programs, num_heads, batch)](
-            k, v, seg, zseg, zw, zpart, *k.stride(), *v.stride(),
+            k, v, seg, zseg, z0 if z0 is not None else dummy, zc, zw, zend,
+            *k.stride(), *v.stride(), *strides(z0, 3),
             num_heads, seqlen, k_dim, v_dim, chunks_per_seg, n_seg - 1, chunks_per_part,
-            HAS_Z=normalize and not chunk_z, CHUNK_Z=chunk_z, FP64=fp64, DOT_PRECISION=dot_precision,
-            BLOCK_T=chunk, BLOCK_D=block_d, BLOCK_E=block_e, Z_BLOCK_D=z_block_d, Z_STEP=CHUNK_Z_STEP,
+            HAS_Z=normalize and not chunk_z, CHUNK_Z=chunk_z, IN_PARTS=in_parts, HAS_Z_IN=z0 is not None,
+            STORE_Z=zstates is not None, FP64=fp64, DOT_PRECISION=dot_precision, BLOCK_T=chunk,
+            BLOCK_D=block_d, BLOCK_E=block_e, Z_BLOCK_D=z_block_d, Z_STEP=CHUNK_Z_STEP,
             num_warps=num_warps, num_stages=segment_stages(q.dtype, num_stages),
         )  # fmt: skip
-    if chunk_z:
+    if in_parts:
         linear_attention_chunk_z_kernel[(n_parts, num_heads, batch)](
-            zw, zpart, z0 if z0 is not None else dummy, zc, z, *strides(z0, 3),
+            zw, zend, z0 if z0 is not None else dummy, zc, z, *strides(z0, 3),
             num_heads, k_dim, n_chunks, chunks_per_part,
             HAS_Z_IN=z0 is not None, STORE_Z=zstates is not None, BLOCK_C=CHUNK_Z_BLOCK_C,
             BLOCK_D=_pad(k_dim), num_warps=4,

@@ -754,9 +754,16 @@ def test_fused_forward_rule_and_segments():
     # The normalised fused forward loads each chunk's z from K padded to 128 on, except in fp16.
     assert la.loads_chunk_z(torch.bfloat16, 128) and la.loads_chunk_z(torch.float32, 65)
     assert not la.loads_chunk_z(torch.float16, 128) and not la.loads_chunk_z(torch.float32, 64)
-    # The z programs' parts: 32 chunks each (T 8192 in bf16: 4 parts), at most 64 parts, none empty.
-    assert la.chunk_z_parts(128) == (32, 4) and la.chunk_z_parts(20) == (20, 1)
-    assert la.chunk_z_parts(64 * 32 + 1) == (33, 63) and la.chunk_z_parts(0) == (1, 0)
+
+
+def test_chunk_z_parts_choice():
+    # Below 16 batch * heads the z programs walk parts of 32 chunks (T 8192 in bf16: 4 parts), at most
+    # 64 parts, none empty; from 16 on one walk over the whole sequence, however long.
+    assert la.CHUNK_Z_PARTS_BELOW_HEADS == 16 and la.CHUNK_Z_PART_CHUNKS == 32
+    assert la.chunk_z_parts(128, 8) == (32, 4) and la.chunk_z_parts(512, 15) == (32, 16)
+    assert la.chunk_z_parts(20, 1) == (20, 1) and la.chunk_z_parts(64 * 32 + 1, 1) == (33, 63)
+    assert la.chunk_z_parts(128, 16) == (128, 1) and la.chunk_z_parts(512, 32) == (512, 1)
+    assert la.chunk_z_parts(0, 1) == (1, 0) and la.chunk_z_parts(0, 32) == (1, 0)
 
 
 @pytest.mark.parametrize("v_dim, layout", [(24, (1, 3)), (40, (2, 2))], ids=["V24", "V40"])
@@ -788,16 +795,44 @@ def test_chunk_z_steps(monkeypatch, z_step):
     assert_linear_accuracy(q, k, v, state, normalize=True)
 
 
-@pytest.mark.parametrize("part_chunks, z_step", [(1, 4), (2, 1), (3, 2)])
-def test_chunk_z_parts(monkeypatch, part_chunks, z_step):
-    # The z programs walk parts of CHUNK_Z_PART_CHUNKS chunks in parallel and the chunk-z kernel adds
-    # the earlier parts' sums and the initial z: 5 chunks in parts of one (a step past every part), two
-    # (a ragged last part) and three, against the float64 reference with an initial state, forward,
-    # backward and final state, and without autograd (z not stored) bitwise the same forward.
+class _Launches:
+    """Stands in for a Triton kernel: records each launch's grid and keyword arguments, then runs it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append((grid, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+@pytest.mark.parametrize(
+    "part_chunks, z_step, below_heads, batch, num_heads, n_parts",
+    [(1, 4, 16, 1, 1, 5), (2, 1, 16, 1, 2, 3), (3, 2, 16, 2, 1, 2), (2, 4, 2, 1, 2, 1), (2, 2, 2, 2, 1, 1)],
+    ids=["parts1", "parts2-H2", "parts3-B2", "walk-H2", "walk-B2"],
+)
+def test_chunk_z_parts(monkeypatch, part_chunks, z_step, below_heads, batch, num_heads, n_parts):
+    # Below CHUNK_Z_PARTS_BELOW_HEADS batch * heads the z programs walk parts of CHUNK_Z_PART_CHUNKS
+    # chunks in parallel and the chunk-z kernel adds the earlier parts' sums and the initial z: 5
+    # chunks (T 70, a ragged last chunk) in parts of one (a step past every part), two (a ragged last
+    # part) and three, over two heads or two batches. From it on, one walk writes z itself, with no
+    # chunk-z kernel, even with parts of two chunks. Against the float64 reference with an initial
+    # state, forward, backward and final state, and without autograd (z not stored) bitwise the same
+    # forward.
     monkeypatch.setattr(la, "CHUNK_Z_PART_CHUNKS", part_chunks)
     monkeypatch.setattr(la, "CHUNK_Z_STEP", z_step)
+    monkeypatch.setattr(la, "CHUNK_Z_PARTS_BELOW_HEADS", below_heads)
+    segment = _Launches(la.linear_attention_segment_kernel)
+    chunk_z = _Launches(la.linear_attention_chunk_z_kernel)
+    monkeypatch.setattr(la, "linear_attention_segment_kernel", segment)
+    monkeypatch.setattr(la, "linear_attention_chunk_z_kernel", chunk_z)
     assert la.loads_chunk_z(torch.float32, 80)
-    q, k, v, state = make_inputs(1, 70, 1, 80, 24, torch.float32, normalize=True, init=True)
+    n_chunks = -(-70 // la.chunk_size(torch.float32))
+    assert n_chunks == 5 and la.chunk_z_parts(n_chunks, batch * num_heads)[1] == n_parts
+    q, k, v, state = make_inputs(batch, 70, num_heads, 80, 24, torch.float32, normalize=True, init=True)
     assert_linear_accuracy(q, k, v, state, normalize=True)
     kwargs = dict(normalize=True, initial_state=state, output_final_state=True, backend="triton")
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
@@ -805,6 +840,11 @@ def test_chunk_z_parts(monkeypatch, part_chunks, z_step):
     with torch.no_grad():
         o_eval, (s_eval, z_eval) = kernels.linear_attention(*leaves, **kwargs)
     assert torch.equal(o_train.detach(), o_eval) and torch.equal(z_train.detach(), z_eval)
+    # Every forward took the path chosen: the segment kernel's z programs in parts (plus the chunk-z
+    # kernel over (parts, H, B)) or in one walk (no chunk-z kernel).
+    assert len(segment.calls) == 3
+    assert all(kw["IN_PARTS"] == (n_parts > 1) and kw["CHUNK_Z"] for _, kw in segment.calls)
+    assert [grid for grid, _ in chunk_z.calls] == ([(n_parts, num_heads, batch)] * 3 if n_parts > 1 else [])
 
 
 @pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
@@ -1198,12 +1238,17 @@ def test_gpu_realistic_shapes(dtype, normalize, batch, seqlen, num_heads, k_dim,
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("part_chunks", [5, 8, 1 << 20], ids=["parts5", "parts8", "one-part"])
+@pytest.mark.parametrize(
+    "part_chunks, below_heads", [(5, 16), (8, 16), (1 << 20, 16), (5, 8)],
+    ids=["parts5", "parts8", "one-part", "one-walk"],
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
-def test_gpu_chunk_z_parts(monkeypatch, dtype, part_chunks):
+def test_gpu_chunk_z_parts(monkeypatch, dtype, part_chunks, below_heads):
     # The z programs' parts at a realistic shape (T 2100: 33 chunks of 64 in bf16, 66 of 32 in fp32), a
-    # ragged last part and one part, with an initial state, forward, backward and final state.
+    # ragged last part, one part and one walk for B*H 8 at CHUNK_Z_PARTS_BELOW_HEADS 8, with an
+    # initial state, forward, backward and final state.
     monkeypatch.setattr(la, "CHUNK_Z_PART_CHUNKS", part_chunks)
+    monkeypatch.setattr(la, "CHUNK_Z_PARTS_BELOW_HEADS", below_heads)
     assert la.loads_chunk_z(dtype, 128)
     q, k, v, state = make_inputs(2, 2100, 4, 128, 128, dtype, normalize=True, init=True)
     assert_linear_accuracy(q, k, v, state, normalize=True)
