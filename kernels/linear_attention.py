@@ -1281,10 +1281,12 @@ CHUNK_Z_STEP = 4
 # Chunks a z program walks (a part; see _chunk_z_program) below CHUNK_Z_PARTS_BELOW_HEADS: the
 # sequence is cut into parts of this many chunks, summed in parallel, and
 # linear_attention_chunk_z_kernel adds the earlier parts' sums. One part walks the whole sequence in
-# order, there the segment kernel's critical path: 60 us against 31.5
-# unnormalised at B2 T8192 H16 K=V=128 (H100, 2026-12-05, bf16, torch.profiler) and 158 against 62 at
-# B1 T32768 H8 (2026-12-06). 32 and 64 are not yet timed against each other (nor CHUNK_Z_BLOCK_D,
-# CHUNK_Z_STEP and SEGMENT_STAGES_16BIT again, all measured with one part).
+# order, there the segment kernel's critical path: 60 us against 31.5 unnormalised at B2 T8192 H16
+# K=V=128 (H100, 2026-12-05, bf16, torch.profiler) and 158 against 62 at B1 T32768 H8 (2026-12-06).
+# Parts of 32 and 64 chunks timed the same (H100, 2026-12-06, bf16, the normalised forward storing
+# states at B1 T32768 H8: 0.2456 / 0.2436 ms; segment kernel 69.7 / 66.2 us plus the chunk-z
+# kernel's 14.2 / 18.8; ...-zparts-always-branch.json). CHUNK_Z_BLOCK_D, CHUNK_Z_STEP and
+# SEGMENT_STAGES_16BIT were measured with one part.
 CHUNK_Z_PART_CHUNKS = 32
 
 # Most parts a sequence is cut into: each chunk-z program sums the parts before its own, so the
@@ -1303,6 +1305,8 @@ CHUNK_Z_BLOCK_C = 16
 # B1 T32768 H8 0.313 against 0.2456 (149.6 against 69.7 + 14.2: the walk of 512 chunks dominates);
 # B2 T8192 H16 0.2128 against 0.2264 (57.5 against 55.6 + 13.5: bandwidth-bound);
 # B8 T2048 H32 0.3832 against 0.4006 (one part of 32 chunks, still the extra kernel and round trip).
+# With this rule (benchmarks/results/2026-12-06-nvidia-h100-linear-attention-zparts.json): B1 T32768
+# H8 0.317 -> 0.245 ms, B1 T8192 H8 0.092 -> 0.082, B2 T8192 H16 and B8 T2048 H32 unchanged.
 CHUNK_Z_PARTS_BELOW_HEADS = 16
 
 # Pipeline stages of the segment kernel for 16-bit inputs. Its programs only load and accumulate,
