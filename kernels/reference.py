@@ -411,7 +411,9 @@ def flash_attention(
     Follows FlashAttention (Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact
     Attention with IO-Awareness", eq. 1 / Algorithm 1), computed directly: scores materialised and
     a masked softmax, or PyTorch's fused ``scaled_dot_product_attention`` (same math, faster on
-    CPU) when no lse is asked for and every query row sees a key.
+    CPU) when no lse is asked for and every query row sees a key. Memory: the masked softmax holds
+    (B, Hkv, G*Tq, Tk) scores, the fused call a (G*Tq, Tk) bool mask when causal, except for plain
+    causal attention (Tq == Tk, no window, Hq == Hkv), which uses its ``is_causal`` and no mask.
 
     Args:
         q: (B, Tq, Hq, D) queries, float16 / bfloat16 / float32 / float64.
@@ -482,16 +484,24 @@ def flash_attention(
     kh = rearrange(k_in, "b s h d -> b h s d")  # (B, Hkv, Tk, D)
     vh = rearrange(v_in, "b s h d -> b h s d")  # (B, Hkv, Tk, D)
 
+    # Every row sees at least its diagonal key, where PyTorch's fused attention computes the same
+    # exact softmax several times faster on CPU (it is undefined for rows with no key).
+    fused = not return_lse and (not causal or seqlen_q <= seqlen_k)
+    # Plain causal attention (Tq == Tk, no window, one query head per KV head) is the fused call's
+    # own is_causal, which builds no (Tq, Tk) mask: the mask's memory grows with T^2 (B1 T32768 H4
+    # D16 float32 forward on CPU: peak RSS 5.5 GB with it, 0.34 GB without). The other causal cases
+    # (windows, Tq != Tk, the (g t) rows of GQA) keep the explicit mask.
+    is_causal = fused and causal and window is None and seqlen_q == seqlen_k and group == 1
     visible = None
-    if causal:
+    if causal and not is_causal:
         j = torch.arange(seqlen_k, device=q.device)[None, :]
         visible = (j >= start[:, None]) & (j < end[:, None])  # (Tq, Tk)
         visible = visible.repeat(group, 1)  # (G*Tq, Tk), rows ordered like (g t)
 
-    if not return_lse and (not causal or seqlen_q <= seqlen_k):
-        # Every row sees at least its diagonal key, where PyTorch's fused attention computes the
-        # same exact softmax several times faster on CPU (it is undefined for rows with no key).
-        out = F.scaled_dot_product_attention(qg, kh, vh, attn_mask=visible, scale=scale)  # (B, Hkv, G*Tq, D)
+    if fused:
+        out = F.scaled_dot_product_attention(
+            qg, kh, vh, attn_mask=visible, is_causal=is_causal, scale=scale
+        )  # (B, Hkv, G*Tq, D)
         lse = None
     else:
         scores = (qg @ kh.transpose(-1, -2)) * scale  # (B, Hkv, G*Tq, Tk)

@@ -152,6 +152,41 @@ def test_flash_attention_dtypes(dtype):
     torch.testing.assert_close(lse.to(F64), lse_loop, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_flash_attention_causal_square_builds_no_mask(requires_grad, monkeypatch):
+    # Causal with Tq == Tk, no window and MHA passes is_causal to the fused call, with no (T, T)
+    # mask (its memory grows with T^2); output and gradients equal the explicit mask's bit for bit.
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(reference.F, "scaled_dot_product_attention", spy)
+    inputs = [rand(2, 33, 3, 16, requires_grad=requires_grad) for _ in range(3)]
+    o = reference.flash_attention(*inputs, causal=True)
+    assert len(calls) == 1 and calls[0]["attn_mask"] is None and calls[0]["is_causal"] is True
+    q, k, v = (t.transpose(1, 2) for t in inputs)  # (B, H, T, D)
+    mask = torch.ones(33, 33, dtype=torch.bool).tril()
+    o_masked = sdpa(q, k, v, attn_mask=mask).transpose(1, 2)
+    assert torch.equal(o, o_masked)
+    torch.testing.assert_close(o, attention_loop(*inputs, causal=True)[0], rtol=1e-12, atol=1e-12)
+    if requires_grad:
+        weight = rand(*o.shape)
+        grads = torch.autograd.grad((o * weight).sum(), inputs)
+        grads_masked = torch.autograd.grad((o_masked * weight).sum(), inputs)
+        for grad, grad_masked in zip(grads, grads_masked, strict=True):
+            torch.testing.assert_close(grad, grad_masked, rtol=1e-12, atol=1e-12)
+    # Windows, Tq != Tk and GQA keep the explicit (G*Tq, Tk) mask.
+    calls.clear()
+    reference.flash_attention(*inputs, causal=True, window=4)
+    reference.flash_attention(inputs[0][:, :20], inputs[1], inputs[2], causal=True)
+    reference.flash_attention(inputs[0], inputs[1][:, :, :1], inputs[2][:, :, :1], causal=True)
+    assert [tuple(c["attn_mask"].shape) for c in calls] == [(33, 33), (20, 33), (99, 33)]
+    assert not any(c["is_causal"] for c in calls)
+
+
 # ----------------------------------------------------------------------------------------------
 # flash_decode
 # ----------------------------------------------------------------------------------------------
