@@ -21,8 +21,9 @@ each context length of ``context_lengths``, for ``batch_size`` sequences:
 - ``kernels_per_step``: GPU operations one eager decode step launches (``torch.profiler``, CUDA
   only): what the CUDA graph replays in one launch and what fused kernels would cut.
 
-A context length that runs out of memory (on the GPU or on the CPU) is recorded as
-``metric="decode_oom"`` (with the error's first line as ``reason``) and the sweep goes on.
+A context length that runs out of memory (on the GPU, or on the CPU when the allocation fails) is
+recorded as ``metric="decode_oom"`` (with the error's first line as ``reason``) and the sweep goes
+on. On CPU, Linux may overcommit memory and kill the process instead, losing the whole sweep.
 
 Every measurement is a result record (DESIGN.md, contract 5) with ``batch``, ``seqlen`` (the
 context length), ``decode_steps``, ``cache_seqlen`` (``seqlen + decode_steps``: the tokens the
