@@ -667,7 +667,9 @@ def val_loss_points(
     that run's records, else ``model.name`` of the CSV logger's ``hparams.yaml``, else ``unknown``.
 
     Returns:
-        ``(points {series, run, mixer, train_tokens, val_loss, source}, notes on files without a curve)``.
+        ``(points {series, run, mixer, train_tokens, val_loss, source}, notes on files without a curve)``;
+        whether the runs' losses share a scale is :func:`_loss_scale_notes`' question, asked of the
+        runs left after the task filter.
 
     Raises:
         ValueError: an unreadable metrics.csv or W&B summary, unless ``skip_invalid`` (then skipped
@@ -717,7 +719,6 @@ def val_loss_points(
         if name in curves or not isinstance(tokens, int | float) or not isinstance(loss, int | float):
             continue
         curves[name] = (mixer, [(float(tokens), float(loss))], str(path))
-    notes += _loss_scale_notes(records, list(curves))
     labels = series_labels([(mixer, run, ()) for run, (mixer, _, _) in curves.items()])
     points = [
         {
@@ -996,6 +997,8 @@ def build_report(cfg: DictConfig) -> Report:
             f"Validation loss vs training tokens: {len(other_task)} run(s) of other tasks than task={cfg.task} "
             f"left out: {', '.join(other_task)}"
         )
+    # after the task filter: the scale is that of the curves drawn, not of the ones left out
+    notes += _loss_scale_notes(records, sorted({p["run"] for p in val_loss}))
     check_task(cfg.task, records)
     points = {
         "recall_vs_state_bytes": recall,

@@ -21,6 +21,7 @@ from matplotlib.ticker import ScalarFormatter
 import data as data_lib
 from eval.report import (
     Sources,
+    _loss_scale_notes,
     _md_row,
     accuracy_points,
     build_report,
@@ -302,12 +303,11 @@ def test_val_loss_plot_notes_runs_whose_losses_are_not_on_one_scale(tmp_path):
         return {"run": run, "mixer": "attention", "metric": "val/loss", "value": 1.5, "train_tokens": 1000,
                 "record_file": str(tmp_path / run / "train.json"), "settings": settings}  # fmt: skip
 
-    sources = Sources(searched=[tmp_path])
     same = [record("a", "char"), record("b", "char")]
-    assert val_loss_points(same, sources, skip_invalid=False)[1] == []
+    assert _loss_scale_notes(same, ["a", "b"]) == []
     mixed = [record("a", "char"), record("b", "byte"), record("c", "byte")]
-    _, notes = val_loss_points(mixed, sources, skip_invalid=False)
-    assert notes == [
+    assert _loss_scale_notes(mixed, ["b", "c"]) == []  # only the runs plotted count
+    assert _loss_scale_notes(mixed, ["a", "b", "c"]) == [
         "Validation loss vs training tokens: the runs were trained on other tasks, corpora or tokenizers, "
         'whose losses per token are not on one scale: name="text", path="/c/a.txt", tokenizer="byte" '
         '(b, c); name="text", path="/c/a.txt", tokenizer="char" (a); compare within one (report them '
@@ -695,6 +695,30 @@ def test_validation_loss_plot_keeps_to_the_task(runs, tmp_path):
     assert any("1 run(s) of other tasks than task=mqar left out: text-run" in n for n in rep.notes)
     rep = make_report(dirs, tmp_path / "text", "task=text")
     assert {p["run"] for p in rep.points["val_loss_vs_tokens"]} == {"text-run"}
+
+
+def test_loss_scale_note_counts_only_the_runs_plotted(tmp_path):
+    """Found by a new-user check: with task=mqar one note said the text run was left out of the
+    validation-loss plot, and the next still listed it among runs "not on one scale" (the scale
+    was judged before the task filter)."""
+    def write_run(run: str, task: str, settings: dict) -> Path:
+        record = rec(run, "mamba", "val/loss", 1.5, 64, task=task, split="val", train_tokens=10**6,
+                     settings={"data.name": task, **settings})  # fmt: skip
+        write_json(tmp_path / run / "results" / "train.json", [record])
+        return tmp_path / run
+
+    a = write_run("mqar-a", "mqar", {"model.vocab_size": 8192})
+    b = write_run("mqar-b", "mqar", {"model.vocab_size": 8192})
+    text = write_run("text-run", "text", {"data.tokenizer": "char", "model.vocab_size": 65})
+    rep = make_report(f"[{a},{b},{text}]", tmp_path / "out")
+    assert {p["run"] for p in rep.points["val_loss_vs_tokens"]} == {"mqar-a", "mqar-b"}
+    assert any("other tasks than task=mqar left out: text-run" in n for n in rep.notes)
+    assert not [n for n in rep.notes if "not on one scale" in n]
+    # Plotted runs of one task on other scales still get the note, without the run left out.
+    c = write_run("mqar-c", "mqar", {"model.vocab_size": 4096})
+    rep = make_report(f"[{a},{c},{text}]", tmp_path / "out")
+    (scale,) = [n for n in rep.notes if "not on one scale" in n]
+    assert "mqar-a" in scale and "mqar-c" in scale and "text-run" not in scale
 
 
 def test_bad_runs_out_seqlen_and_record_fields_are_clear_errors(runs, tmp_path):
