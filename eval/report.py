@@ -33,7 +33,7 @@ What is read:
   non-negative for eval/decode.py's tokens/s, bytes and counts; ``null``, which strict JSON holds
   for a NaN or inf such as a diverged model's loss, is read as NaN), or with a size, count or rate field
   that is negative, nan or inf, is an error naming the file; ``skip_invalid=true`` skips it with a
-  warning and a note in the report instead.
+  note (printed and in the report) instead.
 - recall accuracy: eval/recall.py's records (``metric: accuracy``, ``task``, ``seqlen``,
   ``state_bytes``, ``path``, ``checkpoint``, ``split: test``); for a run that has none, train.py's
   validation records (``val/acc`` and ``val/acc_<slice>``, shown with a ``(val)`` label; the slice
@@ -70,7 +70,6 @@ import math
 import os
 import re
 import sys
-import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -300,7 +299,7 @@ def load_records(sources: Sources, skip_invalid: bool) -> list[dict[str, Any]]:
 
     Raises:
         ValueError: an invalid file (see :func:`read_record_file`), unless ``skip_invalid``, which
-            warns (``UserWarning``) and records the file in ``sources.skipped`` instead.
+            records the file in ``sources.skipped`` instead (the report notes it).
     """
     records: list[dict[str, Any]] = []
     for path in sources.json_files:
@@ -356,7 +355,6 @@ def unique_run_name(run: str, run_dir: Path, taken: dict[str, Path]) -> str:
 def _skip_or_raise(sources: Sources, err: ValueError, skip_invalid: bool) -> None:
     if not skip_invalid:
         raise ValueError(f"{err} (fix or delete the file, or pass skip_invalid=true to skip it)") from err
-    warnings.warn(f"skipping {err}", stacklevel=3)
     sources.skipped.append(str(err))
 
 
@@ -673,7 +671,7 @@ def val_loss_points(
 
     Raises:
         ValueError: an unreadable metrics.csv or W&B summary, unless ``skip_invalid`` (then skipped
-            with a warning and listed in ``sources.skipped``).
+            and listed in ``sources.skipped``, which the report notes).
     """
     # a directory's run is the one its records name (qualify_rerun_names), else the folder's name,
     # with its parents where another directory has that name
@@ -1085,6 +1083,7 @@ def _nothing_found(sources: Sources, notes: list[str]) -> str:
     message = f"no result records found in {', '.join(map(str, sources.searched))}: looked for {LOOKED_FOR}"
     if sources.ignored:
         message += f"; ignored JSON that is not a record list: {', '.join(map(str, sources.ignored))}"
+    message += "".join(f"; skipped invalid file: {skipped}" for skipped in sources.skipped)
     return "; ".join([message, *notes])
 
 
