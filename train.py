@@ -274,6 +274,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     # would leave records of an untrained model (or a copy of the resumed run's
                     # last.ckpt and records) for the report to pick up.
                     log.info("training interrupted before its first step: nothing saved")
+                    # Nor its lines in train.log and its loggers' records: its folder is undone
+                    # (run_folders.remove_unused_folders).
+                    run_folders.TRAINED_NOTHING.add(run_dir)
                     # user_errors (main) reports it as Ctrl+C before training: one line, status 130.
                     raise KeyboardInterrupt("interrupted before the first optimizer step") from None
                 interrupted = True

@@ -1127,6 +1127,36 @@ def test_an_interrupt_before_the_first_step_saves_nothing(tmp_path, monkeypatch,
     assert not list(run.rglob("*.ckpt")) and not list(run.rglob("train.json"))
 
 
+@pytest.mark.parametrize("folder", ["new", "premade"])
+def test_an_interrupt_before_the_first_step_undoes_the_run_folder(tmp_path, folder):
+    """Found by a new-user check: Ctrl+C or SIGTERM after training started, before its first optimizer
+    step, said "nothing saved" and "interrupted: nothing written" (status 130) but left the run
+    folder with .hydra/, a train.log of two lines (which counted as a run that had trained) and the
+    loggers' records. It is undone as after an interrupt while the data is prepared; in a folder
+    that was there, Hydra's files go back as they were, its train.log to the lines it held."""
+    run_dir = tmp_path / "run"
+    if folder == "premade":
+        run_dir.mkdir()
+        (run_dir / "notes.txt").write_text("my notes\n")
+        (run_dir / "train.log").write_text("[2026-12-01 10:00:00,000] an earlier line\n")
+    before = tree(tmp_path)
+    settings = [*TINY, *MQAR_TINY, f"hydra.run.dir={run_dir}"]  # logger=csv: its csv/hparams.yaml goes too
+    program = (
+        "import runpy, sys\n"
+        "from models.lit import LitLM\n"
+        "def interrupt(self):\n"
+        "    raise KeyboardInterrupt\n"
+        "LitLM.on_train_start = interrupt\n"
+        f"sys.argv = ['train.py', *{settings!r}]\n"
+        "runpy.run_path('train.py', run_name='__main__')\n"
+    )
+    result = cli(["-c", program], cwd=REPO_ROOT)
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and result.stderr.endswith("interrupted: nothing written\n")
+    assert "training interrupted before its first step: nothing saved" in result.stdout
+    assert tree(tmp_path) == before
+
+
 def test_early_stopping_survives_a_run_cut_before_its_first_validation(tmp_path):
     # Validation once an epoch, the run cut mid-epoch by max_steps: Lightning's strict check raised
     # "Early stopping conditioned on metric `val/acc` which is not available" (a new-user check found

@@ -123,7 +123,10 @@ def remove_unused_run_dir(run_dir: Path, before: FoldersBefore | None, sweep_dir
     settings error would otherwise leave one such folder per attempt under outputs/, or Hydra's
     records of its refused settings in the run directory of an earlier run it was pointed at
     (``hydra.run.dir=<that run>``), over that run's own. A run that wrote anything else, or
-    appended to ``train.log``, keeps its run directory as it is.
+    appended to ``train.log`` (it started training: a job of a joblib sweep, killed, leaves no other
+    sign of it), keeps its run directory as it is; unless it trained nothing, stopped by Ctrl+C or
+    SIGTERM before its first optimizer step (:data:`TRAINED_NOTHING`): what it made in the folder
+    goes too (its loggers' records, ``csv/``, ``wandb/``), and its lines in ``train.log``.
 
     ``before`` (taken of ``run_dir``, or of ``sweep_dir`` for a job of ``-m``, before Hydra made it;
     None: unknown, nothing is touched) says what the run made. Hydra's files that were there before
@@ -162,10 +165,12 @@ def _undo_unused_run_dir(run_dir: Path, before: FoldersBefore, sweep_dir: Path |
         return  # what it held before is unknown
     names = was.names if was is not None else frozenset()
     log = run_dir / "train.log"
-    if log.is_file() and log.stat().st_size > ((was.log_size or 0) if was is not None else 0):
-        return  # the run logged: it started
-    if set(os.listdir(run_dir)) - names - set(HYDRA_RUN_FILES):
-        return  # the run wrote more than Hydra's files
+    logged = log.is_file() and log.stat().st_size > ((was.log_size or 0) if was is not None else 0)
+    made = set(os.listdir(run_dir)) - names - set(HYDRA_RUN_FILES)
+    if run_dir not in TRAINED_NOTHING and (logged or made):
+        return  # the run logged (it started training) or wrote more than Hydra's files
+    for name in made:  # of a run that trained nothing: its loggers' records (csv/, wandb/)
+        _remove(run_dir / name)
     _restore_hydra_files(run_dir, was, HYDRA_RUN_FILES)
     _remove_folders_made(run_dir, before, stop=sweep_dir)
 
@@ -173,8 +178,9 @@ def _undo_unused_run_dir(run_dir: Path, before: FoldersBefore, sweep_dir: Path |
 def _restore_hydra_files(folder: Path, was: FolderBefore | None, names: Sequence[str]) -> None:
     """Put Hydra's files ``names`` (of :data:`HYDRA_RUN_FILES` / :data:`HYDRA_SWEEP_FILES`) in
     ``folder`` back as ``was`` records them: config files written back where they differ, the
-    others removed, and a ``.hydra/`` or ``train.log`` that was not there removed (``train.log`` is
-    only appended to, and the caller has checked it did not grow). A config file is replaced
+    others removed, a ``.hydra/`` or ``train.log`` that was not there removed, and a ``train.log``
+    that was there cut back to its size then (it is only appended to; the caller has checked that it
+    did not grow, or grew by the lines of a run that trained nothing). A config file is replaced
     atomically with its permission bits, unless it is a symbolic link or has other hard links: Hydra
     wrote through those into the file they share, so the old bytes go back into that file."""
     configs = was.configs if was is not None else {}
@@ -197,13 +203,21 @@ def _restore_hydra_files(folder: Path, was: FolderBefore | None, names: Sequence
         else:
             atomic_write_bytes(path, lambda f, data=data: f.write(data))
             os.chmod(path, mode)
+    log = folder / "train.log"
+    if "train.log" in names and was is not None and was.log_size is not None and log.is_file():
+        if log.stat().st_size > was.log_size:
+            os.truncate(log, was.log_size)
     existed = was.names if was is not None else frozenset()
     for name in set(names) - existed:
-        path = folder / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
+        _remove(folder / name)
+
+
+def _remove(path: Path) -> None:
+    """Remove ``path``: a folder with what it holds, a file or a symbolic link (not what it points to)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def _remove_folders_made(folder: Path, before: FoldersBefore, stop: Path | None = None) -> None:
@@ -431,3 +445,7 @@ RUN_FOLDERS_BEFORE: FoldersBefore | None = None
 # The run directories of the sweep's jobs that ran in this process, in order (train.main adds each):
 # Hydra's basic launcher; None for a single run, or where the jobs run in other processes (joblib).
 JOBS_RUN_HERE: list[Path] | None = None
+# The run directories (resolved) of this process' runs stopped by Ctrl+C or SIGTERM before their
+# first optimizer step (train.train adds each): neither their lines in train.log nor their loggers'
+# records keep their folders.
+TRAINED_NOTHING: set[Path] = set()
