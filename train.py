@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from eval.startup import end_quiet_sigterm, quiet_interrupt_while_starting
+from eval.startup import quiet_interrupt_while_starting
 
 quiet_interrupt_while_starting(__name__)  # before the seconds of imports below (training/ too)
 
@@ -36,7 +36,7 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from eval.cli import INTERRUPTED, check_command_line, signal_handlers, user_errors
+from eval.cli import INTERRUPTED, run_command_line, signal_handlers, user_errors
 from eval.records import (
     git_sha,
     make_record,
@@ -451,8 +451,9 @@ def main(cfg: DictConfig) -> None:
 
 
 def run_from_command_line() -> None:
-    """``python train.py ...``: :func:`main`, and after a run or sweep refused by a settings error or
-    stopped by Ctrl+C or SIGTERM before training (status 2 or 130),
+    """``python train.py ...``: the command line's checks and :func:`main` in one
+    :func:`eval.cli.user_errors` block (:func:`eval.cli.run_command_line`), and after a run or sweep
+    refused by a settings error or stopped by Ctrl+C or SIGTERM before training (status 2 or 130),
     :func:`training.run_folders.remove_unused_folders` in this, the process that recorded the folders
     (a joblib sweep's jobs run in other processes, and a refused one ends the sweep): removed are what
     Hydra made for it, its run directory and the empty folders made with it, such as a new outputs/,
@@ -462,21 +463,14 @@ def run_from_command_line() -> None:
     Raises:
         SystemExit: :func:`main`'s (Hydra's) exit.
     """
-    with user_errors():  # before Hydra, whose own messages run over several lines
-        check_command_line(
-            sys.argv[1:],
-            "train",
-            hints=SETTING_HINTS,
-            settings=lightning_settings(),
-            check_job=check_sweep_job,
-        )
     try:
-        # A SIGTERM (kill, timeout, a scheduler) before training ends the run as Ctrl+C does: one
-        # line, status 130, Hydra's folder undone; training and its final evaluation handle it their
-        # own way inside. After it, SIGTERM's default (not the start-up's quiet exit).
-        end_quiet_sigterm()
-        with sigterm_as_keyboard_interrupt():
-            main()
+        # One user_errors block from the command line's checks to Hydra's exit (run_command_line): a
+        # Ctrl+C or SIGTERM (kill, timeout, a scheduler) before training, Hydra's composition
+        # included, ends the run in one line, status 130, Hydra's folder undone; training and its
+        # final evaluation handle them their own way inside.
+        run_command_line(
+            main, "train", hints=SETTING_HINTS, settings=lightning_settings(), check_job=check_sweep_job
+        )
     except SystemExit as exc:
         if exc.code in (2, INTERRUPTED):
             # Not stopped half-way by a second Ctrl+C or a SIGTERM: it writes an earlier run's

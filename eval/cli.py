@@ -716,6 +716,28 @@ def user_errors(retry: str = "output=<another path>") -> Iterator[None]:
             sys.exit(2)
 
 
+def run_command_line(main: Callable[[], Any], config_name: str, config_dir: Path = CONF_DIR,
+                     **checks: Any) -> None:  # fmt: skip
+    """A script's ``__main__``: :func:`check_command_line` of ``sys.argv[1:]`` (before Hydra, whose own
+    messages run over several lines), then ``main``, the script's ``@hydra.main`` function, in one
+    :func:`user_errors` block, so that Ctrl+C or SIGTERM while Hydra composes the config and sets
+    the run up, or after the task, is one line and status 130 as it is before and during the task.
+    (A new-user check found a ``KeyboardInterrupt`` traceback, or death by SIGTERM, between the
+    check's block and the task's own :func:`user_errors`: Hydra composed outside either.)
+
+    Args:
+        main: the ``@hydra.main`` function, called without arguments (Hydra reads the command line).
+        config_name, config_dir, checks: :func:`check_command_line`'s (``hints``, ``settings``,
+            ``check_job``).
+
+    Raises:
+        SystemExit: :func:`user_errors`' status 2 or 130, or ``main``'s (Hydra's) exit.
+    """
+    with user_errors():
+        check_command_line(sys.argv[1:], config_name, config_dir, **checks)
+        main()
+
+
 class OutputDirCheck(Callback):
     """Hydra callback (``hydra.callbacks`` of ``conf/train.yaml``): refuse, as one line, a run or
     sweep directory that cannot be created, before Hydra tries to and fails in a traceback

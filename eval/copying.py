@@ -35,7 +35,6 @@ logs them to W&B when ``wandb.enabled=true``.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from eval.startup import quiet_interrupt_while_starting
@@ -49,7 +48,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from data.copying import char_accuracy, string_exact_match
 from data.mqar import IGNORE_INDEX
 from data.synthetic import exact_match, token_accuracy
-from eval.cli import CONF_DIR, check_command_line, user_errors
+from eval.cli import CONF_DIR, run_command_line, user_errors
 from eval.common import (
     build_datamodule,
     check_default_output,
@@ -154,6 +153,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    with user_errors():  # before Hydra, whose own messages run over several lines
-        check_command_line(sys.argv[1:], "copying", CONF_DIR / "eval")
-    main()
+    run_command_line(main, "copying", CONF_DIR / "eval")

@@ -41,7 +41,6 @@ for tests).
 from __future__ import annotations
 
 import io
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from eval.cli import check_command_line, check_known_settings, user_errors
+from eval.cli import check_known_settings, run_command_line, user_errors
 from eval.common import check_lengths, is_out_of_memory, resolve_device
 from eval.records import (
     check_output,
@@ -452,6 +451,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    with user_errors():  # before Hydra, whose own messages run over several lines
-        check_command_line(sys.argv[1:], "eval/decode")
-    main()
+    run_command_line(main, "eval/decode")

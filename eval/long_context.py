@@ -40,7 +40,6 @@ evaluated, ``reason``).
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,7 +52,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from data.synthetic import TaskSlice, exact_match
-from eval.cli import CONF_DIR, check_command_line, user_errors
+from eval.cli import CONF_DIR, run_command_line, user_errors
 from eval.common import (
     EvalContext,
     Scores,
@@ -268,6 +267,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    with user_errors():  # before Hydra, whose own messages run over several lines
-        check_command_line(sys.argv[1:], "long_context", CONF_DIR / "eval")
-    main()
+    run_command_line(main, "long_context", CONF_DIR / "eval")

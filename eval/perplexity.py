@@ -24,7 +24,6 @@ and logs them to W&B when ``wandb.enabled=true``.
 from __future__ import annotations
 
 import math
-import sys
 import time
 import warnings
 from typing import Any
@@ -37,7 +36,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from eval.cli import CONF_DIR, check_command_line, user_errors
+from eval.cli import CONF_DIR, run_command_line, user_errors
 from eval.common import (
     EvalContext,
     build_datamodule,
@@ -257,6 +256,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    with user_errors():  # before Hydra, whose own messages run over several lines
-        check_command_line(sys.argv[1:], "perplexity", CONF_DIR / "eval")
-    main()
+    run_command_line(main, "perplexity", CONF_DIR / "eval")

@@ -29,7 +29,6 @@ writes result records (metric ``accuracy``, per slice and path) next to the chec
 from __future__ import annotations
 
 import re
-import sys
 from typing import Any
 
 from eval.startup import quiet_interrupt_while_starting
@@ -40,7 +39,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from eval.cli import CONF_DIR, check_command_line, user_errors
+from eval.cli import CONF_DIR, run_command_line, user_errors
 from eval.common import (
     EvalContext,
     build_datamodule,
@@ -203,6 +202,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    with user_errors():  # before Hydra, whose own messages run over several lines
-        check_command_line(sys.argv[1:], "recall", CONF_DIR / "eval")
-    main()
+    run_command_line(main, "recall", CONF_DIR / "eval")

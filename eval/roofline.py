@@ -32,7 +32,6 @@ import glob
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,7 @@ quiet_interrupt_while_starting(__name__)  # before the seconds of imports below
 import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from eval.cli import CONF_DIR, check_command_line, check_known_settings, user_errors
+from eval.cli import CONF_DIR, check_known_settings, run_command_line, user_errors
 
 GB = 1e9
 MB = 1e6
@@ -469,6 +468,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    with user_errors():  # before Hydra, whose own messages run over several lines
-        check_command_line(sys.argv[1:], "roofline", CONF_DIR / "eval")
-    main()
+    run_command_line(main, "roofline", CONF_DIR / "eval")

@@ -309,6 +309,35 @@ def test_ctrl_c_while_a_command_starts_is_one_line(tmp_path, script, sig):
     assert ("KeyboardInterrupt" in result.stderr) == (sig == signal.SIGINT)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+@pytest.mark.parametrize("script", ["train.py", "eval/long_context.py"])
+def test_ctrl_c_while_hydra_composes_the_config_is_one_line(tmp_path, script, sig):
+    """Found by a new-user check: Ctrl+C or SIGTERM while @hydra.main composed the config, between the
+    command line's checks and the task's user_errors, gave a KeyboardInterrupt traceback (status
+    -2), or death by SIGTERM. The signal is sent from inside Hydra's composition of the command
+    line's config (not the checks' own composing, ``from_shell=False``)."""
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    program = (
+        "import runpy, signal, sys\n"
+        "from hydra._internal.hydra import Hydra\n"
+        "compose = Hydra.compose_config\n"
+        "def interrupted(self, *args, **kwargs):\n"
+        "    if kwargs.get('from_shell', True):\n"
+        f"        signal.raise_signal({int(sig)})\n"
+        "    return compose(self, *args, **kwargs)\n"
+        "Hydra.compose_config = interrupted\n"
+        f"sys.argv = [{script!r}, 'hydra.run.dir={tmp_path / 'run'}']\n"
+        f"runpy.run_path({script!r}, run_name='__main__')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert result.stderr == "interrupted: nothing written\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- strict JSON records -------------------------------------------------------------------------
 
 
