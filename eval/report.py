@@ -69,7 +69,6 @@ import json
 import math
 import os
 import re
-import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,7 +85,7 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
 from data import DATAMODULES
-from eval.cli import CONF_DIR, check_command_line, check_known_settings, user_errors
+from eval.cli import CONF_DIR, check_known_settings, run_command_line, user_errors
 from eval.records import (
     check_creatable_dir,
     check_flag,
@@ -1097,6 +1096,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    with user_errors():  # before Hydra, whose own messages run over several lines
-        check_command_line(sys.argv[1:], "report", CONF_DIR / "eval")
-    main()
+    run_command_line(main, "report", CONF_DIR / "eval")

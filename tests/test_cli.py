@@ -310,7 +310,7 @@ def test_ctrl_c_while_a_command_starts_is_one_line(tmp_path, script, sig):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
-@pytest.mark.parametrize("script", ["train.py", "eval/long_context.py"])
+@pytest.mark.parametrize("script", ["train.py", "eval/long_context.py", "eval/report.py"])
 def test_ctrl_c_while_hydra_composes_the_config_is_one_line(tmp_path, script, sig):
     """Found by a new-user check: Ctrl+C or SIGTERM while @hydra.main composed the config, between the
     command line's checks and the task's user_errors, gave a KeyboardInterrupt traceback (status
