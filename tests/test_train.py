@@ -32,6 +32,7 @@ from helpers import (
     metrics_rows,
     without_wandb_key,
 )
+from lightning.pytorch.callbacks import EarlyStopping
 from omegaconf import OmegaConf
 
 import train as train_module
@@ -59,6 +60,7 @@ from training.run_folders import (
 )
 from training.settings import (
     check_logger_settings,
+    check_settings,
     check_trainer_settings,
     check_val_batches,
     lightning_precisions,
@@ -533,6 +535,20 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
         ("mixer.shared_block=foo", "model.shared_block must be null or {every: <layers>, mixer: <name>}"),
         ("optim=5", "optim must be a group of settings, got optim=5; set one of them instead"),
         ("trainer.devices=0", "trainer settings: `Trainer(devices=0)` value is not a valid input"),
+        # A new-user check: early_stopping=3 (true, val/acc) failed in check_early_stopping with an
+        # AttributeError, [1] with OmegaConf's three lines, an unknown key after the seeding without
+        # the valid ones, and patience:-1 was taken.
+        ("early_stopping=3", "early_stopping=3: early_stopping must be null (or false: no early stopping) "
+         "or a mapping of Lightning EarlyStopping's arguments, e.g. early_stopping={monitor:val/loss,"),
+        ("early_stopping=true", "early_stopping=true: early_stopping must be null (or false: no early "),
+        ("early_stopping=val/acc", "early_stopping=val/acc: early_stopping must be null (or false: no "),
+        ("early_stopping=[1]", '"early_stopping=[1]": early_stopping must be null (or false: no early '),
+        ("early_stopping={monitor:val/acc,foo:3}",
+         "unknown early_stopping keys ['foo']; valid keys (the arguments of Lightning's EarlyStopping): "
+         "['check_finite', 'check_on_train_epoch_end', "),
+        ("early_stopping={monitor:val/acc,patience:-1}",
+         "early_stopping.patience must be >= 0 (the validations without improvement before training "
+         "stops), got -1"),
     ],
 )  # fmt: skip
 def test_unknown_group_keys_are_refused_before_the_seeding(tmp_path, monkeypatch, override, message):
@@ -556,6 +572,25 @@ def test_train_cli_reports_a_mistyped_setting_in_one_line(tmp_path):
     assert result.returncode == 2 and "error: mamba: d_state must be an int, got 'abc'" in result.stderr
     assert "Traceback" not in result.stderr and "Callback OutputDirCheck" not in result.stderr
     assert not list(tmp_path.glob("outputs/*"))  # the run directory Hydra made and its date folder are removed
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        # A traceback (status 1), Hydra's folder left behind.
+        ("early_stopping=3", "error: early_stopping=3: early_stopping must be null (or false: no early "),
+    ],
+)  # fmt: skip
+def test_train_cli_refuses_bad_settings_in_one_line_and_leaves_no_folder(tmp_path, override, message):
+    """Found by a new-user check: these settings were refused late, unnamed, or not at all. Each is
+    one line now, status 2, before training; the folder Hydra made goes, and no other is made."""
+    (tmp_path / "work").mkdir()
+    override, message = override.format(tmp_path=tmp_path), message.format(tmp_path=tmp_path)
+    result = cli([str(REPO_ROOT / "train.py"), *TINY, *MQAR_TINY, override], cwd=tmp_path / "work")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stdout == "" and result.stderr.startswith(message), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert [p.name for p in tmp_path.rglob("*")] == ["work"]  # no outputs/, nor any other folder
 
 
 def test_train_cli_refuses_a_mismatched_resume_first_and_leaves_no_folder(jamba_run, tmp_path):
@@ -1178,6 +1213,10 @@ def test_early_stopping_survives_a_run_cut_before_its_first_validation(tmp_path)
         ("trainer.max_steps=-1", ValueError, "max_epochs=-1 leave the run without a length"),
         ("early_stopping={monitor:val/acx}", ValueError, "early_stopping.monitor='val/acx': monitor one of"),
         ("early_stopping={monitor:val/acc,mode:up}", ValueError, "early_stopping.mode must be min or max"),
+        ("early_stopping={monitor:val/acc,patience:1.5}", TypeError,
+         "early_stopping.patience must be an integer, got 1.5"),
+        ("early_stopping={monitor:val/acc,patience:null}", TypeError,
+         "early_stopping.patience must be an integer, got None"),
         ("trainer.val_check_interval=0", ValueError, "trainer.val_check_interval must be >= 1 (steps)"),
         ("trainer.val_check_interval=1.5", ValueError, "or in (0, 1] (a fraction of an epoch), got 1.5"),
         ("trainer.val_check_interval=abc", TypeError, "trainer.val_check_interval must be a number"),
@@ -1216,6 +1255,18 @@ def test_bad_trainer_and_optim_settings_fail_before_training(tmp_path, override,
     with pytest.raises(error, match=re.escape(message)):
         train_module.train(cfg)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_early_stopping_keys_are_lightnings_and_its_off_forms_pass(tmp_path):
+    # The valid keys named are EarlyStopping's arguments, as the installed Lightning has them.
+    valid = sorted(name for name in inspect.signature(EarlyStopping.__init__).parameters if name != "self")
+    with pytest.raises(ValueError, match=re.escape(f"(the arguments of Lightning's EarlyStopping): {valid}")):
+        check_settings(compose_train([f"run_dir={tmp_path}", "early_stopping={monitor:val/acc,foo:3}"]))
+    for off in ("null", "false"):  # no early stopping
+        check_settings(compose_train([f"run_dir={tmp_path}", f"early_stopping={off}"]))
+    nulls = ",".join(f"{key}:null" for key in valid if key not in ("monitor", "patience"))
+    every = f"early_stopping={{{nulls},monitor:val/acc,patience:0}}"  # every key given
+    check_settings(compose_train([f"run_dir={tmp_path}", every]))
 
 
 def test_a_validation_fraction_below_one_batch_is_refused_before_training():

@@ -4,7 +4,8 @@ seeds, builds the model or trains, so that a bad setting is refused in one line 
 
 - The settings that need neither data nor model (:func:`check_settings`): every top-level key known,
   ``trainer.*`` against Lightning's own arguments and precisions (:func:`check_trainer_settings`,
-  :func:`lightning_settings`, :func:`lightning_precisions`), ``logger.*``, ``optim.*``.
+  :func:`lightning_settings`, :func:`lightning_precisions`), ``logger.*``, ``optim.*``, the form of
+  ``early_stopping`` (:func:`check_early_stopping_arguments`).
 - The data module of the ``data.*`` settings, its refusals named as ``data.*`` overrides
   (:func:`build_datamodule`), and what the run reads of it: the validation batches per process
   (:func:`check_val_batches`), the slices' lengths and a learned position table long enough for them,
@@ -31,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import data as datasets_lib
 from data.mqar import parse_slice_name
-from eval.cli import check_known_settings, closest_settings
+from eval.cli import check_known_settings, closest_settings, override_value, pasteable
 from eval.records import WANDB_KEYS, check_flag, check_wandb_settings
 from models.lit import check_optim, logged_metrics
 
@@ -40,7 +41,8 @@ def check_settings(cfg: DictConfig) -> None:
     """The checks of a run's settings that need neither its data nor its model, which
     :func:`train.train` makes first: every top-level key known (:func:`eval.cli.check_known_settings`),
     each group of settings a mapping, a GPU for ``trainer.accelerator=gpu``, then
-    :func:`check_trainer_settings`, :func:`check_logger_settings` and :func:`models.lit.check_optim`.
+    :func:`check_trainer_settings`, :func:`check_logger_settings`, :func:`models.lit.check_optim` and
+    :func:`check_early_stopping_arguments`.
 
     Raises:
         ValueError / TypeError: the first setting refused, named as its override.
@@ -60,6 +62,7 @@ def check_settings(cfg: DictConfig) -> None:
     check_trainer_settings(cfg)
     check_logger_settings(cfg.logger)
     check_optim(OmegaConf.to_container(cfg.optim, resolve=True))  # LitLM checks it too, after the seeding
+    check_early_stopping_arguments(cfg.get("early_stopping"))
 
 
 # What a top-level key that is no setting's name means, for check_known_settings' message.
@@ -324,12 +327,61 @@ def check_learned_positions(model, longest: int) -> None:
         )
 
 
+# What early_stopping may be, for the refusals of check_early_stopping_arguments.
+EARLY_STOPPING_FORMS = (
+    "null (or false: no early stopping) or a mapping of Lightning EarlyStopping's arguments, e.g. "
+    "early_stopping={monitor:val/loss,mode:min,patience:3}"
+)
+
+
+def check_early_stopping_arguments(settings: Any) -> None:
+    """The form of ``early_stopping`` (``conf/train.yaml``), checked with the settings that need
+    neither data nor model: null or false (no early stopping), or a mapping of arguments of
+    Lightning's ``EarlyStopping``. Which metric it monitors, and how, :func:`check_early_stopping`
+    checks once the run's slices are known.
+
+    Raises:
+        ValueError: any other value (``early_stopping=3``, ``=true``, ``=val/acc``, ``=[1]``: Lightning
+            has no such form), a key that is no argument of EarlyStopping (named with the valid
+            ones: it would refuse it only after the seeding), or a ``patience`` below 0.
+        TypeError: a ``patience`` that is not an integer (null included).
+    """
+    if settings is None or settings is False:
+        return
+    if not OmegaConf.is_dict(settings) and not isinstance(settings, Mapping):
+        raise ValueError(
+            f"{pasteable(f'early_stopping={override_value(settings)}')}: early_stopping must be "
+            f"{EARLY_STOPPING_FORMS}"
+        )
+    valid = sorted(
+        name.removeprefix("early_stopping.")
+        for name in lightning_settings()
+        if name.startswith("early_stopping.")
+    )
+    unknown = sorted(str(key) for key in settings.keys() if key not in valid)
+    if unknown:
+        raise ValueError(
+            f"unknown early_stopping keys {unknown}; valid keys (the arguments of Lightning's "
+            f"EarlyStopping): {valid}"
+        )
+    if "patience" in settings:  # Lightning's default (3) where it is left out
+        patience = settings.patience
+        if isinstance(patience, bool) or not isinstance(patience, int):
+            raise TypeError(f"early_stopping.patience must be an integer, got {patience!r}")
+        if patience < 0:
+            raise ValueError(
+                f"early_stopping.patience must be >= 0 (the validations without improvement before "
+                f"training stops), got {patience}"
+            )
+
+
 def check_early_stopping(settings: Any, slice_names: list[str]) -> None:
-    """``early_stopping`` (EarlyStopping's arguments) checked before training: Lightning finds a
-    metric name it never sees only at the first validation, with a traceback.
+    """``early_stopping`` (EarlyStopping's arguments, their form checked by
+    :func:`check_early_stopping_arguments`) checked before training: Lightning finds a metric name it
+    never sees only at the first validation, with a traceback.
 
     Args:
-        settings: the ``early_stopping`` config, or None (no early stopping).
+        settings: the ``early_stopping`` config, or None / false / empty (no early stopping).
         slice_names: the validation slices of the task (``val/acc_<slice>``, ``val/loss_<slice>``).
 
     Raises:
