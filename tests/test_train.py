@@ -549,6 +549,17 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
         ("early_stopping={monitor:val/acc,patience:-1}",
          "early_stopping.patience must be >= 0 (the validations without improvement before training "
          "stops), got -1"),
+        # A new-user check: mixer.name=5 trained (its records broke eval/report.py), foo/bar nested the
+        # run's folder, '' named it <time>--mqar.
+        ("mixer.name=5", "mixer.name=5 is not a string (quote it to keep it as a name: \"mixer.name='5'\"): "
+         "mixer.name must be a non-empty string usable as one folder name (it names the run's folder, "
+         "<time>-<mixer.name>-<data.name>, and the mixer in the run's records), e.g. "
+         "mixer.name=my_attention"),
+        ("mixer.name=foo/bar", "mixer.name=foo/bar holds '/', which would nest the run's folder in another"),
+        ("mixer.name=''", "mixer.name= is empty: mixer.name must be a non-empty string"),
+        ("mixer.name=' a'", "\"mixer.name=' a'\" begins or ends with whitespace: mixer.name must be"),
+        ("mixer.name=..", "mixer.name=.. is no folder name: mixer.name must be"),
+        ("mixer.name=null", "mixer.name=null is not a string: mixer.name must be"),
     ],
 )  # fmt: skip
 def test_unknown_group_keys_are_refused_before_the_seeding(tmp_path, monkeypatch, override, message):
@@ -579,6 +590,8 @@ def test_train_cli_reports_a_mistyped_setting_in_one_line(tmp_path):
     [
         # A traceback (status 1), Hydra's folder left behind.
         ("early_stopping=3", "error: early_stopping=3: early_stopping must be null (or false: no early "),
+        # Trained, in a nested folder.
+        ("mixer.name=foo/bar", "error: mixer.name=foo/bar holds '/', which would nest the run's folder in "),
     ],
 )  # fmt: skip
 def test_train_cli_refuses_bad_settings_in_one_line_and_leaves_no_folder(tmp_path, override, message):
@@ -1267,6 +1280,15 @@ def test_early_stopping_keys_are_lightnings_and_its_off_forms_pass(tmp_path):
     nulls = ",".join(f"{key}:null" for key in valid if key not in ("monitor", "patience"))
     every = f"early_stopping={{{nulls},monitor:val/acc,patience:0}}"  # every key given
     check_settings(compose_train([f"run_dir={tmp_path}", every]))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[f"mixer={mixer}"] for mixer in MIXER_CONFIGS]
+    + [["experiment=zoology_mqar"], ["mixer.name=my attention 2"], ["mixer.name=my_attention.v2"]],
+)
+def test_shipped_mixer_names_and_early_stopping_pass_the_settings_check(tmp_path, overrides):
+    check_settings(compose_train([f"run_dir={tmp_path}", *overrides]))
 
 
 def test_a_validation_fraction_below_one_batch_is_refused_before_training():

@@ -3,9 +3,10 @@ seeds, builds the model or trains, so that a bad setting is refused in one line 
 (status 2 from the command line) rather than by Lightning in a traceback after a step.
 
 - The settings that need neither data nor model (:func:`check_settings`): every top-level key known,
-  ``trainer.*`` against Lightning's own arguments and precisions (:func:`check_trainer_settings`,
-  :func:`lightning_settings`, :func:`lightning_precisions`), ``logger.*``, ``optim.*``, the form of
-  ``early_stopping`` (:func:`check_early_stopping_arguments`).
+  ``mixer.name`` (:func:`check_mixer_name`), ``trainer.*`` against Lightning's own arguments and
+  precisions (:func:`check_trainer_settings`, :func:`lightning_settings`,
+  :func:`lightning_precisions`), ``logger.*``, ``optim.*``, the form of ``early_stopping``
+  (:func:`check_early_stopping_arguments`).
 - The data module of the ``data.*`` settings, its refusals named as ``data.*`` overrides
   (:func:`build_datamodule`), and what the run reads of it: the validation batches per process
   (:func:`check_val_batches`), the slices' lengths and a learned position table long enough for them,
@@ -20,6 +21,7 @@ import contextlib
 import inspect
 import logging
 import math
+import os
 import re
 import typing
 from collections.abc import Iterator, Mapping
@@ -40,9 +42,9 @@ from models.lit import check_optim, logged_metrics
 def check_settings(cfg: DictConfig) -> None:
     """The checks of a run's settings that need neither its data nor its model, which
     :func:`train.train` makes first: every top-level key known (:func:`eval.cli.check_known_settings`),
-    each group of settings a mapping, a GPU for ``trainer.accelerator=gpu``, then
-    :func:`check_trainer_settings`, :func:`check_logger_settings`, :func:`models.lit.check_optim` and
-    :func:`check_early_stopping_arguments`.
+    each group of settings a mapping, ``mixer.name`` (:func:`check_mixer_name`), a GPU for
+    ``trainer.accelerator=gpu``, then :func:`check_trainer_settings`, :func:`check_logger_settings`,
+    :func:`models.lit.check_optim` and :func:`check_early_stopping_arguments`.
 
     Raises:
         ValueError / TypeError: the first setting refused, named as its override.
@@ -54,6 +56,7 @@ def check_settings(cfg: DictConfig) -> None:
                 f"{section} must be a group of settings, got {section}={cfg[section]!r}; set one of them "
                 f"instead, e.g. {section}.<key>=<value> (conf/train.yaml lists them)"
             )
+    check_mixer_name(cfg.mixer.get("name"))
     if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError(
             f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and none is available; "
@@ -63,6 +66,39 @@ def check_settings(cfg: DictConfig) -> None:
     check_logger_settings(cfg.logger)
     check_optim(OmegaConf.to_container(cfg.optim, resolve=True))  # LitLM checks it too, after the seeding
     check_early_stopping_arguments(cfg.get("early_stopping"))
+
+
+def check_mixer_name(name: Any) -> None:
+    """``mixer.name``, which names the run's folder (``hydra.run.dir``:
+    ``<time>-<mixer.name>-<data.name>``; a sweep job's ``<num>-<mixer.name>-<data.name>``) and the
+    mixer in its result records and checkpoint: a non-empty string usable as one folder name. Any
+    such name is taken (``mixer.name=my_attention``), not only a ``conf/mixer`` option's.
+
+    Raises:
+        ValueError: a name that is not a string (``mixer.name=5``: the records' mixer, which the report
+            sorts with the other runs' names), empty, with whitespace at either end, holding a path
+            separator (``foo/bar``: a nested run folder) or ``.`` / ``..``.
+    """
+    if not isinstance(name, str):
+        problem = "is not a string"
+        if isinstance(name, (bool, int, float)):  # Hydra reads mixer.name=5 as a number: quoted, a string
+            quoted = override_value(override_value(name))
+            problem += f" (quote it to keep it as a name: {pasteable(f'mixer.name={quoted}')})"
+    elif not name:
+        problem = "is empty"
+    elif name != name.strip():
+        problem = "begins or ends with whitespace"
+    elif separators := [sep for sep in sorted({"/", os.sep, os.altsep} - {None}) if sep in name]:
+        problem = f"holds {separators[0]!r}, which would nest the run's folder in another"
+    elif name in (".", ".."):
+        problem = "is no folder name"
+    else:
+        return
+    raise ValueError(
+        f"{pasteable(f'mixer.name={override_value(name)}')} {problem}: mixer.name must be a non-empty string "
+        "usable as one folder name (it names the run's folder, <time>-<mixer.name>-<data.name>, and the "
+        "mixer in the run's records), e.g. mixer.name=my_attention"
+    )
 
 
 # What a top-level key that is no setting's name means, for check_known_settings' message.
