@@ -25,7 +25,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Override, OverrideType, Quote, QuotedString
 from hydra.errors import ConfigCompositionException, HydraException
 from hydra.experimental.callback import Callback
-from omegaconf import OmegaConf
+from omegaconf import ListConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
 
 from eval.records import check_creatable_dir
@@ -780,7 +780,7 @@ def override_value(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, ListConfig)):  # a config's list too (resume=[a], as composed)
         return "[" + ",".join(override_value(v) for v in value) + "]"
     if isinstance(value, Mapping):
         return "{" + ",".join(f"{override_value(k)}:{override_value(v)}" for k, v in value.items()) + "}"

@@ -560,6 +560,13 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
         ("mixer.name=' a'", "\"mixer.name=' a'\" begins or ends with whitespace: mixer.name must be"),
         ("mixer.name=..", "mixer.name=.. is no folder name: mixer.name must be"),
         ("mixer.name=null", "mixer.name=null is not a string: mixer.name must be"),
+        # A new-user check: "expected str, bytes or os.PathLike object, not int", naming no setting.
+        ("resume=3", "resume=3: resume takes the path of a checkpoint written by train.py (e.g. "
+         "resume=outputs/<run>/checkpoints/last.ckpt), or null for a new run (a file named like a number "
+         "or true / false is quoted: \"resume='3'\")"),
+        ("resume=true", "resume=true: resume takes the path of a checkpoint written by train.py "),
+        ("resume=[a]", '"resume=[a]": resume takes the path of a checkpoint written by train.py (e.g. '
+         "resume=outputs/<run>/checkpoints/last.ckpt), or null for a new run"),
     ],
 )  # fmt: skip
 def test_unknown_group_keys_are_refused_before_the_seeding(tmp_path, monkeypatch, override, message):
@@ -592,6 +599,8 @@ def test_train_cli_reports_a_mistyped_setting_in_one_line(tmp_path):
         ("early_stopping=3", "error: early_stopping=3: early_stopping must be null (or false: no early "),
         # Trained, in a nested folder.
         ("mixer.name=foo/bar", "error: mixer.name=foo/bar holds '/', which would nest the run's folder in "),
+        # "error: expected str, bytes or os.PathLike object, not int", naming no setting.
+        ("resume=3", "error: resume=3: resume takes the path of a checkpoint written by train.py (e.g. "),
     ],
 )  # fmt: skip
 def test_train_cli_refuses_bad_settings_in_one_line_and_leaves_no_folder(tmp_path, override, message):

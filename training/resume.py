@@ -175,6 +175,7 @@ def check_resume(
         The path as an absolute string, or None.
 
     Raises:
+        ValueError: a ``resume`` that is no path (``resume=3``, ``=true``, ``=[a]``).
         FileNotFoundError / ValueError: a missing, corrupt or non-mixerlab checkpoint, or one whose
             weights hold NaN or inf (:func:`models.checkpoint.read_checkpoint`: training on from a
             diverged run stays NaN), or one without the trainer state to resume
@@ -194,8 +195,17 @@ def check_resume(
     """
     if resume is None:
         return None
-    checkpoint = read_checkpoint(resume, arg="resume")
     given = pasteable(f"resume={override_value(resume)}")
+    if not isinstance(resume, str):
+        quote = ""
+        if isinstance(resume, (bool, int, float)):  # Hydra reads resume=3 as a number: quoted, a path
+            quoted = pasteable(f"resume={override_value(override_value(resume))}")
+            quote = f" (a file named like a number or true / false is quoted: {quoted})"
+        raise ValueError(
+            f"{given}: resume takes the path of a checkpoint written by train.py (e.g. "
+            f"resume=outputs/<run>/checkpoints/last.ckpt), or null for a new run{quote}"
+        )
+    checkpoint = read_checkpoint(resume, arg="resume")
     if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
         raise ValueError(
             f"{given} holds no trainer state (optimizer, loops) to continue from; give a "
