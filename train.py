@@ -33,6 +33,7 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
@@ -57,6 +58,7 @@ from training.settings import (
     check_early_stopping,
     check_learned_positions,
     check_monitor,
+    check_run_dir,
     check_settings,
     check_val_batches,
     lightning_settings,
@@ -140,7 +142,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     Args:
         cfg: the composed config of ``conf/train.yaml`` (``run_dir`` must resolve: under
-            ``@hydra.main`` it is Hydra's run directory; tests set it explicitly).
+            ``@hydra.main`` it is Hydra's run directory, which :func:`main` checks; tests set it
+            explicitly).
 
     Returns:
         ``{"run_dir", "best_ckpt", "last_ckpt", "metrics", "interrupted"}`` (paths as strings;
@@ -437,14 +440,17 @@ def _write_train_records(
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
     """Command-line entry point: compose with Hydra, then :func:`train`; a failed write (full disk)
-    is one line naming the file (:func:`eval.cli.user_errors`). A run refused by a settings error,
+    is one line naming the file (:func:`eval.cli.user_errors`). A ``run_dir`` other than Hydra's run
+    directory is refused (:func:`training.settings.check_run_dir`). A run refused by a settings error,
     or stopped by Ctrl+C before training, exits with status 2 or 130, after which
     :func:`run_from_command_line` undoes what Hydra wrote for it."""
     torch.set_flush_denormal(True)
     os.environ.setdefault("WANDB_SILENT", "true")
+    hydra_cfg = HydraConfig.get()
     if run_folders.JOBS_RUN_HERE is not None:
-        run_folders.JOBS_RUN_HERE.append(Path(HydraConfig.get().runtime.output_dir).resolve())
+        run_folders.JOBS_RUN_HERE.append(Path(hydra_cfg.runtime.output_dir).resolve())
     with user_errors(retry="hydra.run.dir=<another folder>"):
+        check_run_dir(cfg.run_dir, hydra_cfg.runtime.output_dir, hydra_cfg.mode == RunMode.MULTIRUN)
         result = train(cfg)
     if result["interrupted"]:
         raise SystemExit(1)

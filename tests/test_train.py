@@ -60,6 +60,7 @@ from training.run_folders import (
 )
 from training.settings import (
     check_logger_settings,
+    check_run_dir,
     check_settings,
     check_trainer_settings,
     check_val_batches,
@@ -601,6 +602,9 @@ def test_train_cli_reports_a_mistyped_setting_in_one_line(tmp_path):
         ("mixer.name=foo/bar", "error: mixer.name=foo/bar holds '/', which would nest the run's folder in "),
         # "error: expected str, bytes or os.PathLike object, not int", naming no setting.
         ("resume=3", "error: resume=3: resume takes the path of a checkpoint written by train.py (e.g. "),
+        # Trained, checkpoints/ and results/ in that folder, .hydra/ and train.log in Hydra's.
+        ("run_dir={tmp_path}/xx", "error: run_dir={tmp_path}/xx: run_dir is Hydra's run directory, "
+         "{tmp_path}/work/outputs/"),
     ],
 )  # fmt: skip
 def test_train_cli_refuses_bad_settings_in_one_line_and_leaves_no_folder(tmp_path, override, message):
@@ -1298,6 +1302,26 @@ def test_early_stopping_keys_are_lightnings_and_its_off_forms_pass(tmp_path):
 )
 def test_shipped_mixer_names_and_early_stopping_pass_the_settings_check(tmp_path, overrides):
     check_settings(compose_train([f"run_dir={tmp_path}", *overrides]))
+
+
+def test_a_run_dir_other_than_hydras_is_refused(tmp_path, monkeypatch):
+    # A new-user check: run_dir=/tmp/xx put checkpoints/ and results/ there, .hydra/ and train.log in
+    # Hydra's run directory.
+    monkeypatch.chdir(tmp_path)
+    hydras = str(tmp_path / "outputs" / "run")
+    check_run_dir(hydras, hydras, sweep=False)
+    check_run_dir("outputs/run", hydras, sweep=False)  # the same folder, relative
+    message = (
+        f"run_dir={tmp_path}/xx: run_dir is Hydra's run directory, {hydras} for this run, which holds the "
+        "run's .hydra/ and train.log beside its checkpoints and records; remove the run_dir override and "
+        f"set hydra.run.dir={tmp_path}/xx instead"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        check_run_dir(f"{tmp_path}/xx", hydras, sweep=False)
+    with pytest.raises(ValueError, match=re.escape("set hydra.sweep.dir=<folder> (each job gets a folder")):
+        check_run_dir(f"{tmp_path}/xx", hydras, sweep=True)
+    with pytest.raises(ValueError, match=re.escape("run_dir=3: run_dir is Hydra's run directory, ")):
+        check_run_dir(3, hydras, sweep=False)
 
 
 def test_a_validation_fraction_below_one_batch_is_refused_before_training():

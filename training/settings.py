@@ -13,6 +13,8 @@ seeds, builds the model or trains, so that a bad setting is refused in one line 
   and the metrics ``early_stopping`` and ``data.monitor`` name.
 - The process count a Trainer of the ``trainer.*`` settings runs with (:func:`resolved_world_size`),
   with Lightning's refusals as settings errors (:func:`trainer_settings_errors`).
+- ``run_dir`` under Hydra (``python train.py``): Hydra's run directory, as the config defines it
+  (:func:`check_run_dir`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import re
 import typing
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -98,6 +101,37 @@ def check_mixer_name(name: Any) -> None:
         f"{pasteable(f'mixer.name={override_value(name)}')} {problem}: mixer.name must be a non-empty string "
         "usable as one folder name (it names the run's folder, <time>-<mixer.name>-<data.name>, and the "
         "mixer in the run's records), e.g. mixer.name=my_attention"
+    )
+
+
+def check_run_dir(run_dir: Any, output_dir: str, sweep: bool) -> None:
+    """``run_dir`` of a run under Hydra (``python train.py``), which ``conf/train.yaml`` defines as
+    Hydra's run directory (``${hydra:runtime.output_dir}``): the folder that holds the run's ``.hydra/``
+    and ``train.log`` beside its checkpoints and records. An override naming another folder split
+    the run in two, which a later ``resume=`` or report reads as two runs.
+
+    Args:
+        run_dir: the ``run_dir`` setting.
+        output_dir: Hydra's run directory for this run (a sweep's job: its folder in the sweep's).
+        sweep: whether the run is a job of a ``-m`` sweep.
+
+    Raises:
+        ValueError: ``run_dir`` that is not Hydra's run directory (as a path), naming the setting that
+            moves both (``hydra.run.dir``, or ``hydra.sweep.dir`` for a sweep).
+    """
+    if isinstance(run_dir, str) and Path(run_dir).resolve() == Path(output_dir).resolve():
+        return
+    given = pasteable(f"run_dir={override_value(run_dir)}")
+    if sweep:
+        instead = "hydra.sweep.dir=<folder> (each job gets a folder in it, hydra.sweep.subdir)"
+    elif isinstance(run_dir, str):
+        instead = pasteable(f"hydra.run.dir={override_value(run_dir)}")
+    else:
+        instead = "hydra.run.dir=<folder>"
+    raise ValueError(
+        f"{given}: run_dir is Hydra's run directory, {output_dir} for this run, which holds the run's "
+        f".hydra/ and train.log beside its checkpoints and records; remove the run_dir override and set "
+        f"{instead} instead"
     )
 
 
