@@ -435,7 +435,7 @@ def check_early_stopping_arguments(settings: Any) -> None:
             f"EarlyStopping): {valid}"
         )
     if "patience" in settings:  # Lightning's default (3) where it is left out
-        patience = settings.patience
+        patience = settings["patience"]  # a DictConfig or a plain mapping
         if isinstance(patience, bool) or not isinstance(patience, int):
             raise TypeError(f"early_stopping.patience must be an integer, got {patience!r}")
         if patience < 0:
