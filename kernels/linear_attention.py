@@ -685,46 +685,52 @@ def linear_attention_chunk_z_kernel(
     stride_zb, stride_zh, stride_zd,
     num_heads, D_DIM, n_chunks, chunks_per_part,
     HAS_Z_IN: tl.constexpr, STORE_Z: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):  # fmt: skip
     """z before every chunk from the segment kernel's per-part sums, when its z programs walk parts
-    (IN_PARTS: see :func:`chunk_z_parts`); grid (n_parts, H, B), BLOCK_D >= D.
+    (IN_PARTS: see :func:`chunk_z_parts`); one program per BLOCK_C chunks of a part, grid (n_parts *
+    cdiv(chunks_per_part, BLOCK_C), H, B); BLOCK_D >= D, BLOCK_P >= n_parts.
 
     With base = Z_IN[b, h] (or 0) plus ZPART[bh, p] (B*H, n_parts, D) for every part p before this
-    one, z_c = base + ZW[bh, c] (B*H, n_chunks, D) for the part's chunks, BLOCK_C at a time: to ZC[bh,
-    c] (B*H, n_chunks, D, 2) as a (hi, lo) pair in ZC's dtype (lo = z_c - hi, zero for fp32 / fp64)
-    for the fused forward's q . z_c, and back to ZW with STORE_Z (ZW is then the saved zstates). The
-    last part writes the final z, base plus its own sum, to Z_OUT (B*H, D). Elementwise: the split
-    into parts is what lets the z programs walk the sequence in parallel.
+    one, z_c = base + ZW[bh, c] (B*H, n_chunks, D) for the program's chunks: to ZC[bh, c] (B*H,
+    n_chunks, D, 2) as a (hi, lo) pair in ZC's dtype (lo = z_c - hi, zero for fp32 / fp64) for the
+    fused forward's q . z_c, and back to ZW with STORE_Z (ZW is then the saved zstates). The first
+    program of the last part writes the final z, base plus its part's sum, to Z_OUT (B*H, D).
+    Elementwise: the split into parts is what lets the z programs walk the sequence in parallel.
     """
-    part = tl.program_id(0)
-    n_parts = tl.num_programs(0)
+    blocks_per_part = tl.cdiv(chunks_per_part, BLOCK_C)
+    part = tl.program_id(0) // blocks_per_part
+    n_parts = tl.cdiv(n_chunks, chunks_per_part)
     head = tl.program_id(1).to(tl.int64)
     batch = tl.program_id(2).to(tl.int64)
     bh = batch * num_heads + head
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D_DIM
-    base = tl.zeros([BLOCK_D], dtype=ZPART.dtype.element_ty)
+    # The parts' sums up to this program's part in one load, (BLOCK_P, BLOCK_D): a loop over the earlier
+    # parts would chain their loads (each chunk-z program summed them one by one: 13.5 us at B2 T8192
+    # H16 in 4 parts, H100).
+    offs_p = tl.arange(0, BLOCK_P)
+    sums = tl.load(ZPART + (bh * n_parts + offs_p[:, None]) * D_DIM + offs_d[None, :],
+                   mask=(offs_p <= part)[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
+    base = tl.sum(tl.where((offs_p < part)[:, None], sums, 0.0), 0)  # (BLOCK_D,)
     if HAS_Z_IN:
         base += tl.load(Z_IN + batch * stride_zb + head * stride_zh + offs_d * stride_zd, mask=d_mask,
                         other=0.0).to(base.dtype)  # fmt: skip
-    for prev in range(0, part):
-        base += tl.load(ZPART + (bh * n_parts + prev) * D_DIM + offs_d, mask=d_mask, other=0.0)
-    first = part * chunks_per_part
-    last = tl.minimum(first + chunks_per_part, n_chunks)
-    offs_c = tl.arange(0, BLOCK_C)
-    for block in range(first, last, BLOCK_C):
-        rows = bh * n_chunks + block + offs_c
-        mask = (block + offs_c < last)[:, None] & d_mask[None, :]
-        zw_ptr = ZW + rows[:, None] * D_DIM + offs_d[None, :]
-        z_c = tl.load(zw_ptr, mask=mask, other=0.0) + base[None, :]  # (BLOCK_C, BLOCK_D)
-        hi = z_c.to(ZC.dtype.element_ty)
-        zc_ptr = ZC + (rows[:, None] * D_DIM + offs_d[None, :]) * 2
-        tl.store(zc_ptr, hi, mask=mask)
-        tl.store(zc_ptr + 1, (z_c - hi.to(z_c.dtype)).to(ZC.dtype.element_ty), mask=mask)
-        if STORE_Z:
-            tl.store(zw_ptr, z_c, mask=mask)
-    if part == n_parts - 1:
-        total = base + tl.load(ZPART + (bh * n_parts + part) * D_DIM + offs_d, mask=d_mask, other=0.0)
+    block = part * chunks_per_part + (tl.program_id(0) % blocks_per_part) * BLOCK_C
+    last = tl.minimum((part + 1) * chunks_per_part, n_chunks)
+    offs_c = block + tl.arange(0, BLOCK_C)
+    rows = bh * n_chunks + offs_c
+    mask = (offs_c < last)[:, None] & d_mask[None, :]
+    zw_ptr = ZW + rows[:, None] * D_DIM + offs_d[None, :]
+    z_c = tl.load(zw_ptr, mask=mask, other=0.0) + base[None, :]  # (BLOCK_C, BLOCK_D)
+    hi = z_c.to(ZC.dtype.element_ty)
+    zc_ptr = ZC + (rows[:, None] * D_DIM + offs_d[None, :]) * 2
+    tl.store(zc_ptr, hi, mask=mask)
+    tl.store(zc_ptr + 1, (z_c - hi.to(z_c.dtype)).to(ZC.dtype.element_ty), mask=mask)
+    if STORE_Z:
+        tl.store(zw_ptr, z_c, mask=mask)
+    if (part == n_parts - 1) & (block == part * chunks_per_part):
+        total = base + tl.sum(tl.where((offs_p == part)[:, None], sums, 0.0), 0)
         tl.store(Z_OUT + bh * D_DIM + offs_d, total, mask=d_mask)
 
 
@@ -1293,7 +1299,7 @@ CHUNK_Z_PART_CHUNKS = 32
 # prefix loads grow as the square of the parts (beyond this, parts hold more chunks).
 CHUNK_Z_MAX_PARTS = 64
 
-# Chunks a program of linear_attention_chunk_z_kernel adds the base to at a time.
+# Chunks a program of linear_attention_chunk_z_kernel completes (one block of a part a program).
 CHUNK_Z_BLOCK_C = 16
 
 # Batch * heads from which the z programs walk the whole sequence in one part (see chunk_z_parts).
@@ -1444,11 +1450,11 @@ def _fused_forward(q, k, v, kv0, z0, scale: float, normalize: bool, eps: float, 
             num_warps=num_warps, num_stages=segment_stages(q.dtype, num_stages),
         )  # fmt: skip
     if in_parts:
-        linear_attention_chunk_z_kernel[(n_parts, num_heads, batch)](
+        linear_attention_chunk_z_kernel[(n_parts * cdiv(chunks_per_part, CHUNK_Z_BLOCK_C), num_heads, batch)](
             zw, zend, z0 if z0 is not None else dummy, zc, z, *strides(z0, 3),
             num_heads, k_dim, n_chunks, chunks_per_part,
             HAS_Z_IN=z0 is not None, STORE_Z=zstates is not None, BLOCK_C=CHUNK_Z_BLOCK_C,
-            BLOCK_D=_pad(k_dim), num_warps=4,
+            BLOCK_D=_pad(k_dim), BLOCK_P=max(2, next_power_of_2(n_parts)), num_warps=4,
         )  # fmt: skip
     # With z loaded (loads_chunk_z) the fused forward stores S_{c+1} after its update at the end of chunk
     # c (S_first before the loop), rather than S_c at the start of chunk c, where the fp32 -> 16-bit

@@ -810,21 +810,24 @@ class _Launches:
 
 
 @pytest.mark.parametrize(
-    "part_chunks, z_step, below_heads, batch, num_heads, n_parts",
-    [(1, 4, 16, 1, 1, 5), (2, 1, 16, 1, 2, 3), (3, 2, 16, 2, 1, 2), (2, 4, 2, 1, 2, 1), (2, 2, 2, 2, 1, 1)],
-    ids=["parts1", "parts2-H2", "parts3-B2", "walk-H2", "walk-B2"],
-)
-def test_chunk_z_parts(monkeypatch, part_chunks, z_step, below_heads, batch, num_heads, n_parts):
+    "part_chunks, z_step, below_heads, batch, num_heads, n_parts, block_c",
+    [(1, 4, 16, 1, 1, 5, 16), (2, 1, 16, 1, 2, 3, 16), (3, 2, 16, 2, 1, 2, 16), (3, 4, 16, 1, 1, 2, 2),
+     (2, 4, 2, 1, 2, 1, 16), (2, 2, 2, 2, 1, 1, 16)],
+    ids=["parts1", "parts2-H2", "parts3-B2", "parts3-blocks2", "walk-H2", "walk-B2"],
+)  # fmt: skip
+def test_chunk_z_parts(monkeypatch, part_chunks, z_step, below_heads, batch, num_heads, n_parts, block_c):
     # Below CHUNK_Z_PARTS_BELOW_HEADS batch * heads the z programs walk parts of CHUNK_Z_PART_CHUNKS
     # chunks in parallel and the chunk-z kernel adds the earlier parts' sums and the initial z: 5
     # chunks (T 70, a ragged last chunk) in parts of one (a step past every part), two (a ragged last
-    # part) and three, over two heads or two batches. From it on, one walk writes z itself, with no
-    # chunk-z kernel, even with parts of two chunks. Against the float64 reference with an initial
-    # state, forward, backward and final state, and without autograd (z not stored) bitwise the same
-    # forward.
+    # part) and three, over two heads or two batches, and parts of three in chunk-z programs of two
+    # chunks (CHUNK_Z_BLOCK_C: a part in two programs, the last part's second one empty). From it on,
+    # one walk writes z itself, with no chunk-z kernel, even with parts of two chunks. Against the
+    # float64 reference with an initial state, forward, backward and final state, and without
+    # autograd (z not stored) bitwise the same forward.
     monkeypatch.setattr(la, "CHUNK_Z_PART_CHUNKS", part_chunks)
     monkeypatch.setattr(la, "CHUNK_Z_STEP", z_step)
     monkeypatch.setattr(la, "CHUNK_Z_PARTS_BELOW_HEADS", below_heads)
+    monkeypatch.setattr(la, "CHUNK_Z_BLOCK_C", block_c)
     segment = _Launches(la.linear_attention_segment_kernel)
     chunk_z = _Launches(la.linear_attention_chunk_z_kernel)
     monkeypatch.setattr(la, "linear_attention_segment_kernel", segment)
@@ -841,10 +844,11 @@ def test_chunk_z_parts(monkeypatch, part_chunks, z_step, below_heads, batch, num
         o_eval, (s_eval, z_eval) = kernels.linear_attention(*leaves, **kwargs)
     assert torch.equal(o_train.detach(), o_eval) and torch.equal(z_train.detach(), z_eval)
     # Every forward took the path chosen: the segment kernel's z programs in parts (plus the chunk-z
-    # kernel over (parts, H, B)) or in one walk (no chunk-z kernel).
+    # kernel over (parts * blocks a part, H, B)) or in one walk (no chunk-z kernel).
     assert len(segment.calls) == 3
     assert all(kw["IN_PARTS"] == (n_parts > 1) and kw["CHUNK_Z"] for _, kw in segment.calls)
-    assert [grid for grid, _ in chunk_z.calls] == ([(n_parts, num_heads, batch)] * 3 if n_parts > 1 else [])
+    programs = n_parts * -(-part_chunks // block_c)
+    assert [grid for grid, _ in chunk_z.calls] == ([(programs, num_heads, batch)] * 3 if n_parts > 1 else [])
 
 
 @pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
@@ -1239,14 +1243,15 @@ def test_gpu_realistic_shapes(dtype, normalize, batch, seqlen, num_heads, k_dim,
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize(
-    "part_chunks, below_heads", [(5, 16), (8, 16), (1 << 20, 16), (5, 8)],
-    ids=["parts5", "parts8", "one-part", "one-walk"],
+    "part_chunks, below_heads", [(5, 16), (8, 16), (20, 16), (1 << 20, 16), (5, 8)],
+    ids=["parts5", "parts8", "parts20", "one-part", "one-walk"],
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
 def test_gpu_chunk_z_parts(monkeypatch, dtype, part_chunks, below_heads):
     # The z programs' parts at a realistic shape (T 2100: 33 chunks of 64 in bf16, 66 of 32 in fp32), a
-    # ragged last part, one part and one walk for B*H 8 at CHUNK_Z_PARTS_BELOW_HEADS 8, with an
-    # initial state, forward, backward and final state.
+    # ragged last part, parts of 20 chunks in two chunk-z programs each (CHUNK_Z_BLOCK_C 16), one part
+    # and one walk for B*H 8 at CHUNK_Z_PARTS_BELOW_HEADS 8, with an initial state, forward, backward
+    # and final state.
     monkeypatch.setattr(la, "CHUNK_Z_PART_CHUNKS", part_chunks)
     monkeypatch.setattr(la, "CHUNK_Z_PARTS_BELOW_HEADS", below_heads)
     assert la.loads_chunk_z(dtype, 128)
