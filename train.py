@@ -53,6 +53,7 @@ from models.lit import LitLM
 from training import run_folders
 from training.resume import WorldSizeRecord, absolute_paths, check_resume, check_resume_world_size
 from training.settings import (
+    HYDRA_RUN_DIR,
     SETTING_HINTS,
     build_datamodule,
     check_early_stopping,
@@ -381,11 +382,16 @@ def check_sweep_job(cfg: DictConfig) -> None:
     :func:`training.settings.check_settings`, the data module's arguments, the model's settings (built
     on the meta device with :data:`STAND_IN_VOCAB_SIZE`) and the process count Lightning resolves
     (:func:`training.settings.resolved_world_size`), so that ``-m optim.lr=1e-3,abc`` or
-    ``mixer.settings.mamba.d_state=8,0`` is refused before the first job trains.
+    ``mixer.settings.mamba.d_state=8,0`` is refused before the first job trains; and a ``run_dir``
+    other than the job's Hydra folder (:func:`training.settings.check_run_dir`, which :func:`main`
+    applies to every run).
 
     Raises:
         ValueError / TypeError: as :func:`train` raises them.
     """
+    run_dir = OmegaConf.to_container(cfg, resolve=False)["run_dir"]
+    if run_dir != HYDRA_RUN_DIR:  # the job's folder is known only when it starts
+        check_run_dir(run_dir, "the job's folder in hydra.sweep.dir", sweep=True)
     check_settings(cfg)
     build_datamodule(OmegaConf.to_container(cfg.data, resolve=True), setup=False)
     with torch.device("meta"):

@@ -400,6 +400,33 @@ def _node(raw: Any, path: list[str]) -> tuple[bool, Any]:
     return True, raw
 
 
+def _deleted_setting_problem(config_dir: Path, config_name: str, overrides: list[Override]) -> str | None:
+    """What is wrong with a ``~key`` that deletes a setting another one reads as ``${key}``
+    (``~mixer.name``: ``hydra.run.dir`` names the run's folder with ``${mixer.name}``), which Hydra
+    deletes and then fails to resolve in a message of several lines: the first such pair, as
+    :func:`check_command_line`'s message. None where no deleted setting is read, and where the
+    command line does not compose without its sweeps (Hydra reports that itself)."""
+    deleted = [override for override in overrides if override.is_delete() and not override.is_sweep_override()]
+    if not deleted:
+        return None
+    single = [override.input_line for override in overrides if not override.is_sweep_override()]
+    try:
+        raw = OmegaConf.to_container(_compose(config_dir, config_name, single, with_hydra=True), resolve=False)
+    except Exception:  # noqa: BLE001 -- Hydra composes again and reports it its own way
+        return None
+    for override in deleted:
+        key = override.key_or_group
+        reference = re.compile(r"\$\{" + re.escape(key) + r"[}.\[]")  # ${key}, ${key.sub}, ${key[0]}
+        for path in _leaf_paths(raw):
+            value = _node(raw, path.split("."))[1]
+            if isinstance(value, str) and reference.search(value):
+                return (
+                    f"{override.input_line} deletes {key}, which {path} reads ({value}); give it another "
+                    f"value instead ({key}=<value>)"
+                )
+    return None
+
+
 def check_command_line(
     argv: list[str],
     config_name: str,
@@ -421,6 +448,8 @@ def check_command_line(
       override to use;
     - a group of ``config_dir`` that the config does not choose (``eval/decode.py
       experiment=zoology_mqar`` or ``+data=text``: decode chooses only model and mixer).
+    - ``~key`` deleting a setting that another one reads as ``${key}`` (``~mixer.name``, which
+      ``hydra.run.dir`` reads).
 
     In a sweep (``-m`` with several values) each combination of its group options is composed (up
     to :data:`MAX_SWEEP_JOBS_CHECKED`), its key sweeps at their first value: a key only some of the
@@ -474,6 +503,9 @@ def check_command_line(
                 f"{override.input_line} adds {override.key_or_group}, which {shown} already chooses in its "
                 f"defaults; write {override.input_line[1:]} to choose it"
             )
+    problem = _deleted_setting_problem(config_dir, config_name, overrides)
+    if problem:
+        raise ValueError(problem)
     sweeps = [override for override in overrides if override.is_sweep_override()]
     if not sweeps:
         problem = _composition_problem(config_dir, config_name, overrides, hints, settings)

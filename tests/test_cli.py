@@ -597,6 +597,16 @@ TRAIN_CHECK = dict(
         (["ckpt=x.ckpt", "num_examples=1,2"], "recall",
          "num_examples=1,2 gives several values, a sweep: add -m to run one job per value (a list is "
          "num_examples=[a,b], a string with commas \"num_examples='a,b'\")"),
+        # Deleting a setting that another reads (a carried new-user note): OmegaConf's four lines.
+        (["~mixer.name"], "train", "~mixer.name deletes mixer.name, which hydra.run.dir reads (outputs/"
+         "${now:%Y-%m-%d}/${now:%H-%M-%S-%f}-${mixer.name}-${data.name}); give it another value instead "
+         "(mixer.name=<value>)"),
+        (["-m", "~data.name", "seed=1,2"], "train", "~data.name deletes data.name, which hydra.run.dir "),
+        # A sweep's run_dir (a carried new-user note): refused when its first job started.
+        (["-m", "run_dir=/tmp/x", "seed=1,2"], "train", "the sweep's job with seed=1: run_dir=/tmp/x: "
+         "run_dir is Hydra's run directory, the job's folder in hydra.sweep.dir for this run, which holds "
+         "the run's .hydra/ and train.log beside its checkpoints and records; remove the run_dir override "
+         "and set hydra.sweep.dir=<folder> (each job gets a folder in it, hydra.sweep.subdir) instead"),
     ],
 )  # fmt: skip
 def test_a_command_line_hydra_would_refuse_is_one_line(argv, config, message):
@@ -700,6 +710,8 @@ def test_sweep_jobs_checked_cover_every_value():
         ["-m", "+trainer.max_time=00:00:05:00,{minutes:5}"],
         ["--cfg", "job", "data=text", "data.path=x.txt", "+tag=a", "hydra.job.name=${tag}"],
         ["hydra.run.dir=/tmp/x", "+hydra.job.env_set.FOO=1", "hydra.job.env_set={}", "hydra.verbose=true"],
+        ["~optim.weight_decay", "-m", "seed=1,2"],  # a deletion nothing else reads
+        ["-m", "run_dir=${hydra:runtime.output_dir}", "seed=1,2"],  # run_dir as the config has it
     ],
 )
 def test_command_lines_hydra_composes_pass_the_check(argv):
