@@ -406,12 +406,13 @@ def _deleted_setting_problem(config_dir: Path, config_name: str, overrides: list
     deletes and then fails to resolve in a message of several lines: the first such pair, as
     :func:`check_command_line`'s message. None where no deleted setting is read, and where the
     command line does not compose without its sweeps (Hydra reports that itself)."""
-    deleted = [override for override in overrides if override.is_delete() and not override.is_sweep_override()]
+    single = [override for override in overrides if not override.is_sweep_override()]
+    deleted = [override for override in single if override.is_delete()]
     if not deleted:
         return None
-    single = [override.input_line for override in overrides if not override.is_sweep_override()]
     try:
-        raw = OmegaConf.to_container(_compose(config_dir, config_name, single, with_hydra=True), resolve=False)
+        lines = [override.input_line for override in single]
+        raw = OmegaConf.to_container(_compose(config_dir, config_name, lines, with_hydra=True), resolve=False)
     except Exception:  # noqa: BLE001 -- Hydra composes again and reports it its own way
         return None
     for override in deleted:
