@@ -411,9 +411,11 @@ def flash_attention(
     Follows FlashAttention (Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact
     Attention with IO-Awareness", eq. 1 / Algorithm 1), computed directly: scores materialised and
     a masked softmax, or PyTorch's fused ``scaled_dot_product_attention`` (same math, faster on
-    CPU) when no lse is asked for and every query row sees a key. Memory: the masked softmax holds
-    (B, Hkv, G*Tq, Tk) scores, the fused call a (G*Tq, Tk) bool mask when causal, except for plain
-    causal attention (Tq == Tk, no window, Hq == Hkv), which uses its ``is_causal`` and no mask.
+    CPU) when no lse is asked for and every query row sees a key, with ``enable_gqa`` under GQA.
+    Memory: the masked softmax holds (B, Hkv, G*Tq, Tk) scores; K and V are never repeated per
+    query head. A causal mask is built once as a (Tq, Tk) bool and broadcast over batch and heads,
+    except for plain causal attention in the fused call (Tq == Tk, no window), which uses its
+    ``is_causal`` and no mask.
 
     Args:
         q: (B, Tq, Hq, D) queries, float16 / bfloat16 / float32 / float64.
@@ -478,45 +480,49 @@ def flash_attention(
         bad_rows = _any_in_ranges(bad_keys, start, end)
         q_in, k_in, v_in = _ConfineNonFinite.apply(q_in, k_in, v_in, bad_rows, start, end)
 
-    # Query heads sharing a KV head (h = kv_head * G + g) become extra query rows of that KV head,
-    # so K and V are never repeated.
-    qg = rearrange(q_in, "b t (h g) d -> b h (g t) d", g=group)  # (B, Hkv, G*Tq, D)
     kh = rearrange(k_in, "b s h d -> b h s d")  # (B, Hkv, Tk, D)
     vh = rearrange(v_in, "b s h d -> b h s d")  # (B, Hkv, Tk, D)
 
     # Every row sees at least its diagonal key, where PyTorch's fused attention computes the same
-    # exact softmax several times faster on CPU (it is undefined for rows with no key).
+    # exact softmax several times faster on CPU (it is undefined for rows with no key). Its
+    # enable_gqa lets query head h read KV head h // G itself, so K and V are never repeated.
     fused = not return_lse and (not causal or seqlen_q <= seqlen_k)
-    # Plain causal attention (Tq == Tk, no window, one query head per KV head) is the fused call's
-    # own is_causal, which builds no (Tq, Tk) mask: the mask's memory grows with T^2 (B1 T32768 H4
-    # D16 float32 forward on CPU: peak RSS 5.5 GB with it, 0.34 GB without). The other causal cases
-    # (windows, Tq != Tk, the (g t) rows of GQA) keep the explicit mask.
-    is_causal = fused and causal and window is None and seqlen_q == seqlen_k and group == 1
+    # Plain causal attention (Tq == Tk, no window) is the fused call's own is_causal, which builds
+    # no (Tq, Tk) mask: the mask's memory grows with T^2 (B1 T32768 H4 D16 float32 forward on CPU:
+    # peak RSS 5.5 GB with it, 0.34 GB without). The other causal cases (windows, Tq != Tk, the
+    # lse path) build one (Tq, Tk) mask, broadcast over batch and heads.
+    is_causal = fused and causal and window is None and seqlen_q == seqlen_k
     visible = None
     if causal and not is_causal:
         j = torch.arange(seqlen_k, device=q.device)[None, :]
         visible = (j >= start[:, None]) & (j < end[:, None])  # (Tq, Tk)
-        visible = visible.repeat(group, 1)  # (G*Tq, Tk), rows ordered like (g t)
 
     if fused:
+        qh = rearrange(q_in, "b t h d -> b h t d")  # (B, Hq, Tq, D)
         out = F.scaled_dot_product_attention(
-            qg, kh, vh, attn_mask=visible, is_causal=is_causal, scale=scale
-        )  # (B, Hkv, G*Tq, D)
+            qh, kh, vh, attn_mask=visible, is_causal=is_causal, scale=scale, enable_gqa=group > 1
+        )  # (B, Hq, Tq, D)
         lse = None
     else:
+        # Query heads sharing a KV head (h = kv_head * G + g) become extra query rows of that KV
+        # head, so one matmul per KV head shares K and V across its group without repeating them.
+        qg = rearrange(q_in, "b t (h g) d -> b h (g t) d", g=group)  # (B, Hkv, G*Tq, D)
         scores = (qg @ kh.transpose(-1, -2)) * scale  # (B, Hkv, G*Tq, Tk)
-        probs, lse = _masked_softmax(scores, visible)  # (B, Hkv, G*Tq, Tk), (B, Hkv, G*Tq)
-        out = probs @ vh  # (B, Hkv, G*Tq, D)
+        scores = rearrange(scores, "b h (g t) s -> b h g t s", g=group)  # a view, for the (Tq, Tk) mask
+        probs, lse = _masked_softmax(scores, visible)  # (B, Hkv, G, Tq, Tk), (B, Hkv, G, Tq)
+        out = rearrange(probs, "b h g t s -> b h (g t) s") @ vh  # (B, Hkv, G*Tq, D)
+        out = rearrange(out, "b h (g t) d -> b (h g) t d", g=group)  # (B, Hq, Tq, D)
+        lse = rearrange(lse, "b h g t -> b (h g) t")  # (B, Hq, Tq)
 
     if bad_rows is not None:
-        nan_rows = _nan_where(repeat(bad_rows, "b t h -> b h (g t)", g=group), out.dtype)  # rows like out's
-        out = out + nan_rows  # (B, Hkv, G*Tq, D) + (B, Hkv, G*Tq, 1)
+        nan_rows = _nan_where(repeat(bad_rows, "b t h -> b (h g) t", g=group), out.dtype)  # (B, Hq, Tq, 1)
+        out = out + nan_rows
         lse = None if lse is None else lse + nan_rows.squeeze(-1)
 
-    out = rearrange(out, "b h (g t) d -> b t (h g) d", g=group).to(q.dtype)
+    out = rearrange(out, "b h t d -> b t h d").to(q.dtype)
     if not return_lse:
         return out
-    return out, rearrange(lse, "b h (g t) -> b (h g) t", g=group)
+    return out, lse
 
 
 def _check_decode_values(block_table, seqlens, num_blocks: int, block_size: int, max_blocks: int) -> None:

@@ -152,24 +152,36 @@ def test_flash_attention_dtypes(dtype):
     torch.testing.assert_close(lse.to(F64), lse_loop, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("requires_grad", [False, True])
-def test_flash_attention_causal_square_builds_no_mask(requires_grad, monkeypatch):
-    # Causal with Tq == Tk, no window and MHA passes is_causal to the fused call, with no (T, T)
-    # mask (its memory grows with T^2); output and gradients equal the explicit mask's bit for bit.
+def spy_on_sdpa(monkeypatch):
+    """Record every fused-attention call the reference makes: (k's shape, keyword arguments)."""
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return sdpa(*args, **kwargs)
+    def spy(q, k, v, **kwargs):
+        calls.append((tuple(k.shape), kwargs))
+        return sdpa(q, k, v, **kwargs)
 
     monkeypatch.setattr(reference.F, "scaled_dot_product_attention", spy)
-    inputs = [rand(2, 33, 3, 16, requires_grad=requires_grad) for _ in range(3)]
+    return calls
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("num_kv_heads", [3, 1])
+def test_flash_attention_causal_square_builds_no_mask(requires_grad, num_kv_heads, monkeypatch):
+    # Causal with Tq == Tk and no window passes is_causal to the fused call (enable_gqa under GQA),
+    # with no (T, T) mask (its memory grows with T^2); output and gradients equal the explicit mask's.
+    calls = spy_on_sdpa(monkeypatch)
+    inputs = [rand(2, 33, 3, 16, requires_grad=requires_grad)]
+    inputs += [rand(2, 33, num_kv_heads, 16, requires_grad=requires_grad) for _ in range(2)]
     o = reference.flash_attention(*inputs, causal=True)
-    assert len(calls) == 1 and calls[0]["attn_mask"] is None and calls[0]["is_causal"] is True
+    assert len(calls) == 1
+    assert calls[0][1]["attn_mask"] is None and calls[0][1]["is_causal"] is True
+    assert calls[0][1]["enable_gqa"] is (num_kv_heads == 1)
     q, k, v = (t.transpose(1, 2) for t in inputs)  # (B, H, T, D)
     mask = torch.ones(33, 33, dtype=torch.bool).tril()
-    o_masked = sdpa(q, k, v, attn_mask=mask).transpose(1, 2)
+    o_masked = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, enable_gqa=num_kv_heads == 1
+    ).transpose(1, 2)
     assert torch.equal(o, o_masked)
     torch.testing.assert_close(o, attention_loop(*inputs, causal=True)[0], rtol=1e-12, atol=1e-12)
     if requires_grad:
@@ -178,13 +190,60 @@ def test_flash_attention_causal_square_builds_no_mask(requires_grad, monkeypatch
         grads_masked = torch.autograd.grad((o_masked * weight).sum(), inputs)
         for grad, grad_masked in zip(grads, grads_masked, strict=True):
             torch.testing.assert_close(grad, grad_masked, rtol=1e-12, atol=1e-12)
-    # Windows, Tq != Tk and GQA keep the explicit (G*Tq, Tk) mask.
+    # Windows and Tq != Tk build one (Tq, Tk) mask, broadcast over the heads.
     calls.clear()
     reference.flash_attention(*inputs, causal=True, window=4)
     reference.flash_attention(inputs[0][:, :20], inputs[1], inputs[2], causal=True)
-    reference.flash_attention(inputs[0], inputs[1][:, :, :1], inputs[2][:, :, :1], causal=True)
-    assert [tuple(c["attn_mask"].shape) for c in calls] == [(33, 33), (20, 33), (99, 33)]
-    assert not any(c["is_causal"] for c in calls)
+    assert [tuple(c[1]["attn_mask"].shape) for c in calls] == [(33, 33), (20, 33)]
+    assert not any(c[1]["is_causal"] for c in calls)
+
+
+def attention_repeated_kv(q, k, v, *, causal, window=None):
+    """Plain float64 softmax(q k^T / sqrt(D) + mask) v with K and V repeated per query head;
+    returns o (B, Tq, Hq, D), lse (B, Hq, Tq). Rows that see no key give 0 and lse -inf."""
+    group = q.shape[2] // k.shape[2]
+    q, k, v = (t.to(F64).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, Hq, Tk, D)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B, Hq, Tq, Tk)
+    seqlen_q, seqlen_k = q.shape[2], k.shape[2]
+    if causal:
+        last = torch.arange(seqlen_q)[:, None] + seqlen_k - seqlen_q  # the last key query i sees
+        j = torch.arange(seqlen_k)[None, :]
+        visible = j <= last
+        if window is not None:
+            visible = visible & (j > last - window)
+        scores = scores.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)  # (B, Hq, Tq), -inf for rows with no key
+    has_key = torch.isfinite(lse)[..., None]
+    probs = torch.where(has_key, torch.exp(scores - torch.where(has_key, lse[..., None], 0.0)), 0.0)
+    return (probs @ v).transpose(1, 2), lse
+
+
+@pytest.mark.parametrize("group", [1, 2, 3])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(7, 7), (5, 9), (9, 5)])
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 3)])
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_flash_attention_gqa_equals_repeated_kv(
+    group, seqlen_q, seqlen_k, causal, window, return_lse, monkeypatch
+):
+    # GQA through enable_gqa (no lse) or per-KV-head query rows (lse) equals repeating K and V;
+    # (9, 5) causal leaves rows 0..3 with no key. K and V reach the fused call unrepeated, with at
+    # most one (Tq, Tk) mask.
+    calls = spy_on_sdpa(monkeypatch)
+    q, k, v = rand(2, seqlen_q, 2 * group, 16), rand(2, seqlen_k, 2, 16), rand(2, seqlen_k, 2, 16)
+    out = reference.flash_attention(q, k, v, causal=causal, window=window, return_lse=return_lse)
+    o_ref, lse_ref = attention_repeated_kv(q, k, v, causal=causal, window=window)
+    o = out[0] if return_lse else out
+    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
+    if return_lse:
+        torch.testing.assert_close(out[1], lse_ref, rtol=1e-12, atol=1e-12)
+    empty = torch.isinf(lse_ref).transpose(1, 2)  # (B, Tq, Hq): rows that see no key
+    assert bool(empty.any()) is (causal and seqlen_q > seqlen_k)
+    assert torch.equal(o[empty], torch.zeros_like(o[empty]))
+    assert len(calls) == (not return_lse and not (causal and seqlen_q > seqlen_k))  # the fused path
+    for k_shape, kwargs in calls:
+        assert k_shape == (2, 2, seqlen_k, 16)
+        assert kwargs["attn_mask"] is None or kwargs["attn_mask"].shape == (seqlen_q, seqlen_k)
 
 
 # ----------------------------------------------------------------------------------------------
