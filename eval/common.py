@@ -38,9 +38,8 @@ from eval.records import (
     git_sha,
     log_records_to_wandb,
     make_record,
-    say_if_replacing,
     training_settings,
-    write_records,
+    write_sweep_records,
 )
 from models.lit import LitLM, load_model
 from models.model import (
@@ -571,19 +570,31 @@ def check_default_output(cfg: DictConfig, ctx: EvalContext, name: str, variant: 
 
 
 def finish(
-    records: list[dict[str, Any]], cfg: DictConfig, ctx: EvalContext, name: str, variant: str | None = None
+    records: list[dict[str, Any]],
+    cfg: DictConfig,
+    ctx: EvalContext,
+    name: str,
+    variant: str | None = None,
+    *,
+    progress: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> Path:
     """Write ``records`` to ``cfg.output`` (default ``<checkpoint>.<name>.json`` next to the
     checkpoint, ``<checkpoint>.<name>.<variant>.json`` with a ``variant``) atomically and log them to
     W&B when ``cfg.wandb.enabled`` (a table ``name`` in a run ``<name>-<run>`` under the run
     directory, offline unless ``wandb.mode=online``).
 
+    A sweep over lengths calls it after each length with ``progress=(done, planned)`` (lengths in
+    tokens): until ``done`` is all of ``planned`` the records are written marked ``partial``
+    (:func:`eval.records.write_sweep_records`), and only the last call prints the path and logs to W&B.
+
     Returns:
         The path of the record file.
     """
     output = output_path(cfg, ctx, name, variant)
-    say_if_replacing(output, bool(cfg.output))
-    write_records(output, records)
+    done, planned = progress or ((), ())
+    write_sweep_records(output, records, done, planned, output_given=bool(cfg.output))
+    if list(done) != list(planned):
+        return output
     print(f"results: {output}")
     log_records_to_wandb(
         records,

@@ -23,7 +23,8 @@ each context length of ``context_lengths``, for ``batch_size`` sequences:
 
 A context length that runs out of memory (on the GPU, or on the CPU when the allocation fails) is
 recorded as ``metric="decode_oom"`` (with the error's first line as ``reason``) and the sweep goes
-on. On CPU, Linux may overcommit memory and kill the process instead, losing the whole sweep.
+on. On CPU, Linux may overcommit memory and kill the process instead: the records and the plot,
+rewritten after each context length, then keep the lengths measured before it, marked partial.
 
 Every measurement is a result record (DESIGN.md, contract 5) with ``batch``, ``seqlen`` (the
 context length), ``decode_steps``, ``cache_seqlen`` (``seqlen + decode_steps``: the tokens the
@@ -34,8 +35,10 @@ anything is measured: a context length listed twice, or one whose ``context + de
 tokens pass a learned position table (``pos_emb=learned``), is refused. Records go to ``output``
 (default ``decode-<mixer>-<model>.json`` in the working directory; a ``.png`` output is refused),
 a plot of state bytes and decode tokens/s versus context length beside them (``<stem>.png``),
-both written atomically, and to W&B when ``wandb.enabled=true``. It runs on CPU too (tiny sizes,
-for tests).
+both written atomically after each context length, and to W&B when ``wandb.enabled=true`` at the
+end. Until the last length is done every record carries ``partial``: ``{"seqlens_done": [...],
+"seqlens_planned": [...]}`` (:func:`eval.records.write_sweep_records`; the plot's title says so too),
+which ``eval/report.py`` and ``eval/roofline.py`` note. It runs on CPU too (tiny sizes, for tests).
 """
 
 from __future__ import annotations
@@ -62,8 +65,7 @@ from eval.records import (
     git_sha,
     log_records_to_wandb,
     make_record,
-    say_if_replacing,
-    write_records,
+    write_sweep_records,
 )
 from models import LanguageModel
 from models.checkpoint import atomic_write_bytes
@@ -307,7 +309,9 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     print(f"{run}: {model.num_params() / 1e6:.2f}M parameters, {dtype_name}, batch {batch}, {device}")
     print(f"{'context':>8}{'state B/seq':>14}{'prefill tok/s':>15}{'decode tok/s':>14}{'step GB/s':>11}"
           f"{'graph tok/s':>13}{'kernels/step':>14}")  # fmt: skip
-    for context in lengths:
+    for i, context in enumerate(lengths):
+        if i:  # the lengths so far, kept should a longer one kill the process (out of memory on CPU)
+            write_results(output, records, lengths[:i], lengths, output_given=bool(cfg.output))
         cache_seqlen = context + cfg.decode_steps
         base = dict(
             run=run, model=model, task="decode", seqlen=context, cache_seqlen=cache_seqlen, device=device,
@@ -385,9 +389,7 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             f"{context:>8}{m['state_bytes']:>14}{prefill_tps:>15.1f}{decode_tps:>14.1f}{bandwidth / 1e9:>11.2f}"
             f"{graph:>13}{kernels:>14}"
         )
-    say_if_replacing(output, bool(cfg.output))  # a run in another dtype or batch replaces this one
-    write_records(output, records)
-    plot(records, output.with_suffix(".png"))
+    write_results(output, records, lengths, lengths, output_given=bool(cfg.output))
     print(f"wrote {output} and {output.with_suffix('.png')}")
     log_records_to_wandb(
         records,
@@ -401,9 +403,25 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     return records
 
 
-def plot(records: list[dict[str, Any]], path: Path) -> None:
+def write_results(
+    output: Path, records: list[dict[str, Any]], done: list[int], planned: list[int], *, output_given: bool
+) -> None:
+    """Write the records of the context lengths ``done`` (tokens) of ``planned`` to ``output``, marked
+    partial until all are done (:func:`eval.records.write_sweep_records`), and their plot beside them
+    (:func:`plot`, ``<stem>.png``), each atomically.
+
+    Raises:
+        models.checkpoint.WriteError: a file cannot be written (an earlier one there is left as it was).
+    """
+    write_sweep_records(output, records, done, planned, output_given=output_given)
+    title = None if done == planned else f"partial: context lengths {done} of {planned}"
+    plot(records, output.with_suffix(".png"), title=title)
+
+
+def plot(records: list[dict[str, Any]], path: Path, title: str | None = None) -> None:
     """State bytes per sequence and eager decode tokens/s versus context length, one line per mixer,
-    written to ``path`` as a PNG atomically (rendered in memory, then a temporary file renamed over it).
+    written to ``path`` as a PNG atomically (rendered in memory, then a temporary file renamed over it),
+    under ``title`` where one is given.
 
     Raises:
         OSError: ``path`` cannot be written (an earlier plot there is left as it was).
@@ -432,6 +450,8 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel(label)
         ax.legend()
+    if title is not None:
+        fig.suptitle(title)
     fig.tight_layout()
     buffer = io.BytesIO()
     try:

@@ -20,7 +20,8 @@ The two exact matches agree (a greedy generation is right exactly when every tea
 prediction is), up to argmax ties. A length that does not fit in memory -- ``torch.OutOfMemoryError``
 on CUDA, ``MemoryError`` or PyTorch's CPU allocator error -- is recorded as skipped with the reason
 and the sweep goes on to the next length. (On CPU, Linux may overcommit and kill the process instead
-of failing the allocation; choose the lengths accordingly.)
+of failing the allocation: the record file, rewritten after each length, then keeps the lengths
+finished before, marked ``partial``.)
 
 The checkpoint may be trained on ``passkey`` or ``multikey_needle`` (``task=auto`` evaluates that
 task with its training settings), or on any other byte-level data whose vocabulary is 256 bytes --
@@ -34,7 +35,9 @@ tasks of a text checkpoint keep their own files; and to W&B when ``wandb.enabled
 ``exact_match`` per cell (``slice`` ``T{seqlen}_depth{lo}-{hi}``, ``depth_min``, ``depth_max``),
 ``accuracy`` per length over all its depths (``slice`` ``T{seqlen}``: what ``eval/report.py
 task=passkey`` plots), and ``skipped`` per skipped length and path (``value`` the examples not
-evaluated, ``reason``).
+evaluated, ``reason``). The file is rewritten atomically after each length; until the last one is
+done every record carries ``partial``: ``{"seqlens_done": [...], "seqlens_planned": [...]}``
+(:func:`eval.records.write_sweep_records`), which ``eval/report.py`` notes.
 """
 
 from __future__ import annotations
@@ -145,7 +148,8 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     Records carry the fields of :meth:`eval.common.EvalContext.record` with ``task`` (``passkey`` or
     ``multikey_needle``), ``metric`` (``exact_match`` per cell, ``accuracy`` per length, both in
     [0, 1]; ``skipped``), ``slice``, ``seqlen``, ``length_multiplier`` (seqlen over the training
-    seqlen), ``examples`` and ``tokens_per_s``.
+    seqlen), ``examples`` and ``tokens_per_s``. The record file is rewritten after each length, its
+    records marked ``partial`` until the last length is done (see the module docstring).
 
     Raises:
         FileNotFoundError: missing checkpoint.
@@ -197,7 +201,12 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
 
     records, rows = [], []
     check_position_limit(ctx.model, max(lengths), length_option)
-    for seqlen in lengths:
+    # A task other than the checkpoint's own gets a file of its own, so evaluating one checkpoint on
+    # both tasks keeps both results.
+    variant = None if task == ctx.task else task
+    for i, seqlen in enumerate(lengths):
+        if i:  # the lengths so far, kept should a longer one kill the process (out of memory on CPU)
+            finish(records, cfg, ctx, "long_context", variant, progress=(lengths[:i], lengths))
         cells = [s for s in dm.test_sets if s.seqlen == seqlen]
         common = {"task": task, "seqlen": seqlen, "length_multiplier": seqlen / train_seqlen}
         length_row = {"slice": f"T{seqlen} (all)"}
@@ -251,9 +260,7 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         rows += cell_rows + [length_row]
 
     print_table(f"{task} exact match ({ctx.model.config.name})", list(cfg.decode_paths), rows)
-    # A task other than the checkpoint's own gets a file of its own, so evaluating one checkpoint on
-    # both tasks keeps both results.
-    finish(records, cfg, ctx, "long_context", variant=None if task == ctx.task else task)
+    finish(records, cfg, ctx, "long_context", variant, progress=(lengths, lengths))
     return records
 
 

@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +339,59 @@ def write_records(path: str | os.PathLike, records: list[dict[str, Any]]) -> Pat
     if _in_sweep():
         _SWEEP_OUTPUTS.add(path.resolve())
     return path
+
+
+def write_sweep_records(
+    path: str | os.PathLike,
+    records: list[dict[str, Any]],
+    done: Sequence[int],
+    planned: Sequence[int],
+    *,
+    output_given: bool,
+) -> Path:
+    """Write the records of a sweep over lengths (eval/long_context.py, eval/decode.py) after each
+    finished length, so that a process killed at a later one (out of memory on CPU) keeps them.
+
+    While ``done`` is not all of ``planned`` every record gets ``partial``: ``{"seqlens_done": done,
+    "seqlens_planned": planned}`` (lengths in tokens, in the sweep's order); the write of the last
+    length leaves it out, as records written before it was added do. The first write of a run
+    (``done`` of at most one length) says when it replaces an earlier file (:func:`say_if_replacing`).
+
+    Args:
+        path: the record file.
+        records: the records of the lengths ``done``.
+        done: the lengths finished (measured or recorded as skipped), a prefix of ``planned``.
+        planned: every length of the sweep.
+        output_given: whether ``path`` is the user's ``output=`` (for the replacing message).
+
+    Returns:
+        ``path``.
+
+    Raises:
+        models.checkpoint.WriteError: as :func:`write_records`.
+    """
+    path = Path(path)
+    if len(done) <= 1:
+        say_if_replacing(path, output_given)
+    if list(done) != list(planned):
+        partial = {"seqlens_done": list(done), "seqlens_planned": list(planned)}
+        records = [{**r, "partial": partial} for r in records]
+    return write_records(path, records)
+
+
+def partial_note(where: str, records: list[Any]) -> str | None:
+    """One line saying that ``records`` (one file's, named by ``where``) are those of a sweep that had
+    not finished when they were written (:func:`write_sweep_records`), or None when none is marked."""
+    mark = next((r["partial"] for r in records if isinstance(r, dict) and r.get("partial")), None)
+    if mark is None:
+        return None
+    if not isinstance(mark, dict):  # not written by write_sweep_records
+        mark = {}
+    return (
+        f"{where}: partial results, seqlens {mark.get('seqlens_done', '?')} of "
+        f"{mark.get('seqlens_planned', '?')} only (its sweep was cut short, e.g. killed out of memory on "
+        "CPU, or is still running)"
+    )
 
 
 WANDB_MODES = ("online", "offline")

@@ -33,7 +33,9 @@ What is read:
   non-negative for eval/decode.py's tokens/s, bytes and counts; ``null``, which strict JSON holds
   for a NaN or inf such as a diverged model's loss, is read as NaN), or with a size, count or rate field
   that is negative, nan or inf, is an error naming the file; ``skip_invalid=true`` skips it with a
-  note (printed and in the report) instead.
+  note (printed and in the report) instead. A file of eval/long_context.py or eval/decode.py whose
+  sweep had not finished when it was written (killed at a later length, or still running: its
+  records carry ``partial``) is read, with a note naming it and the lengths it holds.
 - recall accuracy: eval/recall.py's records (``metric: accuracy``, ``task``, ``seqlen``,
   ``state_bytes``, ``path``, ``checkpoint``, ``split: test``); for a run that has none, train.py's
   validation records (``val/acc`` and ``val/acc_<slice>``, shown with a ``(val)`` label; the slice
@@ -90,6 +92,7 @@ from eval.records import (
     check_creatable_dir,
     check_flag,
     check_wandb_settings,
+    partial_note,
     start_wandb_run,
 )
 from eval.report_plots import PLOTS, plot_points
@@ -146,6 +149,7 @@ class Sources:
     record_files: list[Path] = field(default_factory=list)
     ignored: list[Path] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    partial: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -294,7 +298,8 @@ def read_record_file(path: Path) -> list[dict[str, Any]] | None:
 
 def load_records(sources: Sources, skip_invalid: bool) -> list[dict[str, Any]]:
     """Read every record candidate of ``sources``, filling its ``record_files``, ``ignored`` and
-    ``skipped`` lists; returns all records.
+    ``skipped`` lists and ``partial`` (a note per file of a sweep that had not finished,
+    :func:`eval.records.partial_note`); returns all records.
 
     Raises:
         ValueError: an invalid file (see :func:`read_record_file`), unless ``skip_invalid``, which
@@ -312,6 +317,9 @@ def load_records(sources: Sources, skip_invalid: bool) -> list[dict[str, Any]]:
         else:
             sources.record_files.append(path)
             records += found
+            note = partial_note(str(path), found)
+            if note is not None:
+                sources.partial.append(note)
     return qualify_rerun_names(records)
 
 
@@ -1003,7 +1011,7 @@ def build_report(cfg: DictConfig) -> Report:
         "val_loss_vs_tokens": val_loss,
         "decode_tokens_per_s": decode_points(records),
     }
-    notes += csv_notes + [f"skipped invalid file: {s}" for s in sources.skipped]
+    notes += sources.partial + csv_notes + [f"skipped invalid file: {s}" for s in sources.skipped]
     figures, pngs, png_bytes = {}, {}, {}
     for spec in PLOTS:
         fig = figures[spec.name] = plot_points(points[spec.name], spec)

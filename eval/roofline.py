@@ -23,7 +23,8 @@ sequence's cache once per step, prefill at least moves those bytes and does its 
 bytes are the records' ``state_bytes``: the cache eval/decode.py allocated for the context plus its
 decode steps (``cache_seqlen``), not the part a step reads -- an attention step reads only the
 tokens cached so far, up to ``decode_steps`` fewer -- so the floor counts a little more cache than
-a step moves.
+a step moves. A run whose file eval/decode.py wrote before its sweep finished (killed at a later
+length: its records carry ``partial``) is printed with a note naming the lengths it holds.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from eval.cli import CONF_DIR, check_known_settings, run_command_line, user_errors
+from eval.records import partial_note
 
 GB = 1e9
 MB = 1e6
@@ -456,6 +458,10 @@ def roofline(cfg: DictConfig) -> dict[str, Any]:
         print(
             f"{format_measured(rows)}\n{CACHE_NOTE}" if rows else "(no prefill / decode throughput records)"
         )
+        for run in sorted({str(r.get("run")) for r in records}):
+            note = partial_note(f"run {run}", [r for r in records if str(r.get("run")) == run])
+            if note is not None:
+                print(f"note: {note}")
     return {"figures": figures, "measured": rows}
 
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from helpers import refuse_files_in
+from helpers import compose_eval, refuse_files_in
 from hydra import compose, initialize_config_dir
 
 import eval.decode as decode_module
@@ -37,8 +37,8 @@ def test_decode_eval_writes_records_and_plot(tmp_path, mixer, capsys):
     assert output.with_suffix(".png").stat().st_size > 0
     assert "replacing" not in capsys.readouterr().out
     if mixer == "attention":  # a second run says that it replaces the first one's records
-        records = decode_eval(cfg)
-        assert f"replacing the earlier results in {output}" in capsys.readouterr().out
+        records = decode_eval(cfg)  # at its first length, not again at the last
+        assert capsys.readouterr().out.count(f"replacing the earlier results in {output}") == 1
     model = build_model(cfg)
     metrics = {(r["metric"], r["seqlen"]) for r in records}
     for context in (8, 40):
@@ -127,6 +127,44 @@ def test_decode_eval_skips_contexts_past_the_memory_limit(tmp_path, monkeypatch,
     }  # fmt: skip (on CPU: no CUDA-graph, no kernel count)
     rows = rl.measured_vs_floor(records, 4.27, 989)
     assert {row["seqlen"] for row in rows} == {8}
+
+
+def test_decode_eval_killed_at_a_later_length_keeps_the_lengths_before_it(tmp_path, capsys):
+    """Records and plot are rewritten after each context length: a process killed at the third one
+    (os._exit, as the system's out-of-memory killer ends it: no exception, no cleanup) leaves the first
+    two lengths' records, marked partial, which eval/roofline.py reads with a note."""
+    output = tmp_path / "decode.json"
+    overrides = ["model.n_layers=2", "context_lengths=[8,16,24]", "decode_steps=2", "device=cpu",
+                 f"output={output}"]  # fmt: skip
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(REPO_ROOT)!r})
+from hydra import compose, initialize_config_dir
+import eval.decode as decode
+measure = decode.measure
+def killed_at_24(model, batch, context, *args):
+    if context == 24:
+        os._exit(137)
+    return measure(model, batch, context, *args)
+decode.measure = killed_at_24
+with initialize_config_dir(config_dir={str(REPO_ROOT / "conf")!r}, version_base="1.3"):
+    decode.decode_eval(compose(config_name="eval/decode", overrides={overrides!r}))
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert result.returncode == 137, result.stderr[-2000:]
+    kept = json.loads(output.read_text())
+    assert {r["seqlen"] for r in kept} == {8, 16} and "decode_tokens_per_s" in {r["metric"] for r in kept}
+    assert all(r["partial"] == {"seqlens_done": [8, 16], "seqlens_planned": [8, 16, 24]} for r in kept)
+    assert output.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["decode.json", "decode.png"]  # no temporary file
+
+    rows = rl.roofline(compose_eval("roofline", [f"records=[{output}]"]))["measured"]
+    assert {row["seqlen"] for row in rows} == {8, 16}
+    assert (
+        "note: run decode-attention-tiny: partial results, seqlens [8, 16] of [8, 16, 24] only (its sweep "
+        "was cut short, e.g. killed out of memory on CPU, or is still running)\n"
+    ) in capsys.readouterr().out
 
 
 def test_decode_eval_lets_other_errors_through(tmp_path, monkeypatch):

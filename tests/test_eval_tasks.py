@@ -369,6 +369,37 @@ def test_long_context_skips_lengths_that_run_out_of_memory(passkey_run, tmp_path
         evaluate_with(long_context_eval, "long_context", passkey_run, tmp_path, "length_multipliers=[1]")
 
 
+def test_long_context_keeps_the_lengths_done_when_a_later_one_stops_the_run(
+    passkey_run, tmp_path, monkeypatch, capsys
+):
+    """The file is rewritten after each length, so a run stopped at the second (here by an error; on
+    CPU the system may kill it out of memory) keeps the first one's records, marked partial; a run
+    that finishes replaces them with unmarked records, saying so once."""
+    evaluate = long_context.evaluate
+
+    def stopped_at_560(model, loader, path, *args):
+        if loader.dataset.seqlen == 2 * PASSKEY_LEN:
+            raise RuntimeError("killed")
+        return evaluate(model, loader, path, *args)
+
+    overrides = ["length_multipliers=[1,2]", "num_examples=1", "num_depth_buckets=1"]
+    monkeypatch.setattr(long_context, "evaluate", stopped_at_560)
+    with pytest.raises(RuntimeError, match="killed"):
+        evaluate_with(long_context_eval, "long_context", passkey_run, tmp_path, *overrides)
+    kept = json.loads((tmp_path / "long_context.json").read_text())
+    assert sorted((r["metric"], r["path"]) for r in kept) == [
+        ("accuracy", "decode"), ("accuracy", "parallel"), ("exact_match", "decode"), ("exact_match", "parallel"),
+    ]  # fmt: skip
+    assert {r["seqlen"] for r in kept} == {PASSKEY_LEN}
+    assert all(r["partial"] == {"seqlens_done": [280], "seqlens_planned": [280, 560]} for r in kept)
+
+    monkeypatch.setattr(long_context, "evaluate", evaluate)
+    capsys.readouterr()
+    records, output = evaluate_with(long_context_eval, "long_context", passkey_run, tmp_path, *overrides)
+    assert {r["seqlen"] for r in records} == {280, 560} and not any("partial" in r for r in records)
+    assert capsys.readouterr().out.count(f"replacing the earlier results in {output}") == 1
+
+
 def test_long_context_on_byte_level_text(text_run, tmp_path):
     records, _ = evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=multikey_needle",
                                "seqlens=[128]", "num_examples=1", "num_depth_buckets=1")  # fmt: skip

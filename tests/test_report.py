@@ -19,6 +19,7 @@ from matplotlib.text import Text
 from matplotlib.ticker import ScalarFormatter
 
 import data as data_lib
+from eval.records import write_sweep_records
 from eval.report import (
     Sources,
     _loss_scale_notes,
@@ -537,6 +538,26 @@ def test_long_names_keep_the_plot_readable():
     assert len(legend) <= 70 and legend.startswith("m" * 30) and legend.endswith("r" * 30 + "]")
     assert all(len(t.get_text()) <= 70 for t in ax.texts)
     assert ax.get_window_extent().width > 0.5 * fig.bbox.width
+
+
+def test_a_partial_record_file_is_read_with_a_note(tmp_path):
+    """eval/decode.py and eval/long_context.py rewrite their file after each length: one whose run was
+    killed at a later length is read, and the report names it and the lengths it holds; the file of
+    a finished run has no such note."""
+    path = tmp_path / "decode" / "decode-attention-tiny.json"
+    records = decode_records("attention", [500.0, 200.0])
+    write_sweep_records(path, records, [1024, 4096], [1024, 4096, 16384], output_given=True)
+    rep = make_report(str(tmp_path / "decode"), tmp_path / "out")
+    assert len(rep.records) == len(records)
+    assert {p["seqlen"] for p in rep.points["decode_tokens_per_s"]} == {1024, 4096}
+    note = (
+        f"{path}: partial results, seqlens [1024, 4096] of [1024, 4096, 16384] only (its sweep was cut "
+        "short, e.g. killed out of memory on CPU, or is still running)"
+    )
+    assert note in rep.notes and f"- {note}\n" in rep.markdown.read_text()
+    write_sweep_records(path, records, [1024, 4096], [1024, 4096], output_given=True)  # finished
+    rep = make_report(str(tmp_path / "decode"), tmp_path / "out")
+    assert not any("partial" in n for n in rep.notes)
 
 
 def test_tables(report):
