@@ -390,7 +390,9 @@ def check_sweep_job(cfg: DictConfig) -> None:
         ValueError / TypeError: as :func:`train` raises them.
     """
     run_dir = OmegaConf.to_container(cfg, resolve=False)["run_dir"]
-    if run_dir != HYDRA_RUN_DIR:  # the job's folder is known only when it starts
+    # The job's folder is known only when it starts: a run_dir naming it through ${hydra:...} is left
+    # to main's check then.
+    if run_dir != HYDRA_RUN_DIR and "${" not in str(run_dir):
         check_run_dir(run_dir, "the job's folder in hydra.sweep.dir", sweep=True)
     check_settings(cfg)
     build_datamodule(OmegaConf.to_container(cfg.data, resolve=True), setup=False)

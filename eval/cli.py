@@ -400,31 +400,27 @@ def _node(raw: Any, path: list[str]) -> tuple[bool, Any]:
     return True, raw
 
 
-def _deleted_setting_problem(config_dir: Path, config_name: str, overrides: list[Override]) -> str | None:
-    """What is wrong with a ``~key`` that deletes a setting another one reads as ``${key}``
-    (``~mixer.name``: ``hydra.run.dir`` names the run's folder with ``${mixer.name}``), which Hydra
-    deletes and then fails to resolve in a message of several lines: the first such pair, as
-    :func:`check_command_line`'s message. None where no deleted setting is read, and where the
-    command line does not compose without its sweeps (Hydra reports that itself)."""
-    single = [override for override in overrides if not override.is_sweep_override()]
-    deleted = [override for override in single if override.is_delete()]
-    if not deleted:
-        return None
-    try:
-        lines = [override.input_line for override in single]
-        raw = OmegaConf.to_container(_compose(config_dir, config_name, lines, with_hydra=True), resolve=False)
-    except Exception:  # noqa: BLE001 -- Hydra composes again and reports it its own way
-        return None
-    for override in deleted:
+def _deletion_problem(overrides: list[Override], config_dir: Path) -> str | None:
+    """What is wrong with a ``~key`` override (``~seed``, ``~mixer.name``, ``~logger``), as
+    :func:`check_command_line`'s message; None without one. mixerlab's scripts read every setting they
+    compose, so a deleted one failed in a traceback (``~seed``), in OmegaConf's lines where another
+    setting reads it (``~mixer.name``: ``hydra.run.dir``), in Hydra's (``~early_stopping``, whose value is
+    null), or fell back silently to a default of the code (``~optim.warmup_steps``: 100 where the config
+    says 50, and no record of it)."""
+    for override in overrides:
+        if not override.is_delete():
+            continue
         key = override.key_or_group
-        reference = re.compile(r"\$\{" + re.escape(key) + r"[}.\[]")  # ${key}, ${key.sub}, ${key[0]}
-        for path in _leaf_paths(raw):
-            value = _node(raw, path.split("."))[1]
-            if isinstance(value, str) and reference.search(value):
-                return (
-                    f"{override.input_line} deletes {key}, which {path} reads ({value}); give it another "
-                    f"value instead ({key}=<value>)"
-                )
+        folder = config_dir / key
+        if folder.is_dir():
+            options = "|".join(sorted(path.stem for path in folder.glob("*.yaml")))
+            instead = f"choose another option instead: {key}=<{options}>"
+        else:
+            instead = f"set it instead: {key}=<value>"
+        return (
+            f"{override.input_line}: deleting a setting is not supported (the scripts read every setting "
+            f"they compose: a deleted one fails, or falls back silently to a default of the code); {instead}"
+        )
     return None
 
 
@@ -449,8 +445,7 @@ def check_command_line(
       override to use;
     - a group of ``config_dir`` that the config does not choose (``eval/decode.py
       experiment=zoology_mqar`` or ``+data=text``: decode chooses only model and mixer).
-    - ``~key`` deleting a setting that another one reads as ``${key}`` (``~mixer.name``, which
-      ``hydra.run.dir`` reads).
+    - ``~key``, deleting a setting (:func:`_deletion_problem`).
 
     In a sweep (``-m`` with several values) each combination of its group options is composed (up
     to :data:`MAX_SWEEP_JOBS_CHECKED`), its key sweeps at their first value: a key only some of the
@@ -469,7 +464,8 @@ def check_command_line(
         settings: dotted settings the config leaves out but the command reads (train.py: Lightning's
             Trainer arguments as ``trainer.<name>``), for the guesses.
         check_job: the script's own checks of one job's config, raising ValueError / TypeError
-            (train.py: :func:`train.check_sweep_job`); sweeps only, a single run checks itself.
+            (train.py: :func:`train.check_sweep_job`); with ``-m`` only (one job too), a single run
+            checks itself.
 
     Raises:
         ValueError: as above, naming the override.
@@ -497,6 +493,9 @@ def check_command_line(
                 f"{override.input_line}: {shown} takes no {group} option (it chooses "
                 f"{', '.join(sorted(chosen)) or 'none'}); remove it"
             )
+    problem = _deletion_problem(overrides, config_dir)
+    if problem:
+        raise ValueError(problem)
     _check_group_options(overrides, config_dir)
     for override in overrides:
         if override.is_add() and override.key_or_group in chosen:  # Hydra: "Multiple values for ..."
@@ -504,14 +503,13 @@ def check_command_line(
                 f"{override.input_line} adds {override.key_or_group}, which {shown} already chooses in its "
                 f"defaults; write {override.input_line[1:]} to choose it"
             )
-    problem = _deleted_setting_problem(config_dir, config_name, overrides)
-    if problem:
-        raise ValueError(problem)
     sweeps = [override for override in overrides if override.is_sweep_override()]
     if not sweeps:
         problem = _composition_problem(config_dir, config_name, overrides, hints, settings)
         if problem:
             raise ValueError(problem)
+        if check_job is not None and _multirun(argv):  # -m, one job: before Hydra makes its folder
+            _check_sweep_jobs(config_dir, config_name, overrides, {}, check_job)
         return
     values = _sweep_values(overrides)
     if values is None:
@@ -596,7 +594,7 @@ def _check_sweep_jobs(
             continue
         except (TypeError, ValueError) as err:
             named = " ".join(job[i] for i in sorted(chosen))
-            raise ValueError(f"the sweep's job with {named}: {err}") from err
+            raise ValueError(f"the sweep's job{f' with {named}' if named else ''}: {err}") from err
         except Exception:  # noqa: BLE001 -- Hydra composes again in the job and reports it its own way
             continue
 

@@ -23,8 +23,8 @@ sequence's cache once per step, prefill at least moves those bytes and does its 
 bytes are the records' ``state_bytes``: the cache eval/decode.py allocated for the context plus its
 decode steps (``cache_seqlen``), not the part a step reads -- an attention step reads only the
 tokens cached so far, up to ``decode_steps`` fewer -- so the floor counts a little more cache than
-a step moves. A run whose file eval/decode.py wrote before its sweep finished (killed at a later
-length: its records carry ``partial``) is printed with a note naming the lengths it holds.
+a step moves. A file eval/decode.py wrote before its sweep finished (killed at a later length: its
+records carry ``partial``) is printed with a note naming it and the lengths it holds.
 """
 
 from __future__ import annotations
@@ -327,10 +327,11 @@ def record_paths(given: list[str]) -> list[str]:
     return list(unique.values())
 
 
-def load_records(paths: list[str]) -> list[dict[str, Any]]:
+def load_records(paths: list[str], notes: list[str] | None = None) -> list[dict[str, Any]]:
     """Concatenate the JSON record lists at ``paths`` (glob patterns expanded: :func:`record_paths`),
     checking every item (:func:`check_record`) so that a bad file is refused before anything is
-    printed.
+    printed. To ``notes``, where given, one line per file written before its sweep finished
+    (:func:`eval.records.partial_note`, naming the file).
 
     Raises:
         FileNotFoundError: a path does not exist, or a pattern matches no ``.json`` file (named).
@@ -359,6 +360,9 @@ def load_records(paths: list[str]) -> list[dict[str, Any]]:
             raise ValueError(f"{path} must hold a JSON list of result records")
         for i, rec in enumerate(data):
             check_record(rec, f"{path}: record {i}")
+        note = partial_note(str(path), data)
+        if notes is not None and note is not None:
+            notes.append(note)
         records.extend(data)
     return records
 
@@ -449,7 +453,8 @@ def roofline(cfg: DictConfig) -> dict[str, Any]:
         given = [given]
     elif given is not None and not isinstance(given, (list, ListConfig)):
         raise ValueError(f"records must be a file or a list of files (records=[a.json,b.json]), got {given!r}")
-    records = load_records([str(path) for path in given]) if given else None
+    notes: list[str] = []
+    records = load_records([str(path) for path in given], notes) if given else None
     rows = measured_vs_floor(records, cfg.bandwidth_tb_s, cfg.peak_tflops) if records is not None else []
     figures = issue_figures(cfg)
     print(format_figures(cfg, figures))
@@ -458,10 +463,8 @@ def roofline(cfg: DictConfig) -> dict[str, Any]:
         print(
             f"{format_measured(rows)}\n{CACHE_NOTE}" if rows else "(no prefill / decode throughput records)"
         )
-        for run in sorted({str(r.get("run")) for r in records}):
-            note = partial_note(f"run {run}", [r for r in records if str(r.get("run")) == run])
-            if note is not None:
-                print(f"note: {note}")
+        for note in notes:
+            print(f"note: {note}")
     return {"figures": figures, "measured": rows}
 
 

@@ -597,16 +597,26 @@ TRAIN_CHECK = dict(
         (["ckpt=x.ckpt", "num_examples=1,2"], "recall",
          "num_examples=1,2 gives several values, a sweep: add -m to run one job per value (a list is "
          "num_examples=[a,b], a string with commas \"num_examples='a,b'\")"),
-        # Deleting a setting that another reads (a carried new-user note): OmegaConf's four lines.
-        (["~mixer.name"], "train", "~mixer.name deletes mixer.name, which hydra.run.dir reads (outputs/"
-         "${now:%Y-%m-%d}/${now:%H-%M-%S-%f}-${mixer.name}-${data.name}); give it another value instead "
-         "(mixer.name=<value>)"),
-        (["-m", "~data.name", "seed=1,2"], "train", "~data.name deletes data.name, which hydra.run.dir "),
+        # Deleting a setting (carried new-user notes): OmegaConf's or Hydra's lines, a traceback, or a
+        # silent fallback to a default of the code (~optim.warmup_steps: 100, the config's 50).
+        (["~mixer.name"], "train", "~mixer.name: deleting a setting is not supported (the scripts read every "
+         "setting they compose: a deleted one fails, or falls back silently to a default of the code); set it "
+         "instead: mixer.name=<value>"),
+        (["-m", "experiment=induction_extrapolation,zoology_mqar", "~optim.lr"], "train",
+         "~optim.lr: deleting a setting is not supported "),
+        (["~optim.warmup_steps"], "train", "~optim.warmup_steps: deleting a setting is not supported "),
+        (["~early_stopping"], "train", "~early_stopping: deleting a setting is not supported "),
+        (["~logger"], "train", "~logger: deleting a setting is not supported (the scripts read every setting "
+         "they compose: a deleted one fails, or falls back silently to a default of the code); choose another "
+         "option instead: logger=<csv|none|wandb>"),
+        (["ckpt=x.ckpt", "~num_examples"], "recall", "~num_examples: deleting a setting is not supported "),
         # A sweep's run_dir (a carried new-user note): refused when its first job started.
         (["-m", "run_dir=/tmp/x", "seed=1,2"], "train", "the sweep's job with seed=1: run_dir=/tmp/x: "
          "run_dir is Hydra's run directory, the job's folder in hydra.sweep.dir for this run, which holds "
          "the run's .hydra/ and train.log beside its checkpoints and records; remove the run_dir override "
          "and set hydra.sweep.dir=<folder> (each job gets a folder in it, hydra.sweep.subdir) instead"),
+        (["-m", "run_dir=/tmp/x"], "train", "the sweep's job: run_dir=/tmp/x: run_dir is Hydra's run "),
+        (["-m", "optim.lr=abc"], "train", "the sweep's job: optim.lr must be a number, got 'abc'"),  # one job
     ],
 )  # fmt: skip
 def test_a_command_line_hydra_would_refuse_is_one_line(argv, config, message):
@@ -698,7 +708,7 @@ def test_sweep_jobs_checked_cover_every_value():
     "argv",
     [
         ["++seed=5", "+trainer.max_time=00:01:00:00", "hydra.run.dir=/tmp/x", "model.d_model=64"],
-        ["mixer=hybrid_jamba", "model=small", "mixer.settings.mamba.d_state=8", "~early_stopping"],
+        ["mixer=hybrid_jamba", "model=small", "mixer.settings.mamba.d_state=8", "early_stopping=null"],
         ["experiment=zoology_mqar", "trainer.max_steps=5", "data.seqlen=64"],  # the experiment's keys
         ["-m", "mixer=attention,mamba", "++mixer.settings.attention.pos_emb=learned", "optim.lr=1e-3,3e-3"],
         ["-m", "mixer=glob(*)", "trainer.max_step=3"],  # a glob: left to Hydra
@@ -710,8 +720,9 @@ def test_sweep_jobs_checked_cover_every_value():
         ["-m", "+trainer.max_time=00:00:05:00,{minutes:5}"],
         ["--cfg", "job", "data=text", "data.path=x.txt", "+tag=a", "hydra.job.name=${tag}"],
         ["hydra.run.dir=/tmp/x", "+hydra.job.env_set.FOO=1", "hydra.job.env_set={}", "hydra.verbose=true"],
-        ["~optim.weight_decay", "-m", "seed=1,2"],  # a deletion nothing else reads
         ["-m", "run_dir=${hydra:runtime.output_dir}", "seed=1,2"],  # run_dir as the config has it
+        ["-m", "run_dir=${hydra:sweep.dir}/${hydra:sweep.subdir}", "seed=1,2"],  # the job's folder too
+        ["-m", "optim.lr=1e-3"],  # one job, checked
     ],
 )
 def test_command_lines_hydra_composes_pass_the_check(argv):

@@ -162,7 +162,7 @@ with initialize_config_dir(config_dir={str(REPO_ROOT / "conf")!r}, version_base=
     rows = rl.roofline(compose_eval("roofline", [f"records=[{output}]"]))["measured"]
     assert {row["seqlen"] for row in rows} == {8, 16}
     assert (
-        "note: run decode-attention-tiny: partial results, seqlens [8, 16] of [8, 16, 24] only (its sweep "
+        f"note: {output}: partial results, seqlens [8, 16] of [8, 16, 24] only (its sweep "
         "was cut short, e.g. killed out of memory on CPU, or is still running)\n"
     ) in capsys.readouterr().out
 
