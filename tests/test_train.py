@@ -778,7 +778,8 @@ def test_a_sweep_subdir_outside_the_sweep_dir_is_refused_before_hydra_writes(tmp
     before = tree(tmp_path)
     subdir = subdir.format(tmp_path=tmp_path)
     args = [str(REPO_ROOT / "train.py"), "-m", f"hydra.sweep.dir={sweep}", f"hydra.sweep.subdir={subdir}"]
-    result = cli([*args, *TINY, *MQAR_TINY, "trainer.max_steps=abc"], cwd=work)
+    # A job that would train and write (the run's -m check refuses a bad value before the subdir's).
+    result = cli([*args, *TINY, *MQAR_TINY, "trainer.max_steps=1"], cwd=work)
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stdout == "" and result.stderr == (
         f"error: hydra.sweep.subdir={subdir} {reason.format(sweep=sweep, tmp_path=tmp_path)}; use a relative "
