@@ -53,7 +53,6 @@ from models.lit import LitLM
 from training import run_folders
 from training.resume import WorldSizeRecord, absolute_paths, check_resume, check_resume_world_size
 from training.settings import (
-    HYDRA_RUN_DIR,
     SETTING_HINTS,
     build_datamodule,
     check_early_stopping,
@@ -390,9 +389,9 @@ def check_sweep_job(cfg: DictConfig) -> None:
         ValueError / TypeError: as :func:`train` raises them.
     """
     run_dir = OmegaConf.to_container(cfg, resolve=False)["run_dir"]
-    # The job's folder is known only when it starts: a run_dir naming it through ${hydra:...} is left
-    # to main's check then.
-    if run_dir != HYDRA_RUN_DIR and "${" not in str(run_dir):
+    # The job's folder is known only when it starts: a run_dir that names it through ${hydra:...} (the
+    # config's own, ${hydra:runtime.output_dir}) is left to main's check then.
+    if "${" not in str(run_dir):
         check_run_dir(run_dir, "the job's folder in hydra.sweep.dir", sweep=True)
     check_settings(cfg)
     build_datamodule(OmegaConf.to_container(cfg.data, resolve=True), setup=False)

@@ -104,10 +104,6 @@ def check_mixer_name(name: Any) -> None:
     )
 
 
-# conf/train.yaml's run_dir: Hydra's run directory (a sweep's job: its folder in hydra.sweep.dir).
-HYDRA_RUN_DIR = "${hydra:runtime.output_dir}"
-
-
 def check_run_dir(run_dir: Any, output_dir: str, sweep: bool) -> None:
     """``run_dir`` of a run under Hydra (``python train.py``), which ``conf/train.yaml`` defines as
     Hydra's run directory (``${hydra:runtime.output_dir}``): the folder that holds the run's ``.hydra/``
