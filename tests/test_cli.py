@@ -599,16 +599,16 @@ TRAIN_CHECK = dict(
          "num_examples=[a,b], a string with commas \"num_examples='a,b'\")"),
         # Deleting a setting (carried new-user notes): OmegaConf's or Hydra's lines, a traceback, or a
         # silent fallback to a default of the code (~optim.warmup_steps: 100, the config's 50).
-        (["~mixer.name"], "train", "~mixer.name: deleting a setting is not supported (the scripts read every "
-         "setting they compose: a deleted one fails, or falls back silently to a default of the code); set it "
-         "instead: mixer.name=<value>"),
+        (["~mixer.name"], "train", "~mixer.name: deleting a setting is not supported (the scripts read "
+         "every setting they compose: a deleted one fails, or falls back silently to a default of the "
+         "code); set it instead: mixer.name=<value>"),
         (["-m", "experiment=induction_extrapolation,zoology_mqar", "~optim.lr"], "train",
          "~optim.lr: deleting a setting is not supported "),
         (["~optim.warmup_steps"], "train", "~optim.warmup_steps: deleting a setting is not supported "),
         (["~early_stopping"], "train", "~early_stopping: deleting a setting is not supported "),
-        (["~logger"], "train", "~logger: deleting a setting is not supported (the scripts read every setting "
-         "they compose: a deleted one fails, or falls back silently to a default of the code); choose another "
-         "option instead: logger=<csv|none|wandb>"),
+        (["~logger"], "train", "~logger: deleting a setting is not supported (the scripts read every "
+         "setting they compose: a deleted one fails, or falls back silently to a default of the code); "
+         "choose another option instead: logger=<csv|none|wandb>"),
         (["ckpt=x.ckpt", "~num_examples"], "recall", "~num_examples: deleting a setting is not supported "),
         # A sweep's run_dir (a carried new-user note): refused when its first job started.
         (["-m", "run_dir=/tmp/x", "seed=1,2"], "train", "the sweep's job with seed=1: run_dir=/tmp/x: "
