@@ -25,7 +25,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Override, OverrideType, Quote, QuotedString
 from hydra.errors import ConfigCompositionException, HydraException
 from hydra.experimental.callback import Callback
-from omegaconf import ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
 
 from eval.records import check_creatable_dir
@@ -400,21 +400,26 @@ def _node(raw: Any, path: list[str]) -> tuple[bool, Any]:
     return True, raw
 
 
-def _deletion_problem(overrides: list[Override], config_dir: Path) -> str | None:
+def _deletion_problem(overrides: list[Override], config_dir: Path, config_name: str) -> str | None:
     """What is wrong with a ``~key`` override (``~seed``, ``~mixer.name``, ``~logger``), as
     :func:`check_command_line`'s message; None without one. mixerlab's scripts read every setting they
     compose, so a deleted one failed in a traceback (``~seed``), in OmegaConf's lines where another
     setting reads it (``~mixer.name``: ``hydra.run.dir``), in Hydra's (``~early_stopping``, whose value is
     null), or fell back silently to a default of the code (``~optim.warmup_steps``: 100 where the config
-    says 50, and no record of it)."""
+    says 50, and no record of it). The advice names a group's options (``~logger``), a section's
+    settings as the script's own config file gives them (``~optim``: ``optim.<lr|...>=<value>``), or
+    the key itself."""
     for override in overrides:
         if not override.is_delete():
             continue
         key = override.key_or_group
         folder = config_dir / key
+        section = OmegaConf.select(OmegaConf.load(config_dir / f"{config_name}.yaml"), key, default=None)
         if folder.is_dir():
             options = "|".join(sorted(path.stem for path in folder.glob("*.yaml")))
             instead = f"choose another option instead: {key}=<{options}>"
+        elif isinstance(section, DictConfig) and len(section):
+            instead = f"set its settings instead: {key}.<{'|'.join(str(name) for name in section)}>=<value>"
         else:
             instead = f"set it instead: {key}=<value>"
         return (
@@ -493,7 +498,7 @@ def check_command_line(
                 f"{override.input_line}: {shown} takes no {group} option (it chooses "
                 f"{', '.join(sorted(chosen)) or 'none'}); remove it"
             )
-    problem = _deletion_problem(overrides, config_dir)
+    problem = _deletion_problem(overrides, config_dir, config_name)
     if problem:
         raise ValueError(problem)
     _check_group_options(overrides, config_dir)

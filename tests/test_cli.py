@@ -605,6 +605,9 @@ TRAIN_CHECK = dict(
         (["-m", "experiment=induction_extrapolation,zoology_mqar", "~optim.lr"], "train",
          "~optim.lr: deleting a setting is not supported "),
         (["~optim.warmup_steps"], "train", "~optim.warmup_steps: deleting a setting is not supported "),
+        (["~optim"], "train", "~optim: deleting a setting is not supported (the scripts read every setting "
+         "they compose: a deleted one fails, or falls back silently to a default of the code); set its "
+         "settings instead: optim.<lr|weight_decay|betas|warmup_steps|min_lr_ratio|schedule_interval>=<value>"),
         (["~early_stopping"], "train", "~early_stopping: deleting a setting is not supported "),
         (["~logger"], "train", "~logger: deleting a setting is not supported (the scripts read every "
          "setting they compose: a deleted one fails, or falls back silently to a default of the code); "
