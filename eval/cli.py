@@ -28,7 +28,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
 
-from eval.records import check_creatable_dir
+from eval.records import check_creatable_dir, partial_files
 from eval.startup import INTERRUPTED, end_quiet_sigterm
 from models.checkpoint import WriteError, written_files
 
@@ -57,11 +57,14 @@ def write_error_message(err: WriteError, retry: str) -> str:
 
 
 def _interrupted_message() -> str:
-    """What an interrupted command line kept: the files it wrote whole (atomically), or nothing."""
+    """What an interrupted command line kept: the files it wrote whole (atomically), each a length
+    sweep's records left partial with the lengths it holds, or nothing."""
     kept = written_files()
     if not kept:
         return "interrupted: nothing written"
-    return f"interrupted: kept the files written before it ({', '.join(map(str, kept))})"
+    partial = partial_files()
+    names = [f"{path}, partial: {partial[path]}" if path in partial else str(path) for path in kept]
+    return f"interrupted: kept the files written before it ({'; '.join(names)})"
 
 
 def interpolation_error_message(err: InterpolationResolutionError) -> str:

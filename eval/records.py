@@ -341,6 +341,17 @@ def write_records(path: str | os.PathLike, records: list[dict[str, Any]]) -> Pat
     return path
 
 
+# The record files of length sweeps whose last write was partial, with the lengths they hold.
+_partial: dict[Path, str] = {}
+
+
+def partial_files() -> dict[Path, str]:
+    """The files :func:`write_sweep_records` last wrote partial in this process, each with what it
+    holds (``context lengths [512, 1024] of [512, 1024, 2048]``, in tokens): what an interrupted
+    command line says of the files it kept."""
+    return dict(_partial)
+
+
 def write_sweep_records(
     path: str | os.PathLike,
     records: list[dict[str, Any]],
@@ -373,10 +384,15 @@ def write_sweep_records(
     path = Path(path)
     if len(done) <= 1:
         say_if_replacing(path, output_given)
+    partial = None
     if list(done) != list(planned):
         partial = {"seqlens_done": list(done), "seqlens_planned": list(planned)}
         records = [{**r, "partial": partial} for r in records]
-    return write_records(path, records)
+    written = write_records(path, records)
+    _partial.pop(path, None)
+    if partial is not None:
+        _partial[path] = f"context lengths {partial['seqlens_done']} of {partial['seqlens_planned']}"
+    return written
 
 
 def partial_note(where: str, records: list[Any]) -> str | None:

@@ -23,6 +23,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+import eval.records as records_module
 import models.checkpoint as checkpoint_module
 import train as train_module
 from eval.cli import (
@@ -43,7 +44,13 @@ from eval.decode import decode_eval
 from eval.long_context import long_context_eval
 from eval.perplexity import perplexity_eval
 from eval.recall import recall_eval
-from eval.records import check_output, finite_or_none, log_records_to_wandb, write_records
+from eval.records import (
+    check_output,
+    finite_or_none,
+    log_records_to_wandb,
+    write_records,
+    write_sweep_records,
+)
 from eval.report import build_report, read_record_file
 from eval.roofline import roofline
 from eval.startup import quiet_interrupt_while_starting
@@ -59,6 +66,7 @@ def full_disk(*args, **kwargs):
 def nothing_written_yet(monkeypatch):
     """This process as if it had written no file yet (other tests of the session have)."""
     monkeypatch.setattr(checkpoint_module, "_written", [])
+    monkeypatch.setattr(records_module, "_partial", {})
 
 
 @pytest.fixture
@@ -219,6 +227,16 @@ def test_an_interrupt_is_one_line_and_status_130(tmp_path, monkeypatch, capsys, 
         raise KeyboardInterrupt
     assert exc.value.code == 130
     assert capsys.readouterr().err == f"interrupted: kept the files written before it ({tmp_path / 'recall.json'})\n"
+    # A length sweep's records (eval/decode.py, eval/long_context.py) say which lengths they hold
+    # (a carried new-user note: "kept ..." did not say the file was partial); one finished is plain.
+    with pytest.raises(SystemExit), user_errors():
+        write_sweep_records(tmp_path / "decode.json", [], [512], [512, 1024], output_given=False)
+        write_sweep_records(tmp_path / "done.json", [], [512], [512], output_given=False)
+        raise KeyboardInterrupt
+    assert capsys.readouterr().err == (
+        f"interrupted: kept the files written before it ({tmp_path / 'recall.json'}; {tmp_path / 'decode.json'}, "
+        f"partial: context lengths [512] of [512, 1024]; {tmp_path / 'done.json'})\n"
+    )
 
 
 def test_user_errors_hands_ctrl_c_back_to_python(sigint_restored):
