@@ -1451,6 +1451,8 @@ def test_ddp_on_two_cpu_processes_leaves_one_run_dir(tmp_path):
     assert [p.name for p in (tmp_path / "outputs").iterdir()] == ["run"]
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
     assert "best checkpoint:" in result.stdout
+    # One log, rank 0's (process 1, which logs nothing, left an empty train_ddp_process_1.log).
+    assert sorted(p.name for p in run_dir.glob("*.log")) == ["train.log"]
     assert load_model(run_dir / "checkpoints" / "last.ckpt").model.config.name == "hybrid_jamba"
     tokens = logged(str(run_dir), "train/tokens")
     assert tokens[-1] == 20 * 32 * 64 * 2  # 20 steps x batch 32 x seqlen 64 x 2 processes
