@@ -491,7 +491,10 @@ def flash_attention(
     # no (Tq, Tk) mask: the mask's memory grows with T^2 (B1 T32768 H4 D16 float32 forward on CPU:
     # peak RSS 5.5 GB with it, 0.34 GB without). The other causal cases (windows, Tq != Tk, the
     # lse path) build one (Tq, Tk) mask, broadcast over batch and heads.
-    is_causal = fused and causal and window is None and seqlen_q == seqlen_k
+    # Not for a scale <= 0 (legal: 0 gives a uniform average over the visible keys): PyTorch's fused
+    # is_causal path returns NaN in every row but the last then (torch 2.13 on CPU, float64 too; a
+    # new-user check), while its boolean attn_mask path stays right.
+    is_causal = fused and causal and window is None and seqlen_q == seqlen_k and scale > 0
     visible = None
     if causal and not is_causal:
         j = torch.arange(seqlen_k, device=q.device)[None, :]

@@ -294,9 +294,10 @@ def test_non_contiguous_output_gradient():
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
-def test_scale_argument():
+@pytest.mark.parametrize("scale", [0.37, 0.0, -0.5])  # 0: a uniform average over the visible keys
+def test_scale_argument(scale):
     q, k, v = make_qkv(1, 30, 30, 2, 2, 16, F64)
-    assert_flash_accuracy(q, k, v, causal=True, window=None, scale=0.37)
+    assert_flash_accuracy(q, k, v, causal=True, window=None, scale=scale)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -83,6 +83,17 @@ def test_flash_attention_scale_and_head_dim(head_dim):
     torch.testing.assert_close(lse, lse_loop, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.5])
+@pytest.mark.parametrize("causal,window", [(True, None), (True, 2), (False, None)])
+def test_flash_attention_scale_zero_or_negative(scale, causal, window):
+    """A new-user check: scale=0.0 (a uniform average over the visible keys) or a negative scale gave
+    NaN in every row but the last of plain causal attention (PyTorch's fused is_causal path)."""
+    q, k, v = rand(1, 7, 4, 16), rand(1, 7, 2, 16), rand(1, 7, 2, 16)
+    o = reference.flash_attention(q, k, v, causal=causal, window=window, scale=scale)
+    o_loop, _ = attention_loop(q, k, v, causal=causal, window=window, scale=scale)
+    torch.testing.assert_close(o, o_loop, rtol=1e-12, atol=1e-12)
+
+
 def test_flash_attention_non_contiguous_inputs():
     base = rand(2, 3, 7, 16)  # (B, H, T, D) transposed into (B, T, H, D) views
     q, k, v = (base.transpose(1, 2) for _ in range(3))
