@@ -1375,6 +1375,32 @@ def test_lightning_precisions_pass_the_trainer_check(precision):
     assert cfg.trainer.precision in lightning_precisions()
 
 
+@pytest.mark.parametrize(
+    "max_time,message",
+    [
+        # A new-user check: a zero or negative time trained nothing, exit 0, its untrained last.ckpt
+        # reported as the best checkpoint, with result records.
+        ("00:00:00:00", "trainer.max_time=00:00:00:00 is no time to train (training would stop before its first "
+         "step); give a positive duration, e.g. 00:12:00:00 for 12 hours, or a mapping such as {hours: 12}"),
+        ("{seconds:-5}", "trainer.max_time={seconds:-5} is no time to train "),
+        ("{hourz:1}", "trainer.max_time takes weeks, days, hours, minutes, seconds, milliseconds, microseconds, "
+         "got ['hourz']"),
+        ("{hours:abc}", "trainer.max_time.hours must be a number, got 'abc'"),
+        ("5", "trainer.max_time must be DD:HH:MM:SS, e.g. 00:12:00:00 for 12 hours, or a mapping such as "
+         "{hours: 12}; got 5"),
+        ("00:00:00:01", None),
+        ("{minutes:0.5}", None),
+    ],
+)  # fmt: skip
+def test_max_time_must_be_a_positive_duration(max_time, message):
+    cfg = compose_train([*TINY, f"+trainer.max_time={max_time}"])
+    if message is None:
+        check_trainer_settings(cfg)
+        return
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        check_trainer_settings(cfg)
+
+
 def test_a_data_error_of_another_type_is_raised_as_it_was(tmp_path, monkeypatch):
     """The data module's errors gain a data. prefix by being rebuilt from their message; an error
     whose constructor takes more than a message (UnicodeDecodeError: five arguments) was turned into a

@@ -27,6 +27,7 @@ import os
 import re
 import typing
 from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +207,8 @@ def check_trainer_settings(cfg: DictConfig) -> None:
             ``trainer.check_val_every_n_epoch`` not null or >= 1, or a fractional interval with it
             null; ``trainer.precision`` none of :func:`lightning_precisions` (``bf17``);
             ``trainer.limit_val_batches`` <= 0 (no validation, so no best.ckpt and no records);
-            ``trainer.max_time`` neither ``DD:HH:MM:SS`` nor a mapping.
+            ``trainer.max_time`` neither ``DD:HH:MM:SS`` nor a mapping of ``datetime.timedelta``'s
+            keywords, or not a positive duration (:func:`_check_max_time`).
     """
 
     def integer(name: str, value: Any) -> int:
@@ -283,12 +285,8 @@ def check_trainer_settings(cfg: DictConfig) -> None:
             )
     max_time = trainer.get("max_time")
     # Lightning parses it only when the Trainer is built: in a sweep, after the jobs before it ran.
-    if max_time is not None and not OmegaConf.is_dict(max_time):
-        if not isinstance(max_time, str) or not re.fullmatch(r"\d+:\d+:\d+:\d+", max_time.strip()):
-            raise ValueError(
-                f"trainer.max_time must be DD:HH:MM:SS (e.g. 00:12:00:00 for 12 hours) or a mapping such "
-                f"as {{hours: 12}}, got {max_time!r}"
-            )
+    if max_time is not None:
+        _check_max_time(max_time)
     precision = trainer.get("precision")
     allowed = lightning_precisions()
     # bool before the membership test: True == 1 and 16.0 == 16, which Lightning takes and then fails on.
@@ -312,6 +310,42 @@ def check_trainer_settings(cfg: DictConfig) -> None:
 
 
 DATA_META_KEYS = ("name", "monitor", "monitor_mode")
+
+
+def _check_max_time(max_time: Any) -> None:
+    """Refuse a ``trainer.max_time`` Lightning would fail on when it builds the Trainer (in a sweep,
+    after the jobs before it ran) or that is no positive duration (a new-user check: ``00:00:00:00``
+    and ``{seconds: -5}`` trained nothing and the run still reported its untrained last.ckpt as the
+    best checkpoint, with result records).
+
+    Args:
+        max_time: ``"DD:HH:MM:SS"`` or a mapping of ``datetime.timedelta``'s keywords (``{hours: 12}``).
+
+    Raises:
+        ValueError: any other form, a keyword timedelta does not take or a value that is no number,
+            or a total of zero or less.
+    """
+    example = "00:12:00:00 for 12 hours, or a mapping such as {hours: 12}"
+    if OmegaConf.is_dict(max_time):
+        parts = OmegaConf.to_container(max_time)
+        keywords = ("weeks", "days", "hours", "minutes", "seconds", "milliseconds", "microseconds")
+        unknown = sorted(str(key) for key in parts if key not in keywords)
+        if unknown:
+            raise ValueError(f"trainer.max_time takes {', '.join(keywords)}, got {unknown}: e.g. {example}")
+        for key, value in parts.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"trainer.max_time.{key} must be a number, got {value!r}")
+        span = timedelta(**parts)
+    elif isinstance(max_time, str) and re.fullmatch(r"\d+:\d+:\d+:\d+", max_time.strip()):
+        days, hours, minutes, seconds = (int(part) for part in max_time.strip().split(":"))
+        span = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    else:
+        raise ValueError(f"trainer.max_time must be DD:HH:MM:SS, e.g. {example}; got {max_time!r}")
+    if span <= timedelta(0):
+        raise ValueError(
+            f"trainer.max_time={override_value(max_time)} is no time to train (training would stop before "
+            f"its first step); give a positive duration, e.g. {example}"
+        )
 
 
 def build_datamodule(data_cfg: dict[str, Any], setup: bool) -> L.LightningDataModule:
