@@ -784,22 +784,36 @@ class OutputDirCheck(Callback):
 
     Hydra calls ``on_run_start`` / ``on_multirun_start`` before it creates the directory; this
     creates and removes a probe file in the nearest existing folder of ``hydra.run.dir`` (or
-    ``hydra.sweep.dir``).
+    ``hydra.sweep.dir``). A directory whose ``${...}`` does not resolve is refused here too
+    (:func:`interpolation_error_message`): Hydra would print the callback's error as a warning of
+    five lines and then fail on it again in four more.
+
+    Args:
+        probe: whether to probe the directory (the evaluations, which write nothing there and run
+            in ``.`` by default, only resolve it: a read-only working folder must not refuse them).
 
     Raises:
-        SystemExit: status 2, with ``error: hydra.run.dir=... cannot be created: ...`` on stderr.
+        SystemExit: status 2, with ``error: hydra.run.dir=... cannot be created: ...`` (or
+            ``error: hydra.run.dir: Interpolation key 'x' not found; ...``) on stderr.
     """
 
+    def __init__(self, probe: bool = True) -> None:
+        self.probe = probe
+
     def on_run_start(self, config, **kwargs) -> None:
-        self._check(config.hydra.run.dir, "hydra.run.dir")
+        self._check(config.hydra.run, "hydra.run.dir")
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        self._check(config.hydra.sweep.dir, "hydra.sweep.dir")
+        self._check(config.hydra.sweep, "hydra.sweep.dir")
 
-    @staticmethod
-    def _check(directory: str, option: str) -> None:
+    def _check(self, section, option: str) -> None:
         try:
-            check_creatable_dir(directory, f"{option}={directory} cannot be created", f"pass {option}=<a writable folder>")
+            try:
+                directory = section.dir
+            except InterpolationResolutionError as err:
+                raise ValueError(interpolation_error_message(err)) from err
+            if self.probe:
+                check_creatable_dir(directory, f"{option}={directory} cannot be created", f"pass {option}=<a writable folder>")
         except ValueError as err:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise

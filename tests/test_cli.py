@@ -697,7 +697,7 @@ def test_an_evaluation_refuses_a_misspelt_setting_in_one_line_before_hydra(tmp_p
         (["trainer.devices=1,0"],
          "the sweep's job with trainer.devices=0: trainer settings: `Trainer(devices=0)`"),
         (["+trainer.max_time=00:00:05:00,abc"],
-         "the sweep's job with +trainer.max_time=abc: trainer.max_time must be DD:HH:MM:SS (e.g. "),
+         "the sweep's job with +trainer.max_time=abc: trainer.max_time must be DD:HH:MM:SS, e.g. "),
     ],
 )  # fmt: skip
 def test_a_sweeps_bad_value_is_refused_before_any_job_runs(argv, message):

@@ -864,6 +864,23 @@ def test_train_cli_reports_an_uncreatable_run_dir_in_one_line(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
+@pytest.mark.parametrize("script", ["train.py", "eval/recall.py"])
+def test_an_unresolvable_run_dir_is_one_line(tmp_path, script):
+    """A new-user check: hydra.run.dir=/tmp/a${x} gave Hydra's warning about the callback's error
+    (five lines) and then the error again (four lines); an evaluation, a line about Hydra's own
+    exception formatting before it."""
+    extra = ["ckpt=x.ckpt"] if script.startswith("eval") else []
+    for option, value in (("hydra.run.dir", "a${x}"), ("hydra.sweep.dir", "b${oc.env:MIXERLAB_NOT_SET}")):
+        args = [str(REPO_ROOT / script), *extra, f"{option}={tmp_path / value}"] + (["-m"] if "sweep" in option else [])
+        result = cli(args, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(f"error: {option}: "), result.stderr
+    assert "Interpolation key 'x' not found; if its '${' is meant literally" in cli(
+        [str(REPO_ROOT / script), *extra, f"hydra.run.dir={tmp_path / 'a${x}'}"], cwd=tmp_path
+    ).stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 # Folders Hydra cannot make or write its records into (tmp_path holds a file "mine", and "gone" is
 # missing): (the option, its value, the folder setup, the message after "error: <option>=<value>: ").
 UNUSABLE_RUN_DIRS = {
