@@ -239,6 +239,9 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
 
     if path is not None:
         paths = [path] if isinstance(path, (str, Path)) else list(path)
+        if not paths:  # datasets' own message names no setting
+            raise ValueError("text corpus path is an empty list; set data.path to a text file, or a list of files, "
+                             "e.g. data.path='[a.txt,b.txt]'")
         for file in paths:
             if Path(file).is_dir():
                 raise ValueError(

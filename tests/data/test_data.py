@@ -636,6 +636,9 @@ def test_text_errors(corpus, tmp_path, monkeypatch):
             TextDataModule(dataset_name="karpathy/tiny_shakespeare").setup()
     with pytest.raises(ValueError, match="is a directory; set data.path to a text file"):
         TextDataModule(path=tmp_path, seqlen=8).setup()
+    # A new-user check: data.path=[] gave datasets' message, which names no setting.
+    with pytest.raises(ValueError, match=re.escape("text corpus path is an empty list; set data.path to a text file")):
+        TextDataModule(path=[], seqlen=8).setup()
     with pytest.raises(ValueError, match="train_fraction must be a number in \\(0, 1\\), got 'abc'"):
         TextDataModule(path=path, train_fraction="abc")
     with pytest.raises(ValueError, match="the validation split has 200 tokens, fewer than the 257 .* seqlen"):
