@@ -15,6 +15,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from mixers.attention import Attention, KVCache
@@ -27,6 +28,7 @@ __all__ = [
     "MIXERS",
     "build_mixer",
     "check_setting_names",
+    "check_setting_values",
     "Attention",
     "SlidingWindowAttention",
     "LinearAttention",
@@ -80,6 +82,29 @@ def check_setting_names(name: str, settings: Mapping[str, Any]) -> None:
     unknown = sorted(set(settings) - set(known))
     if unknown:
         raise ValueError(f"mixer {name!r} has no setting(s) {unknown}; its settings are {sorted(known)}")
+
+
+def check_setting_values(
+    name: str, d_model: int, settings: Mapping[str, Any], fill: Mapping[str, Any] | None = None
+) -> None:
+    """Check the values of ``settings`` for mixer ``name`` at width ``d_model`` as its constructor
+    checks them, by building it on the meta device (no memory, no initialisation arithmetic): for
+    the settings of a mixer the layout does not use, which are otherwise never read (a new-user
+    check: ``mixer=attention +mixer.settings.mamba.d_state=0`` trained without a word, while a
+    misspelt key there is refused). A required setting missing from ``settings`` is taken from
+    ``fill`` (the model's value for a setting of that name, e.g. another mixer's ``num_heads``);
+    where ``fill`` has none either, the mixer cannot be built and nothing is checked.
+
+    Raises:
+        ValueError, TypeError: the constructor's, e.g. ``mamba: d_state must be > 0, got 0``.
+    """
+    check_setting_names(name, settings)
+    fill = fill or {}
+    required = [s for s, p in _settings_of(MIXERS[name]).items() if p.default is p.empty and s not in settings]
+    if any(s not in fill for s in required):
+        return
+    with torch.device("meta"):
+        MIXERS[name](d_model, **{s: fill[s] for s in required}, **settings)
 
 
 def build_mixer(name: str, d_model: int, **settings) -> nn.Module:

@@ -170,7 +170,19 @@ class ModelConfig:
                 "model.shared_block must be null or {every: <layers>, mixer: <name>}, got "
                 f"{self.shared_block!r}"
             )
-        expand_layout(self.pattern, self.n_layers)  # validates the pattern against n_layers
+        layout = expand_layout(self.pattern, self.n_layers)  # validates the pattern against n_layers
+        used = set(layout) | ({self.shared_block.mixer} if self.shared_block is not None else set())
+        fill = {k: v for name in used for k, v in self.mixer_settings.get(name, {}).items()}
+        for name, settings in self.mixer_settings.items():
+            if name in used or not settings:
+                continue  # a used mixer's constructor checks its own when the model is built
+            try:
+                mixers.check_setting_values(name, self.d_model, settings, fill)
+            except (ValueError, TypeError) as err:
+                raise type(err)(
+                    f"{err} (in the settings of {name}, which this model's layout does not use: "
+                    f"correct or remove them)"
+                ) from None
 
     @property
     def layout(self) -> list[str]:

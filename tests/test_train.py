@@ -532,6 +532,11 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
         ("model.d_model=63", "attention: num_heads=4 does not divide d_model=63"),
         ("+mixer.foo=1", "unknown mixer keys ['foo']; valid keys: ['name', 'pattern', 'settings', "),
         ("+mixer.settings.mamba.foo=8", "mixer 'mamba' has no setting(s) ['foo']; its settings are ['bias'"),
+        # A new-user check: a bad value of a mixer the layout does not use was taken without a word.
+        ("+mixer.settings.mamba.d_state=0", "mamba: d_state must be > 0, got 0 (in the settings of mamba, "
+         "which this model's layout does not use: correct or remove them)"),
+        ("+mixer.settings.linear_attention.feature_map=bogus",  # num_heads taken from attention's
+         "linear_attention: unknown feature_map 'bogus'; choose one of ('elu', 'relu', 'identity', 'taylor')"),
         ("mixer.settings=5", "mixer.settings must map mixer names to their settings, got 5"),
         ("mixer.shared_block=foo", "model.shared_block must be null or {every: <layers>, mixer: <name>}"),
         ("optim=5", "optim must be a group of settings, got optim=5; set one of them instead"),
