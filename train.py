@@ -192,6 +192,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "slice_names": slice_names,
         "tokenizer_config": tokenizer.to_config() if tokenizer is not None else None,
         "run_seed": cfg.seed,
+        "corpus_sha256": getattr(dm, "corpus_sha256", None),
     }
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     # Resolved now (trainer.devices=auto, "2", ...), by Lightning's own connector, so that settings it

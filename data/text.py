@@ -9,6 +9,7 @@ corpus, the first 90% of the characters train and the last 10% validate, and a t
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -344,7 +345,9 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
             hub datasets (so downloads are reused).
 
     Attributes (after :meth:`setup`): ``tokenizer``, ``vocab_size``, ``train_tokens`` and
-    ``val_tokens`` (1-D int64 tensors), ``num_train_chars``, ``num_val_chars``. Always:
+    ``val_tokens`` (1-D int64 tensors), ``num_train_chars``, ``num_val_chars``, ``corpus_sha256``
+    (the SHA-256 hex digest of the corpus text as read, UTF-8: what ``resume=`` compares, since a
+    file edited in place keeps its path and often its vocabulary). Always:
     ``slice_names == ["text"]``, ``dataset_name``.
 
     Batches are ``{"input_ids": (B, seqlen) int64, "labels": (B, seqlen) int64, "slice": ["text"] * B}``
@@ -403,6 +406,7 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
         self.val_tokens: torch.Tensor | None = None
         self.num_train_chars: int | None = None
         self.num_val_chars: int | None = None
+        self.corpus_sha256: str | None = None
 
     def setup(self, stage: str | None = None) -> None:
         """Load, split and tokenize the corpus (once; later calls only check), and check that the
@@ -448,6 +452,7 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
         self.vocab_size = tokenizer.vocab_size
         self.num_train_chars = split_at
         self.num_val_chars = len(text) - split_at
+        self.corpus_sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
         self.train_tokens = train_tokens
         self.val_tokens = val_tokens
 

@@ -104,6 +104,8 @@ class LitLM(L.LightningModule):
             module built outside train.py, or a checkpoint written before it was stored). Not named
             ``seed``: Lightning merges these hyperparameters with the data module's, whose ``seed`` is
             ``data.seed``, for the loggers and refuses two values under one name.
+        corpus_sha256: a text run's corpus digest (``TextDataModule.corpus_sha256``), kept so that
+            ``resume=`` can refuse a corpus edited in place. None: not a text run, or not recorded.
 
     Logged: ``train/loss``, ``train/acc``, ``train/tokens``; ``val/loss``, ``val/acc``, ``val/ppl``
     and their per-slice forms. Accuracies are exact counts over the whole split (reduced across
@@ -118,6 +120,7 @@ class LitLM(L.LightningModule):
         slice_names: Sequence[str] | None = None,
         tokenizer_config: dict[str, Any] | None = None,
         run_seed: int | None = None,
+        corpus_sha256: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()

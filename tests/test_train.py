@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import inspect
 import json
 import logging
@@ -273,6 +274,15 @@ def test_text_training_stores_its_tokenizer(tmp_path, monkeypatch):
     corpus.write_text(text * 200 + "zzzz")
     with pytest.raises(ValueError, match=r"than the checkpoint's \(new characters 'z'; the token ids"):
         run_train(tmp_path / "appended", [*resume, f"data.path={corpus}"])
+    # The same characters in another text at the same path (a new-user check reversed the corpus in
+    # place, and the resume trained on other batches): refused by the corpus digest.
+    assert hparams["corpus_sha256"] == hashlib.sha256((text * 200).encode()).hexdigest()
+    corpus.write_text(text[::-1] * 200)
+    with pytest.raises(ValueError, match=re.escape(
+        f"resume={out['last_ckpt']}: this run's corpus is not the checkpoint's (its SHA-256 begins "
+        f"{hashlib.sha256((text[::-1] * 200).encode()).hexdigest()[:12]}, the checkpoint's "
+        f"{hparams['corpus_sha256'][:12]}): the file data.path names was edited or replaced")):
+        run_train(tmp_path / "reversed", [*resume, f"data.path={corpus}"])
 
 
 def test_a_run_seed_other_than_the_data_seed_trains_with_a_logger(tmp_path):

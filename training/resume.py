@@ -52,6 +52,8 @@ RESOLVED_DATA_KEYS = ("test_configs",)
 
 # resume_settings' name of a text run's tokenizer (its character vocabulary, from the corpus).
 TOKENIZER_SETTING = "tokenizer"
+# resume_settings' name of a text run's corpus digest (LitLM's corpus_sha256).
+CORPUS_SETTING = "corpus"
 
 # resume_settings' names of the model config's keys that the mixer group sets, as the overrides that
 # give them (the others are model.<key>); its name is the mixer group chosen (mixer=hybrid_jamba).
@@ -85,14 +87,14 @@ def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of a run that a resume of it must keep, in the order :func:`check_resume` names
     a difference: ``data.name``, the other ``data.*`` keys (sorted, without
     :data:`RESUME_EXEMPT_DATA_KEYS`; ``data.path`` resolved to absolute paths), a text run's
-    tokenizer, the model config's keys (completed by :class:`ModelConfig`; the mixer first, then
+    tokenizer and corpus digest (only where ``hparams`` holds one), the model config's keys (completed by :class:`ModelConfig`; the mixer first, then
     sorted; named by their overrides, ``model.<key>`` or :data:`MIXER_SETTINGS`),
     ``optim.*`` (completed with :data:`models.lit.DEFAULT_OPTIM`) and ``seed`` (only where
     ``hparams`` holds one).
 
     Args:
         hparams: a run's :class:`models.lit.LitLM` hyperparameters (``model``, ``optim``, ``data``,
-            ``tokenizer_config``, ``run_seed``): a checkpoint's ``hyper_parameters`` or this run's
+            ``tokenizer_config``, ``run_seed``, ``corpus_sha256``): a checkpoint's ``hyper_parameters`` or this run's
             ``lit.hparams``. A ``data.*`` key it lacks (a checkpoint written before the key existed)
             takes its data module's default.
 
@@ -118,6 +120,9 @@ def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
         # A text run's vocabulary comes from its corpus: another one (the file edited, or another
         # file at the same relative path) would silently map the token ids to other characters.
         **({TOKENIZER_SETTING: tokenizer} if tokenizer is not None else {}),
+        # The same file edited in place (same path, often the same characters) would train on other
+        # batches, unnoticed (a new-user check reversed the corpus and resumed).
+        **({CORPUS_SETTING: hparams["corpus_sha256"]} if hparams.get("corpus_sha256") is not None else {}),
         **{MIXER_SETTINGS.get(k, f"model.{k}"): model[k] for k in model_keys},
         **{f"optim.{k}": optim[k] for k in sorted(optim)},
         **({"seed": hparams["run_seed"]} if hparams.get("run_seed") is not None else {}),
@@ -183,7 +188,8 @@ def check_resume(
             this run's -- another data task or ``data.*`` value (except
             :data:`RESUME_EXEMPT_DATA_KEYS`; ``data.path`` as the file it names; a default such as
             ``data.test_configs=null`` as the values it stands for, :func:`resolve_defaults`), a
-            text corpus of another vocabulary, model, ``optim.*`` value or ``seed`` (compared when
+            text corpus of another vocabulary or other contents (compared when the checkpoint stores
+            its digest), model, ``optim.*`` value or ``seed`` (compared when
             the checkpoint stores one) -- naming the first differing key with both values (a
             default as the values it stands for), in Hydra's override form (:func:`override_value`)
             (the continued run would train on other batches, in another order or with another
@@ -267,6 +273,13 @@ def check_resume(
                 f"({changes or 'the same characters in another order'}; the token ids would mean "
                 "other characters): data.path names another file than the checkpoint's corpus, or the file "
                 "was edited; resume on the checkpoint's corpus"
+            )
+        if key == CORPUS_SETTING:
+            raise ValueError(
+                f"{given}: this run's corpus is not the checkpoint's (its SHA-256 begins "
+                f"{str(current.get(key))[:12]}, the checkpoint's {str(value)[:12]}): the file data.path names "
+                "was edited or replaced since that run, so the continued run would train on other batches; "
+                "resume on the checkpoint's corpus, or start a new run"
             )
         # The data module's name is chosen by the data group: data=mqar gives it (and its defaults).
         shown = "data" if key == "data.name" else key
