@@ -47,6 +47,13 @@ SEED_STRIDE = 1000
 are test slices, ``i >= SEED_STRIDE/2`` validation slices (see :class:`MQARDataModule`)."""
 
 MAX_SLICES = SEED_STRIDE // 2 - 2
+"""Most validation / test slices a data module takes: the seeds of its test slices (above) run out."""
+
+SLICES_WHY = (
+    "at least one, whose metrics are val/acc and val/loss, and at most the slices whose examples have "
+    "seeds of their own"
+)
+"""Why test_configs' length is bounded, for the refusal's message."""
 """Most evaluation slices one module may hold (its test seeds, plus one extra for
 :meth:`MQARDataModule.generate_slice`, stay below the validation seeds)."""
 
@@ -255,7 +262,9 @@ def _parse_test_configs(test_configs, seqlen: int, num_kv_pairs: int) -> list[tu
             f"got {type(test_configs).__name__}"
         )
     if not 1 <= len(test_configs) <= MAX_SLICES:
-        raise ValueError(f"test_configs must hold between 1 and {MAX_SLICES} slices, got {len(test_configs)}")
+        raise ValueError(
+            f"test_configs must hold between 1 and {MAX_SLICES} slices ({SLICES_WHY}), got {len(test_configs)}"
+        )
     pairs = []
     for i, cfg in enumerate(test_configs):
         if not isinstance(cfg, Mapping) or set(cfg.keys()) != {"seqlen", "num_kv_pairs"}:

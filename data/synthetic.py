@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, SequentialSampler
 
 from data.distributed import eval_sampler
-from data.mqar import IGNORE_INDEX, MAX_SLICES, SEED_STRIDE, _check_int
+from data.mqar import IGNORE_INDEX, MAX_SLICES, SEED_STRIDE, SLICES_WHY, _check_int
 from data.resumable import ResumableTrainData, worker_init_fn
 
 
@@ -201,7 +201,7 @@ class SyntheticDataModule(ResumableTrainData, L.LightningDataModule):
             )
         if not 1 <= len(test_configs) <= MAX_SLICES:
             raise ValueError(
-                f"test_configs must hold between 1 and {MAX_SLICES} slices, got {len(test_configs)}"
+                f"test_configs must hold between 1 and {MAX_SLICES} slices ({SLICES_WHY}), got {len(test_configs)}"
             )
         configs = []
         for i, cfg in enumerate(test_configs):

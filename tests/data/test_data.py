@@ -286,7 +286,9 @@ def test_mqar_datamodule_vocab_error_says_how_to_fix():
         ([{"seqlen": 18, "num_kv_pairs": 5}], ValueError, "num_kv_pairs \\* 4"),
         ([{"seqlen": "16", "num_kv_pairs": 2}], TypeError, "integer"),
         ({"seqlen": 16, "num_kv_pairs": 2}, TypeError, "list"),
-        ([], ValueError, "between 1"),
+        # The bound explained (a new-user check: "between 1 and 498 slices" said nothing of 498).
+        ([], ValueError, r"between 1 and 498 slices \(at least one, whose metrics are val/acc and val/loss, "
+         r"and at most the slices whose examples have seeds of their own\), got 0"),
     ],
 )
 def test_mqar_datamodule_bad_test_configs(test_configs, error, match):
