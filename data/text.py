@@ -421,14 +421,15 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
             self._load()
         block_len = self.seqlen + 1
         # Training needs one full block at every offset in [0, block_len): 2 * block_len - 1 tokens.
-        parts = [("validation", self.val_tokens, block_len)]
+        parts = [("validation", self.val_tokens, block_len, "one block of seqlen + 1")]
         if stage in (None, "fit"):
-            parts.insert(0, ("training", self.train_tokens, 2 * block_len - 1))
-        for part, tokens, needed in parts:
+            why = "a block of seqlen + 1 at each of the seqlen + 1 random offsets an epoch starts at: 2 * seqlen + 1"
+            parts.insert(0, ("training", self.train_tokens, 2 * block_len - 1, why))
+        for part, tokens, needed, why in parts:
             if tokens.shape[0] < needed:
                 raise ValueError(
                     f"the {part} split has {tokens.shape[0]} tokens, fewer than the {needed} that "
-                    f"seqlen={self.seqlen} needs; use a longer corpus or a smaller seqlen"
+                    f"seqlen={self.seqlen} needs ({why}); use a longer corpus or a smaller seqlen"
                 )
 
     def _load(self) -> None:

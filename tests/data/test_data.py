@@ -643,11 +643,15 @@ def test_text_errors(corpus, tmp_path, monkeypatch):
         TextDataModule(path=[], seqlen=8).setup()
     with pytest.raises(ValueError, match="train_fraction must be a number in \\(0, 1\\), got 'abc'"):
         TextDataModule(path=path, train_fraction="abc")
-    with pytest.raises(ValueError, match="the validation split has 200 tokens, fewer than the 257 .* seqlen"):
+    with pytest.raises(ValueError, match=r"the validation split has 200 tokens, fewer than the 257 that seqlen=256 "
+                       r"needs \(one block of seqlen \+ 1\)"):
         TextDataModule(path=path, seqlen=256).setup()
     # Both splits too short: training names the training split, an evaluation (stage "validate"),
     # which reads only the validation split, that one.
-    with pytest.raises(ValueError, match="the training split has 1800 tokens, fewer than the 2001"):
+    # Each count with its reason (a new-user check: 2 * seqlen + 1 against seqlen + 1, unexplained).
+    with pytest.raises(ValueError, match=re.escape(
+        "the training split has 1800 tokens, fewer than the 2001 that seqlen=1000 needs (a block of seqlen + 1 "
+        "at each of the seqlen + 1 random offsets an epoch starts at: 2 * seqlen + 1); use a longer corpus")):
         TextDataModule(path=path, seqlen=1000).setup()
     short = TextDataModule(path=path, seqlen=1000)
     with pytest.raises(ValueError, match="the validation split has .* smaller seqlen"):
