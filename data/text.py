@@ -423,7 +423,7 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
         # Training needs one full block at every offset in [0, block_len): 2 * block_len - 1 tokens.
         parts = [("validation", self.val_tokens, block_len, "one block of seqlen + 1")]
         if stage in (None, "fit"):
-            why = "a block of seqlen + 1 at each of the seqlen + 1 random offsets an epoch starts at: 2 * seqlen + 1"
+            why = "a block of seqlen + 1 whatever the random offset in [0, seqlen] an epoch starts at: 2 * seqlen + 1"
             parts.insert(0, ("training", self.train_tokens, 2 * block_len - 1, why))
         for part, tokens, needed, why in parts:
             if tokens.shape[0] < needed:
