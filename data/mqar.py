@@ -263,7 +263,8 @@ def _parse_test_configs(test_configs, seqlen: int, num_kv_pairs: int) -> list[tu
         )
     if not 1 <= len(test_configs) <= MAX_SLICES:
         raise ValueError(
-            f"test_configs must hold between 1 and {MAX_SLICES} slices ({SLICES_WHY}), got {len(test_configs)}"
+            f"test_configs must hold between 1 and {MAX_SLICES} slices ({SLICES_WHY}), "
+            f"got {len(test_configs)}"
         )
     pairs = []
     for i, cfg in enumerate(test_configs):

@@ -201,7 +201,8 @@ class SyntheticDataModule(ResumableTrainData, L.LightningDataModule):
             )
         if not 1 <= len(test_configs) <= MAX_SLICES:
             raise ValueError(
-                f"test_configs must hold between 1 and {MAX_SLICES} slices ({SLICES_WHY}), got {len(test_configs)}"
+                f"test_configs must hold between 1 and {MAX_SLICES} slices ({SLICES_WHY}), "
+                f"got {len(test_configs)}"
             )
         configs = []
         for i, cfg in enumerate(test_configs):

@@ -241,8 +241,10 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
     if path is not None:
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         if not paths:  # datasets' own message names no setting
-            raise ValueError("text corpus path is an empty list; set data.path to a text file, or a list of files, "
-                             "e.g. data.path='[a.txt,b.txt]'")
+            raise ValueError(
+                "text corpus path is an empty list; set data.path to a text file, or a list of files, "
+                "e.g. data.path='[a.txt,b.txt]'"
+            )
         for file in paths:
             if Path(file).is_dir():
                 raise ValueError(
@@ -423,7 +425,10 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
         # Training needs one full block at every offset in [0, block_len): 2 * block_len - 1 tokens.
         parts = [("validation", self.val_tokens, block_len, "one block of seqlen + 1")]
         if stage in (None, "fit"):
-            why = "a block of seqlen + 1 whatever the random offset in [0, seqlen] an epoch starts at: 2 * seqlen + 1"
+            why = (
+                "a block of seqlen + 1 whatever the random offset in [0, seqlen] an epoch starts at: "
+                "2 * seqlen + 1"
+            )
             parts.insert(0, ("training", self.train_tokens, 2 * block_len - 1, why))
         for part, tokens, needed, why in parts:
             if tokens.shape[0] < needed:

@@ -813,7 +813,9 @@ class OutputDirCheck(Callback):
             except InterpolationResolutionError as err:
                 raise ValueError(interpolation_error_message(err)) from err
             if self.probe:
-                check_creatable_dir(directory, f"{option}={directory} cannot be created", f"pass {option}=<a writable folder>")
+                check_creatable_dir(
+                    directory, f"{option}={directory} cannot be created", f"pass {option}=<a writable folder>"
+                )
         except ValueError as err:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise

@@ -100,7 +100,8 @@ def check_setting_values(
     """
     check_setting_names(name, settings)
     fill = fill or {}
-    required = [s for s, p in _settings_of(MIXERS[name]).items() if p.default is p.empty and s not in settings]
+    known = _settings_of(MIXERS[name])
+    required = [s for s, p in known.items() if p.default is p.empty and s not in settings]
     if any(s not in fill for s in required):
         return
     with torch.device("meta"):

