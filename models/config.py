@@ -233,8 +233,9 @@ def config_from_groups(model: Mapping[str, Any], mixer: Mapping[str, Any], vocab
     """The plain-dict :class:`ModelConfig` of a composed run: the ``model`` group's sizes with the
     ``mixer`` group's pattern, settings and shared block (both resolved to plain containers).
 
-    Settings for a mixer that no layer of the layout uses are kept and ignored: experiment configs
-    set, say, ``mixer.settings.attention`` for every mixer a sweep may pick.
+    Settings for a mixer that no layer of the layout uses are kept, unused: experiment configs set,
+    say, ``mixer.settings.attention`` for every mixer a sweep may pick. Their names are checked, and
+    their values where the mixer can be built from them (:meth:`ModelConfig.from_dict`).
 
     Raises:
         ValueError: a key the model or mixer group does not have (a typo such as ``+model.foo=1``

@@ -1419,7 +1419,10 @@ def test_lightning_precisions_pass_the_trainer_check(precision):
         ("{seconds:-5}", "trainer.max_time={seconds:-5} is no time to train "),
         ("{hourz:1}", "trainer.max_time takes weeks, days, hours, minutes, seconds, milliseconds, "
          "microseconds, got ['hourz']"),
-        ("{hours:abc}", "trainer.max_time.hours must be a number, got 'abc'"),
+        ("{hours:abc}", "trainer.max_time.hours must be a finite number, got 'abc'"),
+        # A new-user check: past timedelta's range, an OverflowError's traceback.
+        ("{days:1000000000}", "trainer.max_time={days:1000000000} is longer than Python's timedelta holds "),
+        ("99999999999:00:00:00", "trainer.max_time=99999999999:00:00:00 is longer than Python's timedelta "),
         ("5", "trainer.max_time must be DD:HH:MM:SS, e.g. 00:12:00:00 for 12 hours, or a mapping such as "
          "{hours: 12}; got 5"),
         ("00:00:00:01", None),

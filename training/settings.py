@@ -334,13 +334,19 @@ def _check_max_time(max_time: Any) -> None:
             raise ValueError(f"trainer.max_time takes {', '.join(keywords)}, got {unknown}: e.g. {example}")
         for key, value in parts.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"trainer.max_time.{key} must be a number, got {value!r}")
-        span = timedelta(**parts)
-    elif isinstance(max_time, str) and re.fullmatch(r"\d+:\d+:\d+:\d+", max_time.strip()):
-        days, hours, minutes, seconds = (int(part) for part in max_time.strip().split(":"))
-        span = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-    else:
+                raise ValueError(f"trainer.max_time.{key} must be a finite number, got {value!r}")
+    elif not isinstance(max_time, str) or not re.fullmatch(r"\d+:\d+:\d+:\d+", max_time.strip()):
         raise ValueError(f"trainer.max_time must be DD:HH:MM:SS, e.g. {example}; got {max_time!r}")
+    else:
+        fields = map(int, max_time.strip().split(":"))
+        parts = dict(zip(("days", "hours", "minutes", "seconds"), fields, strict=True))
+    try:
+        span = timedelta(**parts)
+    except OverflowError:  # past timedelta's 999999999 days (a new-user check: a traceback)
+        raise ValueError(
+            f"trainer.max_time={override_value(max_time)} is longer than Python's timedelta holds "
+            f"(999999999 days); give a duration that fits, e.g. {example}"
+        ) from None
     if span <= timedelta(0):
         raise ValueError(
             f"trainer.max_time={override_value(max_time)} is no time to train (training would stop before "
