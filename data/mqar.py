@@ -47,15 +47,14 @@ SEED_STRIDE = 1000
 are test slices, ``i >= SEED_STRIDE/2`` validation slices (see :class:`MQARDataModule`)."""
 
 MAX_SLICES = SEED_STRIDE // 2 - 2
-"""Most validation / test slices a data module takes: the seeds of its test slices (above) run out."""
+"""Most evaluation slices one module may hold (its test seeds, plus one extra for
+:meth:`MQARDataModule.generate_slice`, stay below the validation seeds)."""
 
 SLICES_WHY = (
     "at least one, whose metrics are val/acc and val/loss, and at most the slices whose examples have "
     "seeds of their own"
 )
 """Why test_configs' length is bounded, for the refusal's message."""
-"""Most evaluation slices one module may hold (its test seeds, plus one extra for
-:meth:`MQARDataModule.generate_slice`, stay below the validation seeds)."""
 
 
 def _check_int(value, name: str, minimum: int) -> int:

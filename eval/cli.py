@@ -417,7 +417,9 @@ def _deletion_problem(overrides: list[Override], config_dir: Path, config_name: 
             continue
         key = override.key_or_group
         folder = config_dir / key
-        section = OmegaConf.select(OmegaConf.load(config_dir / f"{config_name}.yaml"), key, default=None)
+        section = None
+        if not folder.is_dir():
+            section = OmegaConf.select(OmegaConf.load(config_dir / f"{config_name}.yaml"), key, default=None)
         if folder.is_dir():
             options = "|".join(sorted(path.stem for path in folder.glob("*.yaml")))
             instead = f"choose another option instead: {key}=<{options}>"

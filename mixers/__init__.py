@@ -93,12 +93,12 @@ def check_setting_values(
     check: ``mixer=attention +mixer.settings.mamba.d_state=0`` trained without a word, while a
     misspelt key there is refused). A required setting missing from ``settings`` is taken from
     ``fill`` (the model's value for a setting of that name, e.g. another mixer's ``num_heads``);
-    where ``fill`` has none either, the mixer cannot be built and nothing is checked.
+    where ``fill`` has none either, the mixer cannot be built and nothing is checked. The names are
+    :func:`check_setting_names`'s to check, before this (as :class:`models.config.ModelConfig` does).
 
     Raises:
         ValueError, TypeError: the constructor's, e.g. ``mamba: d_state must be > 0, got 0``.
     """
-    check_setting_names(name, settings)
     fill = fill or {}
     known = _settings_of(MIXERS[name])
     required = [s for s, p in known.items() if p.default is p.empty and s not in settings]
