@@ -258,10 +258,25 @@ def test_text_training_stores_its_tokenizer(tmp_path, monkeypatch):
     resume = [*settings, "trainer.max_steps=21", f"resume={out['last_ckpt']}"]
     resumed = run_train(tmp_path / "resumed", [*resume, "data.path=../corpus.txt"])
     assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 21
-    with pytest.raises(
-        ValueError, match=re.escape(f"data.path={corpus}, this run has {elsewhere / 'corpus.txt'};")
-    ):
+    # Where both runs store the corpus digest, the contents are compared, not the path: a copy and a
+    # hard link resume (a new-user check found them refused: a moved corpus could never resume), and
+    # another text at the same relative path is refused by its digest.
+    shutil.copy(corpus, elsewhere / "copy.txt")
+    os.link(corpus, elsewhere / "link.txt")
+    for name in ("copy.txt", "link.txt"):
+        resumed = run_train(tmp_path / name, [*resume, f"data.path={name}"])
+        assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 21
+    with pytest.raises(ValueError, match=re.escape("this run's corpus is not the checkpoint's")):
         run_train(tmp_path / "other", [*resume, "data.path=corpus.txt"])
+    # A checkpoint written before the digest was stored is compared by the file data.path names.
+    checkpoint = torch.load(out["last_ckpt"], weights_only=False)
+    del checkpoint["hyper_parameters"]["corpus_sha256"]
+    undigested = tmp_path / "undigested.ckpt"
+    torch.save(checkpoint, undigested)
+    with pytest.raises(
+        ValueError, match=re.escape(f"data.path={corpus}, this run has {elsewhere / 'copy.txt'};")
+    ):
+        run_train(tmp_path / "old", [*resume[:-1], f"resume={undigested}", "data.path=copy.txt"])
     # Another text at the corpus' own path, whose vocabulary would give the token ids other
     # characters, is refused, naming the characters that differ.
     corpus.write_text("TO BE, OR NOT TO BE: THAT IS THE QUESTION.\n" * 200)

@@ -187,7 +187,8 @@ def check_resume(
             diverged run stays NaN), or one without the trainer state to resume
             (a weights-only file); ValueError: the checkpoint was trained with other settings than
             this run's -- another data task or ``data.*`` value (except
-            :data:`RESUME_EXEMPT_DATA_KEYS`; ``data.path`` as the file it names; a default such as
+            :data:`RESUME_EXEMPT_DATA_KEYS`; ``data.path`` as the file it names, or not at all where
+            both runs store their corpus digest, which compares the contents; a default such as
             ``data.test_configs=null`` as the values it stands for, :func:`resolve_defaults`), a
             text corpus of another vocabulary or other contents (compared when the checkpoint stores
             its digest), model, ``optim.*`` value or ``seed`` (compared when
@@ -257,6 +258,11 @@ def check_resume(
             )
     current = resume_settings(hparams)
     saved = resume_settings(checkpoint["hyper_parameters"])
+    if CORPUS_SETTING in current and CORPUS_SETTING in saved:
+        # The digests compare the corpus itself: a copy, a hard link or the file moved resumes, and
+        # another file or an edit is refused by its vocabulary or its digest, whatever its path.
+        for settings in (current, saved):
+            settings.pop("data.path", None)
     # Compared and named as resolved: a default and the value it stands for are one setting.
     # The checkpoint's keys: a checkpoint written before the seed was stored resumes with any seed=.
     resolved = resolve_defaults(current)
