@@ -12,6 +12,7 @@ Every mixer maps (B, T, d_model) -> (B, T, d_model) and is used the same way::
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -93,19 +94,38 @@ def check_setting_values(
     check: ``mixer=attention +mixer.settings.mamba.d_state=0`` trained without a word, while a
     misspelt key there is refused). A required setting missing from ``settings`` is taken from
     ``fill`` (the model's value for a setting of that name, e.g. another mixer's ``num_heads``);
-    where ``fill`` has none either, the mixer cannot be built and nothing is checked. The names are
-    :func:`check_setting_names`'s to check, before this (as :class:`models.config.ModelConfig` does).
+    where ``fill`` has none either, it is tried at each divisor of ``d_model`` (a head count, a
+    window), and the values are refused only when no choice builds the mixer (a new-user check:
+    ``mixer=mamba +mixer.settings.attention.pos_emb=bogus`` trained, no num_heads being given). The
+    names are :func:`check_setting_names`'s to check, before this (as
+    :class:`models.config.ModelConfig` does).
 
     Raises:
-        ValueError, TypeError: the constructor's, e.g. ``mamba: d_state must be > 0, got 0``.
+        ValueError, TypeError: the constructor's, e.g. ``mamba: d_state must be > 0, got 0``, for the
+            first choice of the missing settings, which the message names.
     """
     fill = fill or {}
     known = _settings_of(MIXERS[name])
     required = [s for s, p in known.items() if p.default is p.empty and s not in settings]
-    if any(s not in fill for s in required):
-        return
-    with torch.device("meta"):
-        MIXERS[name](d_model, **{s: fill[s] for s in required}, **settings)
+    divisors = [n for n in range(1, d_model + 1) if d_model % n == 0]
+    choices = [[fill[s]] if s in fill else divisors for s in required]
+    first = None
+    for values in itertools.product(*choices):
+        try:
+            with torch.device("meta"):
+                MIXERS[name](d_model, **dict(zip(required, values, strict=True)), **settings)
+            return
+        except (ValueError, TypeError) as err:
+            first = first or (err, values)
+    err, values = first
+    tried = [s for s, c in zip(required, choices, strict=True) if c is divisors]
+    if not tried:
+        raise err
+    first_try = ", ".join(f"{s}={v}" for s, v in zip(required, values, strict=True) if s in tried)
+    raise type(err)(
+        f"{err} ({' and '.join(tried)} not given for {name}: tried at each divisor of d_model={d_model}, "
+        f"from {first_try})"
+    ) from None
 
 
 def build_mixer(name: str, d_model: int, **settings) -> nn.Module:

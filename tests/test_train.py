@@ -560,6 +560,11 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
         # A new-user check: a bad value of a mixer the layout does not use was taken without a word.
         ("+mixer.settings.mamba.d_state=0", "mamba: d_state must be > 0, got 0 (in the settings of mamba, "
          "which this model's layout does not use: correct or remove them)"),
+        # Another new-user check: one whose required settings nothing gives (window) was not checked.
+        ("+mixer.settings.sliding_window.pos_emb=bogus", "sliding_window: unknown pos_emb 'bogus'; choose one "
+         "of ('rope', 'learned', 'none') (window not given for sliding_window: tried at each divisor of "
+         "d_model=64, from window=1) (in the settings of sliding_window, which this model's layout does not "
+         "use: correct or remove them)"),
         ("+mixer.settings.linear_attention.feature_map=bogus",  # num_heads taken from attention's
          "linear_attention: unknown feature_map 'bogus'; choose one of ('elu', 'relu', 'identity', "),
         ("mixer.settings=5", "mixer.settings must map mixer names to their settings, got 5"),

@@ -27,6 +27,7 @@ from mixers import (
     RingKVCache,
     SlidingWindowAttention,
     build_mixer,
+    check_setting_values,
 )
 from mixers.attention import apply_rope
 from mixers.linear_attention import taylor_feature_map
@@ -434,6 +435,30 @@ def test_registry_lists_the_four_mixers():
 def test_bad_settings_raise_clear_errors(name, settings, error, match):
     with pytest.raises(error, match=match):
         build_mixer(name, D_MODEL, **settings)
+
+
+def test_values_of_a_mixer_missing_its_required_settings_are_checked():
+    """A new-user check: ``mixer=mamba +mixer.settings.attention.pos_emb=bogus`` trained, nothing
+    giving the num_heads that attention needs to be built. The missing settings are tried at the
+    divisors of d_model: refused only when no choice builds the mixer, naming the first choice."""
+    with pytest.raises(ValueError, match=re.escape(
+        "attention: unknown pos_emb 'bogus'; choose one of ('rope', 'learned', 'none') (num_heads not "
+        "given for attention: tried at each divisor of d_model=64, from num_heads=1)"
+    )):
+        check_setting_values("attention", 64, {"pos_emb": "bogus"})
+    with pytest.raises(ValueError, match=re.escape(
+        "(num_heads and window not given for sliding_window: tried at each divisor of d_model=64, from "
+        "num_heads=1, window=1)"
+    )):
+        check_setting_values("sliding_window", 64, {"pos_emb": "bogus"})
+    with pytest.raises(ValueError, match=re.escape("sliding_window: window must be > 0, got 0 (num_heads")):
+        check_setting_values("sliding_window", 64, {"window": 0})
+    # Valid for some choice: 2 KV heads divide num_heads=2, 4, ... (not the first choice, 1).
+    check_setting_values("attention", 64, {"num_kv_heads": 2})
+    # A value the model gives (another mixer's num_heads) is the only choice: no note about it.
+    with pytest.raises(ValueError, match=r"num_kv_heads=3 must divide num_heads=4 \(each KV head serves a "
+                       r"whole group of query heads\)$"):
+        check_setting_values("attention", 64, {"num_kv_heads": 3}, {"num_heads": 4})
 
 
 @pytest.mark.parametrize(("name", "settings"), CONFIGS, ids=IDS)
