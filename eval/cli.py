@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import difflib
 import errno
 import functools
@@ -793,6 +794,10 @@ class OutputDirCheck(Callback):
     Args:
         probe: whether to probe the directory (the evaluations, which write nothing there and run
             in ``.`` by default, only resolve it: a read-only working folder must not refuse them).
+            Without it, a sweep (``-m``) still probes ``hydra.sweep.dir``, where Hydra saves its
+            ``multirun.yaml`` before the jobs (a read-only working folder failed there in a
+            traceback), and that file is removed, or written back as it was, when the process
+            exits: the evaluations' records hold their settings, and nothing else of theirs is there.
 
     Raises:
         SystemExit: status 2, with ``error: hydra.run.dir=... cannot be created: ...`` (or
@@ -803,26 +808,46 @@ class OutputDirCheck(Callback):
         self.probe = probe
 
     def on_run_start(self, config, **kwargs) -> None:
-        self._check(config.hydra.run, "hydra.run.dir")
+        self._check(config.hydra.run, "hydra.run.dir", self.probe)
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        self._check(config.hydra.sweep, "hydra.sweep.dir")
+        sweep_dir = self._check(config.hydra.sweep, "hydra.sweep.dir", True)
+        if not self.probe:
+            path = Path(sweep_dir, "multirun.yaml")
+            atexit.register(_restore_file, path, path.read_bytes() if path.is_file() else None)
 
-    def _check(self, section, option: str) -> None:
+    def _check(self, section, option: str, probe: bool) -> str:
+        """``section.dir``, resolved and (``probe``) checked as creatable; exits with status 2 where not."""
         try:
             try:
                 directory = section.dir
             except InterpolationResolutionError as err:
                 raise ValueError(interpolation_error_message(err)) from err
-            if self.probe:
-                check_creatable_dir(
-                    directory, f"{option}={directory} cannot be created", f"pass {option}=<a writable folder>"
+            if probe:
+                what = (
+                    f"{option}={directory} cannot be created"
+                    if self.probe
+                    else f"{option}={directory} cannot be written (Hydra saves a sweep's multirun.yaml there)"
                 )
+                check_creatable_dir(directory, what, f"pass {option}=<a writable folder>")
+            return directory
         except ValueError as err:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
+
+
+def _restore_file(path: Path, content: bytes | None) -> None:
+    """Put ``path`` back as it was: removed where ``content`` is None, else rewritten with it (a file
+    written since, Hydra's ``multirun.yaml`` of an evaluation's sweep)."""
+    try:
+        if content is None:
+            path.unlink(missing_ok=True)
+        elif not path.is_file() or path.read_bytes() != content:
+            path.write_bytes(content)
+    except OSError as err:
+        print(f"warning: {path} could not be put back as it was: {err}", file=sys.stderr)
 
 
 def override_value(value: Any) -> str:

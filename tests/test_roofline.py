@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 from helpers import compose_eval
@@ -223,3 +226,26 @@ def test_records_take_glob_patterns(cfg, tmp_path):
     missing = r"records pattern '.*nothing-\*\.json' matches no \.json file"
     with pytest.raises(FileNotFoundError, match=missing):
         rl.load_records([str(tmp_path / "nothing-*.json")])
+
+
+def test_a_sweep_leaves_no_multirun_yaml_and_refuses_an_unwritable_folder_in_one_line(tmp_path):
+    """A new-user check: ``eval/*.py -m`` left Hydra's multirun.yaml in the working folder (the
+    evaluations make no Hydra folder), and failed in an OSError traceback in a read-only one."""
+    script = [sys.executable, str(REPO_ROOT / "eval" / "roofline.py"), "-m", "seqlen=1024,2048"]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    result = subprocess.run(script, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("FLOPs per head") == 2 and list(tmp_path.iterdir()) == []
+    # One that was there (another sweep's) is written back as it was.
+    (tmp_path / "multirun.yaml").write_text("# an earlier sweep's\n")
+    result = subprocess.run(script, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["multirun.yaml"]
+    assert (tmp_path / "multirun.yaml").read_text() == "# an earlier sweep's\n"
+    # /proc refuses new files, root's too (chmod would not stop root, which CI may run as).
+    result = subprocess.run(script, cwd="/proc", env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        "error: hydra.sweep.dir=. cannot be written (Hydra saves a sweep's multirun.yaml there): creating "
+        "a file in /proc failed: No such file or directory; pass hydra.sweep.dir=<a writable folder>\n"
+    )
