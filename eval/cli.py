@@ -26,7 +26,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Override, OverrideType, Quote, QuotedString
 from hydra.errors import ConfigCompositionException, HydraException
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import ListConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
 
 from eval.records import check_creatable_dir, partial_files
@@ -404,6 +404,20 @@ def _node(raw: Any, path: list[str]) -> tuple[bool, Any]:
     return True, raw
 
 
+def _raw_setting(
+    overrides: list[Override], config_dir: Path, config_name: str, key: str
+) -> tuple[bool | None, Any]:
+    """(whether the dotted ``key`` names a setting, its value unresolved) in the config composed
+    with the command line's group choices (``mixer=hybrid_jamba``, ``experiment=...``, whose options
+    may add keys to other groups); (None, None) where that config does not compose (Hydra reports why)."""
+    groups = [o.input_line for o in overrides if _is_group(o, config_dir) and not o.is_delete()]
+    try:
+        base = _compose(config_dir, config_name, groups)
+    except Exception:  # noqa: BLE001 -- Hydra composes again and reports it its own way
+        return None, None
+    return _node(OmegaConf.to_container(base, resolve=False), key.split("."))
+
+
 def _deletion_problem(overrides: list[Override], config_dir: Path, config_name: str) -> str | None:
     """What is wrong with a ``~key`` override (``~seed``, ``~mixer.name``, ``~logger``), as
     :func:`check_command_line`'s message; None without one. mixerlab's scripts read every setting they
@@ -411,21 +425,31 @@ def _deletion_problem(overrides: list[Override], config_dir: Path, config_name: 
     setting reads it (``~mixer.name``: ``hydra.run.dir``), in Hydra's (``~early_stopping``, whose value is
     null), or fell back silently to a default of the code (``~optim.warmup_steps``: 100 where the config
     says 50, and no record of it). The advice names a group's options (``~logger``), a section's
-    settings as the script's own config file gives them (``~optim``: ``optim.<lr|...>=<value>``), or
-    the key itself."""
+    settings as the script's own config file or the chosen group option gives them (``~optim``:
+    ``optim.<lr|...>=<value>``; ``~mixer.settings``: ``mixer.settings.<attention>=<value>``), or the
+    key itself; a key that is no setting of the script (``~run_dir`` of an evaluation) is said to be
+    none. Values are not resolved (``run_dir: ${hydra:...}`` failed to resolve here)."""
     for override in overrides:
         if not override.is_delete():
             continue
         key = override.key_or_group
         folder = config_dir / key
-        section = None
-        if not folder.is_dir():
-            section = OmegaConf.select(OmegaConf.load(config_dir / f"{config_name}.yaml"), key, default=None)
+        found, section = (False, None) if folder.is_dir() else _raw_setting(overrides, config_dir, config_name, key)
         if folder.is_dir():
             options = "|".join(sorted(path.stem for path in folder.glob("*.yaml")))
             instead = f"choose another option instead: {key}=<{options}>"
-        elif isinstance(section, DictConfig) and len(section):
+        elif isinstance(section, Mapping) and len(section):
             instead = f"set its settings instead: {key}.<{'|'.join(str(name) for name in section)}>=<value>"
+        elif isinstance(section, str) and section.startswith("${hydra:"):
+            return (
+                f"{override.input_line}: {key} is given by Hydra ({section}), so it cannot be deleted; leave "
+                f"{override.input_line} out (hydra.run.dir=<folder> chooses a run's folder)"
+            )
+        elif found is False:
+            return (
+                f"{override.input_line}: {key} is no setting of this script, so there is nothing to delete "
+                f"(and deleting a setting is not supported); leave {override.input_line} out"
+            )
         else:
             instead = f"set it instead: {key}=<value>"
         return (

@@ -633,6 +633,21 @@ TRAIN_CHECK = dict(
          "setting they compose: a deleted one fails, or falls back silently to a default of the code); "
          "choose another option instead: logger=<csv|none|wandb>"),
         (["ckpt=x.ckpt", "~num_examples"], "recall", "~num_examples: deleting a setting is not supported "),
+        # A new-user check: ~run_dir gave "Unsupported interpolation type hydra" on train.py and advised
+        # run_dir=<value> (no such key) on an evaluation; ~mixer.settings advised mixer.settings=<value>.
+        (["~run_dir"], "train", "~run_dir: run_dir is given by Hydra (${hydra:runtime.output_dir}), so it "
+         "cannot be deleted; leave ~run_dir out (hydra.run.dir=<folder> chooses a run's folder)"),
+        (["~run_dir"], "recall", "~run_dir: run_dir is no setting of this script, so there is nothing to "
+         "delete (and deleting a setting is not supported); leave ~run_dir out"),
+        (["~data.nope"], "train", "~data.nope: data.nope is no setting of this script, so there is nothing"),
+        (["mixer=hybrid_jamba", "~mixer.settings"], "train", "~mixer.settings: deleting a setting is not "
+         "supported (the scripts read every setting they compose: a deleted one fails, or falls back "
+         "silently to a default of the code); set its settings instead: mixer.settings.<mamba|attention>="
+         "<value>"),
+        # A key an experiment's options add (its package is global) is looked up in the composed config.
+        (["experiment=nanogpt_shakespeare", "~data.path"], "train",
+         "~data.path: deleting a setting is not supported (the scripts read every setting they compose: a "
+         "deleted one fails, or falls back silently to a default of the code); set it instead: data.path="),
         # A sweep's run_dir (a carried new-user note): refused when its first job started.
         (["-m", "run_dir=/tmp/x", "seed=1,2"], "train", "the sweep's job with seed=1: run_dir=/tmp/x: "
          "run_dir is Hydra's run directory, the job's folder in hydra.sweep.dir for this run, which holds "
