@@ -823,6 +823,26 @@ def test_a_sweep_subdir_outside_the_sweep_dir_is_refused_before_hydra_writes(tmp
     assert tree(tmp_path) == before
 
 
+def test_a_sweep_subdir_reading_a_key_no_override_sets_is_refused_in_one_line(tmp_path):
+    """A new-user check: ``-m 'hydra.sweep.subdir=${nope}'`` printed Hydra's "An error occurred during
+    Hydra's exception formatting: AssertionError()" before the one-line error, from the job. A key that
+    no override sets is missing in every job: refused before the sweep, in one line; one that the
+    sweep's overrides set per job (``+tag=a,b``) is left to the jobs."""
+    sweep = tmp_path / "sweep"
+    args = [str(REPO_ROOT / "train.py"), "-m", f"hydra.sweep.dir={sweep}", *TINY, *MQAR_TINY]
+    args.append("trainer.max_steps=1")
+    result = cli([*args, "hydra.sweep.subdir=${nope}"], cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        "error: hydra.sweep.subdir: Interpolation key 'nope' not found; if its '${' is meant literally (a "
+        "folder named '${x}'), pass it escaped, as '\\${'\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+    result = cli([*args, "hydra.sweep.subdir=${tag}", "+tag=a"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (sweep / "a" / "checkpoints" / "last.ckpt").is_file()
+
+
 @pytest.mark.parametrize(
     ("devices", "record", "message"),
     [

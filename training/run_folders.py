@@ -19,6 +19,7 @@ import dataclasses
 import errno
 import itertools
 import os
+import re
 import shutil
 import stat
 import sys
@@ -29,9 +30,9 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
-from eval.cli import override_value, pasteable
+from eval.cli import interpolation_error_message, override_value, pasteable
 from models.checkpoint import atomic_write_bytes
 
 # What Hydra writes before the task runs: into the run directory (its config records in .hydra/, and
@@ -372,6 +373,14 @@ def sweep_subdir_known_now(config: DictConfig, subdir: str | None) -> str | None
         HydraConfig.instance().set_config(config)
     try:
         return str(OmegaConf.select(config, "hydra.sweep.subdir", throw_on_resolution_failure=True))
+    except InterpolationKeyError as err:
+        # A key that no override of the sweep sets (+tag=a,b would, per job) is missing in every job:
+        # refused now, in one line (in the job, Hydra's own report failed, "AssertionError()").
+        task = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
+        given = {str(override).lstrip("+~").split("=", 1)[0] for override in task}
+        if not given & set(re.findall(r"\$\{([\w.]+)\}", subdir)):
+            raise ValueError(interpolation_error_message(err)) from None
+        return None
     except OmegaConfBaseException:
         return None
 
