@@ -10,6 +10,7 @@ corpus, the first 90% of the characters train and the last 10% validate, and a t
 from __future__ import annotations
 
 import hashlib
+import os
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -246,6 +247,14 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
                 "e.g. data.path='[a.txt,b.txt]'"
             )
         for file in paths:
+            # A new-user check: data.path=[[]] failed in os.fspath's words, data.path='' was called a
+            # directory (the working one).
+            if not isinstance(file, (str, os.PathLike)) or not str(file):
+                what = "an empty path" if isinstance(file, (str, os.PathLike)) else f"{file!r}, no path"
+                raise ValueError(
+                    f"data.path holds {what}; set data.path to a text file, or a list of files, e.g. "
+                    "data.path='[a.txt,b.txt]'"
+                )
             if Path(file).is_dir():
                 raise ValueError(
                     f"text corpus {str(file)!r} is a directory; set data.path to a text file, or a list of "
@@ -260,6 +269,10 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
         # sample_by="document" makes each file one row with its newlines intact (line ends are
         # normalised to "\n", as Python's text mode does). Without a user cache_dir the Arrow cache
         # goes to a temporary directory, deleted once the text has been copied out.
+        # datasets' progress bar counts files here (one example each), and its line came before any
+        # refusal of the text that follows (a short corpus): off while they load.
+        bars_were_off = datasets.are_progress_bars_disabled()
+        datasets.disable_progress_bars()
         with tempfile.TemporaryDirectory(prefix="mixerlab-text-") as tmp:
             try:
                 ds = datasets.load_dataset(
@@ -279,6 +292,9 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
                     "iconv -f latin1 -t utf-8 corpus.txt > corpus.utf8.txt (every tokenizer reads text, "
                     "the byte tokenizer its UTF-8 bytes)"
                 ) from err
+            finally:
+                if not bars_were_off:
+                    datasets.enable_progress_bars()
             return separator.join(ds["text"])
     try:
         ds = datasets.load_dataset(name, config_name, split=split, cache_dir=cache_dir)

@@ -459,6 +459,16 @@ def test_text_split_by_characters(corpus):
     assert dm.train_tokens.dtype == dm.val_tokens.dtype == torch.int64
 
 
+def test_text_loading_a_file_shows_no_progress_bar_and_keeps_the_setting(corpus, capfd):
+    """A new-user check: datasets' "Generating train split" line (it counts files) came before a
+    refusal of the text, two lines where one was meant. Off while the files load, as it was after."""
+    path, _ = corpus
+    assert not datasets_lib.are_progress_bars_disabled()
+    TextDataModule(path=str(path), seqlen=8, cache_dir=None).setup()
+    assert capfd.readouterr().err == ""
+    assert not datasets_lib.are_progress_bars_disabled()
+
+
 def test_text_byte_tokenizer_splits_characters_not_bytes(tmp_path):
     text = "é\n" * 300
     path = tmp_path / "accents.txt"
@@ -642,6 +652,11 @@ def test_text_errors(corpus, tmp_path, monkeypatch):
     empty = "text corpus path is an empty list; set data.path to a text file"
     with pytest.raises(ValueError, match=re.escape(empty)):
         TextDataModule(path=[], seqlen=8).setup()
+    # Another: data.path=[[]] failed in os.fspath's words, naming no setting; data.path='' was called
+    # a directory (the working one).
+    for bad, what in (([[]], "[], no path"), ([path, 3], "3, no path"), ("", "an empty path")):
+        with pytest.raises(ValueError, match=re.escape(f"data.path holds {what}; set data.path to a text file")):
+            TextDataModule(path=bad, seqlen=8).setup()
     with pytest.raises(ValueError, match="train_fraction must be a number in \\(0, 1\\), got 'abc'"):
         TextDataModule(path=path, train_fraction="abc")
     short_val = r"the validation split has 200 tokens, fewer than the 257 that seqlen=256 needs \(one block"
