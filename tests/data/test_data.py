@@ -655,7 +655,8 @@ def test_text_errors(corpus, tmp_path, monkeypatch):
     # Another: data.path=[[]] failed in os.fspath's words, naming no setting; data.path='' was called
     # a directory (the working one).
     for bad, what in (([[]], "[], no path"), ([path, 3], "3, no path"), ("", "an empty path")):
-        with pytest.raises(ValueError, match=re.escape(f"data.path holds {what}; set data.path to a text file")):
+        message = f"data.path holds {what}; set data.path to a text file"
+        with pytest.raises(ValueError, match=re.escape(message)):
             TextDataModule(path=bad, seqlen=8).setup()
     with pytest.raises(ValueError, match="train_fraction must be a number in \\(0, 1\\), got 'abc'"):
         TextDataModule(path=path, train_fraction="abc")
