@@ -65,6 +65,7 @@ from eval.records import (
     git_sha,
     log_records_to_wandb,
     make_record,
+    note_partial,
     write_sweep_records,
 )
 from models import LanguageModel
@@ -416,6 +417,7 @@ def write_results(
     write_sweep_records(output, records, done, planned, output_given=output_given)
     title = None if done == planned else f"partial: context lengths {done} of {planned}"
     plot(records, output.with_suffix(".png"), title=title)
+    note_partial(output.with_suffix(".png"), done, planned)  # an interruption says what the plot holds
 
 
 def plot(records: list[dict[str, Any]], path: Path, title: str | None = None) -> None:

@@ -389,10 +389,17 @@ def write_sweep_records(
         partial = {"seqlens_done": list(done), "seqlens_planned": list(planned)}
         records = [{**r, "partial": partial} for r in records]
     written = write_records(path, records)
-    _partial.pop(path, None)
-    if partial is not None:
-        _partial[path] = f"context lengths {partial['seqlens_done']} of {partial['seqlens_planned']}"
+    note_partial(path, done, planned)
     return written
+
+
+def note_partial(path: str | os.PathLike, done: Sequence[int], planned: Sequence[int]) -> None:
+    """Record that the file just written at ``path`` holds the lengths ``done`` (tokens) of a sweep
+    over ``planned`` (:func:`partial_files`; none while they are all done): the records of
+    :func:`write_sweep_records`, and a plot of them (eval/decode.py's, beside its records)."""
+    _partial.pop(Path(path), None)
+    if list(done) != list(planned):
+        _partial[Path(path)] = f"context lengths {list(done)} of {list(planned)}"
 
 
 def partial_note(where: str, records: list[Any]) -> str | None:

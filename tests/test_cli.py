@@ -238,6 +238,16 @@ def test_an_interrupt_is_one_line_and_status_130(tmp_path, monkeypatch, capsys, 
         f"{tmp_path / 'decode.json'}, partial: context lengths [512] of [512, 1024]; "
         f"{tmp_path / 'done.json'})\n"
     )
+    # eval/decode.py's plot beside its records holds the same lengths, and says so (a new-user check).
+    from eval.decode import write_results
+
+    with pytest.raises(SystemExit), user_errors():
+        write_results(tmp_path / "d2.json", [], [512], [512, 1024], output_given=False)
+        raise KeyboardInterrupt
+    assert capsys.readouterr().err.endswith(
+        f"{tmp_path / 'd2.json'}, partial: context lengths [512] of [512, 1024]; "
+        f"{tmp_path / 'd2.png'}, partial: context lengths [512] of [512, 1024])\n"
+    )
 
 
 def test_user_errors_hands_ctrl_c_back_to_python(sigint_restored):
