@@ -31,7 +31,7 @@ from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
 
 from eval.records import check_creatable_dir, partial_files
 from eval.startup import INTERRUPTED, end_quiet_sigterm
-from models.checkpoint import WriteError, written_files
+from models.checkpoint import WriteError, atomic_write_bytes, written_files
 
 
 def write_error_message(err: WriteError, retry: str) -> str:
@@ -434,7 +434,9 @@ def _deletion_problem(overrides: list[Override], config_dir: Path, config_name: 
             continue
         key = override.key_or_group
         folder = config_dir / key
-        found, section = (False, None) if folder.is_dir() else _raw_setting(overrides, config_dir, config_name, key)
+        found, section = False, None
+        if not folder.is_dir():
+            found, section = _raw_setting(overrides, config_dir, config_name, key)
         if folder.is_dir():
             options = "|".join(sorted(path.stem for path in folder.glob("*.yaml")))
             instead = f"choose another option instead: {key}=<{options}>"
@@ -869,8 +871,8 @@ def _restore_file(path: Path, content: bytes | None) -> None:
         if content is None:
             path.unlink(missing_ok=True)
         elif not path.is_file() or path.read_bytes() != content:
-            path.write_bytes(content)
-    except OSError as err:
+            atomic_write_bytes(path, lambda f: f.write(content))
+    except OSError as err:  # WriteError is one
         print(f"warning: {path} could not be put back as it was: {err}", file=sys.stderr)
 
 
