@@ -57,10 +57,22 @@ def write_error_message(err: WriteError, retry: str) -> str:
     return f"cannot write {err.filename}: {reason}; {fix}"
 
 
+# The launcher of this process's -m sweep where its jobs run in other processes (Hydra's joblib
+# launcher): set by OutputDirCheck.on_multirun_start; what those jobs wrote is not seen here.
+_WORKER_LAUNCHER: str | None = None
+
+
 def _interrupted_message() -> str:
     """What an interrupted command line kept: the files it wrote whole (atomically), each a length
-    sweep's records left partial with the lengths it holds, or nothing."""
+    sweep's records left partial with the lengths it holds, or nothing; in a sweep whose jobs ran
+    in worker processes, that those keep what they wrote (a new-user check: the parent said "nothing
+    written" while its jobs had saved their checkpoints)."""
     kept = written_files()
+    if not kept and _WORKER_LAUNCHER is not None:
+        return (
+            f"interrupted: this process wrote nothing; the sweep's jobs ran in worker processes "
+            f"({_WORKER_LAUNCHER}), which keep what they wrote before it (their own lines above say what)"
+        )
     if not kept:
         return "interrupted: nothing written"
     partial = partial_files()
@@ -837,7 +849,10 @@ class OutputDirCheck(Callback):
         self._check(config.hydra.run, "hydra.run.dir", self.probe)
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        global _WORKER_LAUNCHER
         sweep_dir = self._check(config.hydra.sweep, "hydra.sweep.dir", True)
+        launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+        _WORKER_LAUNCHER = None if launcher.endswith(".BasicLauncher") else launcher
         if not self.probe:
             path = Path(sweep_dir, "multirun.yaml")
             atexit.register(_restore_file, path, path.read_bytes() if path.is_file() else None)

@@ -250,6 +250,34 @@ def test_an_interrupt_is_one_line_and_status_130(tmp_path, monkeypatch, capsys, 
     )
 
 
+def test_an_interrupted_sweep_of_worker_processes_does_not_say_nothing_written(
+    tmp_path, monkeypatch, capsys, nothing_written_yet, sigint_restored
+):
+    """A new-user check: with hydra/launcher=joblib, SIGINT to the sweep's process alone printed
+    "interrupted: nothing written" there while its jobs, in worker processes, saved checkpoints."""
+    import eval.cli
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.setattr(eval.cli, "_WORKER_LAUNCHER", None)
+    launcher = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
+    hydra = {"sweep": {"dir": str(tmp_path)}, "launcher": {"_target_": launcher}}
+    config = OmegaConf.create({"hydra": hydra})
+    eval.cli.OutputDirCheck().on_multirun_start(config)
+    with pytest.raises(SystemExit) as exc, user_errors():
+        raise KeyboardInterrupt
+    assert exc.value.code == 130
+    assert capsys.readouterr().err == (
+        f"interrupted: this process wrote nothing; the sweep's jobs ran in worker processes ({launcher}), "
+        "which keep what they wrote before it (their own lines above say what)\n"
+    )
+    # Hydra's basic launcher runs the jobs in this process: what they wrote is named as before.
+    config.hydra.launcher._target_ = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+    eval.cli.OutputDirCheck().on_multirun_start(config)
+    with pytest.raises(SystemExit), user_errors():
+        raise KeyboardInterrupt
+    assert capsys.readouterr().err == "interrupted: nothing written\n"
+
+
 def test_user_errors_hands_ctrl_c_back_to_python(sigint_restored):
     # The quiet exit a script sets while it imports is replaced, so Ctrl+C raises KeyboardInterrupt.
     signal.signal(signal.SIGINT, lambda signum, frame: None)
