@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import lightning as L
@@ -240,7 +240,7 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
     import datasets  # imported here: it takes about a second and MQAR-only users never need it
 
     if path is not None:
-        paths = [path] if isinstance(path, (str, Path)) else list(path)
+        paths = list(path) if isinstance(path, Sequence) and not isinstance(path, str) else [path]
         if not paths:  # datasets' own message names no setting
             raise ValueError(
                 "text corpus path is an empty list; set data.path to a text file, or a list of files, "
@@ -255,6 +255,9 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
                     f"data.path holds {what}; set data.path to a text file, or a list of files, e.g. "
                     "data.path='[a.txt,b.txt]'"
                 )
+        # ~ as the shell would expand it (train.py stores the corpus by this path: absolute_paths).
+        paths = [Path(file).expanduser() for file in paths]
+        for file in paths:
             if Path(file).is_dir():
                 raise ValueError(
                     f"text corpus {str(file)!r} is a directory; set data.path to a text file, or a list of "

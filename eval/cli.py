@@ -422,6 +422,8 @@ def _raw_setting(
     """(whether the dotted ``key`` names a setting, its value unresolved) in the config composed
     with the command line's group choices (``mixer=hybrid_jamba``, ``experiment=...``, whose options
     may add keys to other groups); (None, None) where that config does not compose (Hydra reports why)."""
+    if key == "hydra" or key.startswith("hydra."):
+        return None, None  # Hydra's own settings are not in the composed config
     groups = [o.input_line for o in overrides if _is_group(o, config_dir) and not o.is_delete()]
     try:
         base = _compose(config_dir, config_name, groups)

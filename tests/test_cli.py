@@ -678,6 +678,9 @@ TRAIN_CHECK = dict(
         (["~run_dir"], "recall", "~run_dir: run_dir is no setting of this script, so there is nothing to "
          "delete (and deleting a setting is not supported); leave ~run_dir out"),
         (["~data.nope"], "train", "~data.nope: data.nope is no setting of this script, so there is nothing"),
+        (["~hydra.run.dir"], "train", "~hydra.run.dir: deleting a setting is not supported (the scripts "
+         "read every setting they compose: a deleted one fails, or falls back silently to a default of the "
+         "code); set it instead: hydra.run.dir=<value>"),
         (["mixer=hybrid_jamba", "~mixer.settings"], "train", "~mixer.settings: deleting a setting is not "
          "supported (the scripts read every setting they compose: a deleted one fails, or falls back "
          "silently to a default of the code); set its settings instead: mixer.settings.<mamba|attention>="

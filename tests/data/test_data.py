@@ -459,6 +459,16 @@ def test_text_split_by_characters(corpus):
     assert dm.train_tokens.dtype == dm.val_tokens.dtype == torch.int64
 
 
+def test_text_path_expands_the_home_folder_as_resume_does(corpus, tmp_path, monkeypatch):
+    """A new-user check: data.path='~/corpus.txt' was looked for in a folder named ~, while the
+    checkpoint stores it expanded (training.resume.absolute_paths)."""
+    path, text = corpus
+    monkeypatch.setenv("HOME", str(path.parent))
+    dm = TextDataModule(path=f"~/{path.name}", seqlen=8)
+    dm.setup()
+    assert dm.tokenizer.decode(dm.train_tokens) == text[: dm.num_train_chars]
+
+
 def test_text_loading_a_file_shows_no_progress_bar_and_keeps_the_setting(corpus, capfd):
     """A new-user check: datasets' "Generating train split" line (it counts files) came before a
     refusal of the text, two lines where one was meant. Off while the files load, as it was after."""
@@ -654,7 +664,8 @@ def test_text_errors(corpus, tmp_path, monkeypatch):
         TextDataModule(path=[], seqlen=8).setup()
     # Another: data.path=[[]] failed in os.fspath's words, naming no setting; data.path='' was called
     # a directory (the working one).
-    for bad, what in (([[]], "[], no path"), ([path, 3], "3, no path"), ("", "an empty path")):
+    for bad, what in (([[]], "[], no path"), ([path, 3], "3, no path"), ("", "an empty path"), (3, "3, no path"),
+                      (True, "True, no path")):
         message = f"data.path holds {what}; set data.path to a text file"
         with pytest.raises(ValueError, match=re.escape(message)):
             TextDataModule(path=bad, seqlen=8).setup()
