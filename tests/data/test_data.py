@@ -664,8 +664,8 @@ def test_text_errors(corpus, tmp_path, monkeypatch):
         TextDataModule(path=[], seqlen=8).setup()
     # Another: data.path=[[]] failed in os.fspath's words, naming no setting; data.path='' was called
     # a directory (the working one).
-    for bad, what in (([[]], "[], no path"), ([path, 3], "3, no path"), ("", "an empty path"), (3, "3, no path"),
-                      (True, "True, no path")):
+    bad_paths = [([[]], "[], no path"), ([path, 3], "3, no path"), ("", "an empty path"), (3, "3, no path")]
+    for bad, what in [*bad_paths, (True, "True, no path")]:
         message = f"data.path holds {what}; set data.path to a text file"
         with pytest.raises(ValueError, match=re.escape(message)):
             TextDataModule(path=bad, seqlen=8).setup()
