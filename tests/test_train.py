@@ -838,6 +838,13 @@ def test_a_sweep_subdir_reading_a_key_no_override_sets_is_refused_in_one_line(tm
         "folder named '${x}'), pass it escaped, as '\\${'\n"
     )
     assert list(tmp_path.iterdir()) == []
+    # An environment variable that is not set: the same (another new-user check).
+    result = cli([*args, "hydra.sweep.subdir=${oc.env:MIXERLAB_NOT_SET}"], cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr == (
+        "error: hydra.sweep.subdir: KeyError raised while resolving interpolation: \"Environment variable "
+        "'MIXERLAB_NOT_SET' not found\"\n"
+    )
+    assert list(tmp_path.iterdir()) == []
     result = cli([*args, "hydra.sweep.subdir=${tag}", "+tag=a"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (sweep / "a" / "checkpoints" / "last.ckpt").is_file()

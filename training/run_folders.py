@@ -30,7 +30,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
+from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
 
 from eval.cli import interpolation_error_message, override_value, pasteable
 from models.checkpoint import atomic_write_bytes
@@ -379,6 +379,12 @@ def sweep_subdir_known_now(config: DictConfig, subdir: str | None) -> str | None
         task = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
         given = {str(override).lstrip("+~").split("=", 1)[0] for override in task}
         if not given & set(re.findall(r"\$\{([\w.]+)\}", subdir)):
+            raise ValueError(interpolation_error_message(err)) from None
+        return None
+    except InterpolationResolutionError as err:
+        # ${oc.env:X} of a variable that is not set (a new-user check: Hydra's "AssertionError()"
+        # lines again): missing in every job too, unless hydra.job.env_set sets variables for them.
+        if not OmegaConf.select(config, "hydra.job.env_set", default=None):
             raise ValueError(interpolation_error_message(err)) from None
         return None
     except OmegaConfBaseException:
