@@ -163,10 +163,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         # An explicit hydra.run.dir may name an old run: its checkpoints, records and metrics would
         # be replaced. (DDP's launcher re-runs this command line with the run's directory before any
         # checkpoint exists.)
+        in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+        folder = "hydra.sweep.dir" if in_sweep else "hydra.run.dir"
         raise ValueError(
             f"the run directory {run_dir} already holds another run's checkpoints ({', '.join(earlier)}), "
-            "which this run would overwrite; give a new hydra.run.dir, or resume=<that run>/checkpoints/"
-            "last.ckpt to continue it (in a new directory)"
+            f"which this run would overwrite; give a new {folder}, "
+            "or resume=<that run>/checkpoints/last.ckpt to continue it (in a new directory)"
         )
     run_name = f"{run_dir.name}"
 

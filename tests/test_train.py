@@ -774,7 +774,26 @@ def test_a_refused_run_keeps_an_earlier_runs_records_byte_for_byte(tmp_path, swe
     result = cli([str(REPO_ROOT / "train.py"), *where, *TINY, *MQAR_TINY], cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "already holds another run's checkpoints (last.ckpt)" in result.stderr
+    # The folder to change is the sweep's in a sweep (a new-user check: it said hydra.run.dir there).
+    folder = "hydra.sweep.dir" if where[0] == "-m" else "hydra.run.dir"
+    assert f"give a new {folder}, or resume=" in result.stderr
     assert tree(tmp_path) == before
+
+
+def test_a_sweep_subdir_the_same_for_every_job_is_refused_before_the_first(tmp_path):
+    """A new-user check: with hydra.sweep.subdir=fixed (or ${seed}, no seed sweep) the second job was
+    refused for the first one's checkpoints, after Hydra had written its .hydra/ over the first job's
+    (optim.lr=0.002 recorded beside checkpoints trained at 0.001)."""
+    args = [str(REPO_ROOT / "train.py"), "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *TINY, *MQAR_TINY]
+    for subdir, shown in (("fixed", "fixed"), ("${seed}", "${seed} (= 0)")):
+        result = cli([*args, f"hydra.sweep.subdir={subdir}", "optim.lr=1e-3,2e-3"], cwd=tmp_path)
+        assert result.returncode == 2 and result.stderr == (
+            f"error: hydra.sweep.subdir={shown} gives every job of this sweep the same folder, where each "
+            "would train over the one before it; put a job value in it, e.g. "
+            f"'hydra.sweep.subdir={subdir}-${{hydra.job.num}}' (without hydra.sweep.subdir: the default, a "
+            "folder per job)\n"
+        )
+        assert list(tmp_path.iterdir()) == []
 
 
 # A -m sweep's hydra.sweep.subdir that does not lead to a folder of its own inside hydra.sweep.dir

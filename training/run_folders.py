@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
 
-from eval.cli import interpolation_error_message, override_value, pasteable
+from eval.cli import _is_group, interpolation_error_message, override_value, pasteable
 from models.checkpoint import atomic_write_bytes
 
 # What Hydra writes before the task runs: into the run directory (its config records in .hydra/, and
@@ -304,6 +306,7 @@ class RecordRunFolders(HydraCallback):
             resolved = sweep_subdir_known_now(config, subdir)
             if resolved is not None:
                 check_sweep_subdir(config.hydra.sweep.dir, resolved, written=subdir)
+            check_subdir_varies(config, subdir, resolved)
         _record_folders_before(config.hydra.sweep.dir, max(1, len(Path(str(subdir or "")).parts)))
         launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
         JOBS_RUN_HERE = [] if launcher.endswith(".BasicLauncher") else None
@@ -389,6 +392,43 @@ def sweep_subdir_known_now(config: DictConfig, subdir: str | None) -> str | None
         return None
     except OmegaConfBaseException:
         return None
+
+
+def check_subdir_varies(config: DictConfig, subdir: str | None, resolved: str | None) -> None:
+    """Refuse a ``hydra.sweep.subdir`` that gives every job of a sweep of several jobs the same folder:
+    no interpolation, or only of settings that no sweep of the command line changes (``fixed``,
+    ``${seed}`` without a seed sweep). A new-user check: the second job found the first one's
+    checkpoints there and was refused, but Hydra had already written its ``.hydra/`` over the first
+    job's, which the clean-up could not put back (its record of the folder predates the first job).
+    A resolver (``${now:...}``, ``${hydra:job.num}``), a job value, or a setting a swept key or config
+    group may change (``mixer=a,b`` with ``${mixer.name}``) counts as varying.
+
+    Raises:
+        ValueError: naming the subdir, the folder and the fix.
+    """
+    task = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
+    try:
+        overrides = OverridesParser.create().parse_overrides([str(o) for o in task])
+    except HydraException:
+        return  # Hydra reports it
+    swept = [o for o in overrides if o.is_sweep_override()]
+    if subdir is None or not swept:
+        return
+    keys = re.findall(r"\$\{([^}]*)\}", str(subdir))
+    if any(not re.fullmatch(r"[\w.]+", key) for key in keys):
+        return  # a resolver, or a nested interpolation
+    if keys and any(_is_group(o) for o in swept):
+        return  # a group's options may set any setting the subdir reads (experiment=a,b)
+    changed = {o.key_or_group.lstrip("+~") for o in swept}  # a key, or a section of keys (+tag, optim)
+    if any(f"{key}.".startswith(f"{k}.") or f"{k}.".startswith(f"{key}.") for key in keys for k in changed):
+        return
+    shown = f"{subdir}" + (f" (= {resolved})" if resolved is not None and resolved != subdir else "")
+    raise ValueError(
+        f"hydra.sweep.subdir={shown} gives every job of this sweep the same folder, where each would "
+        "train over the one before it; put a job value in it, e.g. "
+        f"{pasteable(f'hydra.sweep.subdir={subdir}-${{hydra.job.num}}')} (without hydra.sweep.subdir: "
+        "the default, a folder per job)"
+    )
 
 
 def check_sweep_subdir(sweep_dir: str, subdir: str | None, written: str | None = None) -> None:
