@@ -62,7 +62,8 @@ def text_datamodule(ctx: EvalContext, overrides: dict[str, Any], batch_size: int
     Raises:
         FileNotFoundError: the corpus file does not exist.
         ValueError: a corpus character outside a char tokenizer's vocabulary, a split too short
-            for one block, a vocabulary that differs from the model's, a ``tokenizer`` override of
+            for one block, the checkpoint's own corpus (no corpus override) whose contents differ
+            from those it was trained on (by the stored SHA-256), a vocabulary that differs from the model's, a ``tokenizer`` override of
             a checkpoint that stores its tokenizer, or a ``seqlen`` beyond a learned position table.
     """
     data_cfg = dict(ctx.data)
@@ -81,6 +82,16 @@ def text_datamodule(ctx: EvalContext, overrides: dict[str, Any], batch_size: int
     # before the corpus is read: a learned position table refused the length only inside the model
     check_position_limit(ctx.model, dm.seqlen, "data.seqlen")
     dm.setup("validate")
+    trained_on = ctx.lit.hparams.get("corpus_sha256")
+    if not any(key in overrides for key in CORPUS_KEYS) and trained_on and dm.corpus_sha256 != trained_on:
+        # A new-user check: the corpus edited in place (its lines reversed) was evaluated without a
+        # word, its "held-out" split then holding text the model trained on.
+        raise ValueError(
+            f"the checkpoint's corpus {dm.path or dm.dataset_name!r} has changed since training (its SHA-256 "
+            f"begins {dm.corpus_sha256[:12]}, the checkpoint's {trained_on[:12]}): its last 10% is no longer "
+            "the held-out text; evaluate on the training corpus as it was, or name another text on purpose "
+            "with data.path=<file>"
+        )
     if dm.vocab_size != ctx.model.config.vocab_size:
         raise ValueError(
             f"the corpus' vocabulary has {dm.vocab_size} tokens but the model's has "
@@ -176,6 +187,7 @@ def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         "task": "text",
         "split": "val",
         "corpus": dm.path or dm.dataset_name,
+        "corpus_sha256": dm.corpus_sha256,
         "max_batches": cfg.max_batches,
     }
 

@@ -4,6 +4,7 @@ their shared decode path and their checks of settings and checkpoints."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -32,6 +33,7 @@ from eval.perplexity import perplexity_eval
 from eval.recall import recall_eval
 from eval.records import make_record
 from models import LanguageModel
+from models.checkpoint import read_checkpoint
 from models.lit import load_model
 
 TINY = [
@@ -462,6 +464,28 @@ def test_perplexity_on_another_corpus_and_length(text_run, tmp_path):
     # The stored tokenizer replaced an override without a word.
     with pytest.raises(ValueError, match=r"data.tokenizer='char': the checkpoint's tokenizer \(byte\)"):
         evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "+data.tokenizer=char")
+
+
+def test_perplexity_refuses_the_training_corpus_edited_since(text_run, tmp_path):
+    """A new-user check: the corpus reversed in place was evaluated without a word (exit 0), its
+    "held-out" last 10% then text the model trained on. The checkpoint stores the corpus' SHA-256."""
+    corpus = Path(read_checkpoint(text_run["last_ckpt"])["hyper_parameters"]["data"]["path"])
+    text = corpus.read_text()
+    records, _ = evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "decode_prefix=0")
+    assert {r["corpus_sha256"] for r in records} == {hashlib.sha256(text.encode()).hexdigest()}
+    try:
+        corpus.write_text(text[::-1])  # the same characters, another text
+        with pytest.raises(ValueError, match=re.escape(
+            f"the checkpoint's corpus {str(corpus)!r} has changed since training (its SHA-256 begins "
+        )):
+            evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "decode_prefix=0")
+        # Named on purpose, another text is evaluated (and recorded with its own digest).
+        records, _ = evaluate_with(
+            perplexity_eval, "perplexity", text_run, tmp_path, "decode_prefix=0", f"data.path={corpus}"
+        )
+        assert records[0]["corpus_sha256"] != hashlib.sha256(text.encode()).hexdigest()
+    finally:
+        corpus.write_text(text)
 
 
 # --- bad input -----------------------------------------------------------------------------------
