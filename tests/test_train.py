@@ -1889,6 +1889,17 @@ def test_resume_accepts_other_loader_and_selection_settings(jamba_run, tmp_path)
     state = read_checkpoint(resumed["last_ckpt"])
     assert state["global_step"] == 21 and state["hyper_parameters"]["data"]["num_workers"] == 1
     assert set(changed) == set(RESUME_EXEMPT_DATA_KEYS)  # every exempt key is tested
+    # The settings of a mixer the model does not build change no weight (a new-user check: a mamba run
+    # trained with +mixer.settings.attention.pos_emb=learned was refused its resume without it).
+    edited = {**hparams, "model": {**hparams["model"], "mixer_settings": {
+        **hparams["model"]["mixer_settings"], "sliding_window": {"window": 8}}}}
+    assert check_resume(jamba_run["last_ckpt"], edited, max_steps=21)
+    # Another value in a built mixer's settings is named by that mixer, not the whole mapping.
+    mamba = {**hparams["model"]["mixer_settings"]["mamba"], "d_state": 8}
+    edited = {**hparams, "model": {**hparams["model"], "mixer_settings": {
+        **hparams["model"]["mixer_settings"], "mamba": mamba}}}
+    with pytest.raises(ValueError, match=r"was trained with \"mixer\.settings\.mamba=\{[^ ]*d_state:16"):
+        check_resume(jamba_run["last_ckpt"], edited, max_steps=21)
 
 
 def test_resume_accepts_a_default_written_out(jamba_run, tmp_path):

@@ -56,11 +56,11 @@ TOKENIZER_SETTING = "tokenizer"
 CORPUS_SETTING = "corpus"
 
 # resume_settings' names of the model config's keys that the mixer group sets, as the overrides that
-# give them (the others are model.<key>); its name is the mixer group chosen (mixer=hybrid_jamba).
+# give them (the others are model.<key>); its name is the mixer group chosen (mixer=hybrid_jamba). The
+# mixers' settings are mixer.settings.<mixer>, one per mixer the model builds.
 MIXER_SETTINGS = {
     "name": "mixer",
     "pattern": "mixer.pattern",
-    "mixer_settings": "mixer.settings",
     "shared_block": "mixer.shared_block",
 }
 
@@ -89,7 +89,8 @@ def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
     :data:`RESUME_EXEMPT_DATA_KEYS`; ``data.path`` resolved to absolute paths), a text run's
     tokenizer and corpus digest (only where ``hparams`` holds one), the model config's keys
     (completed by :class:`ModelConfig`; the mixer first, then sorted; named by their overrides,
-    ``model.<key>`` or :data:`MIXER_SETTINGS`),
+    ``model.<key>`` or :data:`MIXER_SETTINGS`) and ``mixer.settings.<mixer>`` of each mixer the
+    model builds (sorted; the settings of mixers it does not build change nothing),
     ``optim.*`` (completed with :data:`models.lit.DEFAULT_OPTIM`) and ``seed`` (only where
     ``hparams`` holds one).
 
@@ -112,7 +113,13 @@ def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
         # that holds the path as typed, read here from this run's working directory.
         data["path"] = absolute_paths(data["path"])
     data_keys = sorted(set(data) - set(RESUME_EXEMPT_DATA_KEYS), key=lambda k: (k != "name", k))
-    model = ModelConfig.from_dict(hparams["model"]).to_dict()
+    config = ModelConfig.from_dict(hparams["model"])
+    model = config.to_dict()
+    # Only the mixers the model builds: another mixer's settings change no weight (a new-user check:
+    # +mixer.settings.attention.pos_emb=learned on a mamba run refused its resume without it).
+    used = set(config.layout) | ({config.shared_block.mixer} if config.shared_block is not None else set())
+    every_mixer = model.pop("mixer_settings")
+    mixer_settings = {name: every_mixer.get(name, {}) for name in sorted(used)}
     model_keys = sorted(model, key=lambda k: (k != "name", k))  # the mixer first: the likeliest difference
     optim = {**DEFAULT_OPTIM, **(hparams.get("optim") or {})}
     tokenizer = hparams.get("tokenizer_config")
@@ -125,6 +132,7 @@ def resume_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
         # batches, unnoticed (a new-user check reversed the corpus and resumed).
         **({CORPUS_SETTING: hparams["corpus_sha256"]} if hparams.get("corpus_sha256") is not None else {}),
         **{MIXER_SETTINGS.get(k, f"model.{k}"): model[k] for k in model_keys},
+        **{f"mixer.settings.{name}": value for name, value in mixer_settings.items()},
         **{f"optim.{k}": optim[k] for k in sorted(optim)},
         **({"seed": hparams["run_seed"]} if hparams.get("run_seed") is not None else {}),
     }
