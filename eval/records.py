@@ -16,6 +16,7 @@ import datetime as _dt
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -275,30 +276,41 @@ def _in_sweep() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def check_sweep_output(path: str | os.PathLike, *, option: str = "output") -> None:
-    """Refuse, before a sweep job's work, a record file that an earlier job of the same ``-m`` sweep
-    wrote: every job would replace the one before it, and only the last job's records would stay.
-    Outside a sweep nothing is checked; with Hydra's joblib launcher only the jobs that ran earlier in
-    the same worker process are seen.
+def check_sweep_output(path: str | os.PathLike, *, option: str = "output", folder: bool = False) -> None:
+    """Refuse, before a sweep job's work, a record file (or, ``folder``, an output folder: the
+    report's ``out``) that an earlier job of the same ``-m`` sweep wrote: every job would replace the
+    one before it, and only the last job's results would stay. Outside a sweep nothing is checked;
+    with Hydra's joblib launcher only the jobs that ran earlier in the same worker process are seen.
 
     Args:
-        path: the ``output`` setting or the default output path of this job.
-        option: ``output`` (the setting) or a phrase such as ``the default output``, as in
-            :func:`check_output`.
+        path: the ``output`` setting or the default output path of this job (``out``'s folder).
+        option: ``output`` (the setting; ``out`` with ``folder``) or a phrase such as ``the default
+            output``, as in :func:`check_output`.
+        folder: ``path`` is a folder that the job writes its files into (:func:`note_sweep_output`).
 
     Raises:
         ValueError: ``"<option> <path> was written by an earlier job of this sweep (-m) ..."``, with
-            the fix: a file name that differs per job.
+            the fix: a name that differs per job, a literal ``${`` of the path escaped (``\\${``).
     """
     path = Path(path)
     if not (_in_sweep() and path.resolve() in _SWEEP_OUTPUTS):
         return
-    name = f"output={path}" if option == "output" else f"{option} {path}"
-    per_job = path.with_name(f"{path.stem}-${{hydra:job.num}}{path.suffix or '.json'}")
+    name = f"{option}={path}" if option in ("output", "out") else f"{option} {path}"
+    per_job = path.with_name(f"{path.name}-" if folder else f"{path.stem}-")
+    # A literal ${ of the path must reach the config escaped, the job number not (a new-user check).
+    per_job_text = re.sub(r"\$\{", r"\${", str(per_job)) + "${hydra:job.num}"
+    per_job_text += "" if folder else (path.suffix or ".json")
+    setting = "out" if folder else "output"
     raise ValueError(
         f"{name} was written by an earlier job of this sweep (-m): each job would replace the one "
-        f"before it; give each job its own file, e.g. output='{per_job}'"
+        f"before it; give each job its own {'folder' if folder else 'file'}, e.g. {setting}='{per_job_text}'"
     )
+
+
+def note_sweep_output(path: str | os.PathLike) -> None:
+    """Remember, in a Hydra sweep, a file or folder this job wrote, for :func:`check_sweep_output`."""
+    if _in_sweep():
+        _SWEEP_OUTPUTS.add(Path(path).resolve())
 
 
 def say_if_replacing(path: Path, output_given: bool) -> None:
@@ -336,8 +348,7 @@ def write_records(path: str | os.PathLike, records: list[dict[str, Any]]) -> Pat
     path = Path(path)
     payload = json.dumps(finite_or_none(records), indent=2, allow_nan=False).encode()
     atomic_write_bytes(path, lambda f: f.write(payload))
-    if _in_sweep():
-        _SWEEP_OUTPUTS.add(path.resolve())
+    note_sweep_output(path)
     return path
 
 

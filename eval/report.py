@@ -91,7 +91,9 @@ from eval.cli import CONF_DIR, check_known_settings, run_command_line, user_erro
 from eval.records import (
     check_creatable_dir,
     check_flag,
+    check_sweep_output,
     check_wandb_settings,
+    note_sweep_output,
     partial_note,
     start_wandb_run,
 )
@@ -909,6 +911,8 @@ def build_report(cfg: DictConfig) -> Report:
     out = Path(cfg.out)
     check_creatable_dir(out, f"out={cfg.out!r} cannot be written", "pass out=<a writable folder>",
                         file_fix="pass out=<folder>")  # fmt: skip
+    # A new-user check: -m task=mqar,copy out=rep left the last job's report only, without a word.
+    check_sweep_output(out, option="out", folder=True)
     if cfg.recall_path not in ("decode", "parallel"):
         raise ValueError(f"recall_path must be decode or parallel, got {cfg.recall_path!r}")
     if cfg.seqlen is not None and (
@@ -1035,6 +1039,7 @@ def build_report(cfg: DictConfig) -> Report:
     page = render_html(title, png_bytes, skipped, tables, notes, sources)
     atomic_write_bytes(out / "report.md", lambda f: f.write(markdown.encode()))
     atomic_write_bytes(out / "report.html", lambda f: f.write(page.encode()))
+    note_sweep_output(out)
     report = Report(
         out=out,
         html=out / "report.html",

@@ -321,6 +321,31 @@ def test_decode_refuses_an_unknown_mixer_of_a_sweep_before_hydra(tmp_path):
     assert result.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
 
 
+def test_a_sweep_output_refusal_gives_a_per_job_name_that_pastes(tmp_path, monkeypatch):
+    """New-user checks: the per-job name advised for a path holding a literal ${ failed when pasted
+    (Hydra interpolated it), and eval/report.py -m with one out= folder kept only the last job's
+    report without a word."""
+    import eval.records as records
+
+    monkeypatch.setattr(records, "_in_sweep", lambda: True)
+    monkeypatch.setattr(records, "_SWEEP_OUTPUTS", set())
+    output = tmp_path / "d${x}" / "y.json"
+    records.note_sweep_output(output)
+    with pytest.raises(ValueError, match=re.escape(
+        f"output={output} was written by an earlier job of this sweep (-m): each job would replace the one "
+        f"before it; give each job its own file, e.g. output='{tmp_path}/d\\${{x}}/y-${{hydra:job.num}}.json'"
+    )):
+        check_sweep_output(output)
+    out = tmp_path / "report"
+    check_sweep_output(out, option="out", folder=True)  # not written yet
+    records.note_sweep_output(out)
+    with pytest.raises(ValueError, match=re.escape(
+        f"out={out} was written by an earlier job of this sweep (-m): each job would replace the one before "
+        f"it; give each job its own folder, e.g. out='{out}-${{hydra:job.num}}'"
+    )):
+        check_sweep_output(out, option="out", folder=True)
+
+
 def test_sweep_output_check_is_silent_outside_a_sweep(tmp_path):
     output = tmp_path / "dd.json"
     write_records(output, [])
