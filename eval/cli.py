@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import difflib
 import errno
 import functools
@@ -856,6 +857,14 @@ class OutputDirCheck(Callback):
         launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
         _WORKER_LAUNCHER = None if launcher.endswith(".BasicLauncher") else launcher
         if not self.probe:
+            # The jobs' folders, which Hydra makes though an evaluation writes nothing there (a new-user
+            # check: hydra.sweep.subdir=${mixer.name} left empty attention/ and mamba/ behind). Registered
+            # first, so run last (atexit runs in reverse): after multirun.yaml is gone.
+            root = Path(sweep_dir).absolute()
+            subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
+            depth = len(Path(str(subdir or "")).parts)
+            made = [p for p in (root, *root.parents) if not p.exists()]
+            atexit.register(_remove_empty_folders_made, root, depth, _folders_below(root, depth), made)
             path = Path(sweep_dir, "multirun.yaml")
             atexit.register(_restore_file, path, path.read_bytes() if path.is_file() else None)
 
@@ -891,6 +900,31 @@ def _restore_file(path: Path, content: bytes | None) -> None:
             atomic_write_bytes(path, lambda f: f.write(content))
     except OSError as err:  # WriteError is one
         print(f"warning: {path} could not be put back as it was: {err}", file=sys.stderr)
+
+
+def _folders_below(root: Path, depth: int) -> set[Path]:
+    """The folders down to ``depth`` levels below ``root`` (symbolic links not followed)."""
+    level, found = [root], set()
+    for _ in range(depth):
+        level = [
+            Path(entry.path) for folder in level if folder.is_dir() and not folder.is_symlink()
+            for entry in os.scandir(folder) if entry.is_dir(follow_symlinks=False)
+        ]  # fmt: skip
+        found.update(level)
+    return found
+
+
+def _remove_empty_folders_made(root: Path, depth: int, existed: set[Path], made: list[Path]) -> None:
+    """Remove the empty folders down to ``depth`` levels below ``root`` that were not among
+    ``existed``, deepest first, then those of ``made`` (``root`` and its parents that did not exist,
+    innermost first) while empty: an evaluation sweep's job folders, which hold nothing of it."""
+    try:
+        new = sorted(_folders_below(root, depth) - existed, key=lambda p: len(p.parts), reverse=True)
+        for folder in [*new, *made]:
+            with contextlib.suppress(OSError):  # not empty: something was written there
+                folder.rmdir()
+    except OSError as err:
+        print(f"warning: the sweep's empty folders in {root} could not be removed: {err}", file=sys.stderr)
 
 
 def override_value(value: Any) -> str:

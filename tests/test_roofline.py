@@ -242,6 +242,17 @@ def test_a_sweep_leaves_no_multirun_yaml_and_refuses_an_unwritable_folder_in_one
     assert result.returncode == 0, result.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["multirun.yaml"]
     assert (tmp_path / "multirun.yaml").read_text() == "# an earlier sweep's\n"
+    # Nor the jobs' folders that Hydra makes, nor a sweep folder made for it (another new-user check),
+    # while folders that were there stay.
+    (tmp_path / "multirun.yaml").unlink()
+    (tmp_path / "mine").mkdir()
+    for where in (["hydra.sweep.subdir=${seqlen}"], ["hydra.sweep.dir=a/b", "hydra.sweep.subdir=x/${seqlen}"],
+                  ["hydra.sweep.dir=mine", "hydra.sweep.subdir=${seqlen}"]):  # fmt: skip
+        args = [*script, *where]
+        result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert [p.name for p in tmp_path.iterdir()] == ["mine"] and not any((tmp_path / "mine").iterdir())
+    (tmp_path / "mine").rmdir()
     # /proc refuses new files, root's too (chmod would not stop root, which CI may run as).
     result = subprocess.run(script, cwd="/proc", env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and result.stdout == ""
