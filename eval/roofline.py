@@ -29,6 +29,7 @@ records carry ``partial``) is printed with a note naming it and the lengths it h
 
 from __future__ import annotations
 
+import difflib
 import glob
 import json
 import math
@@ -427,6 +428,16 @@ def check_config(cfg: DictConfig | dict) -> None:
         raise ValueError(
             f"decode must be a mapping of launches_per_layer, launch_us and step_ms, got {decode!r}; "
             "set them one by one, e.g. decode.step_ms=4.5"
+        )
+    decode_keys = ("launches_per_layer", "launch_us", "step_ms")
+    unknown = sorted(str(key) for key in decode if key not in decode_keys)
+    if unknown:  # a new-user check: +decode.launch_uss=3 ran with the default launch_us, without a word
+        guesses = [difflib.get_close_matches(key, decode_keys, n=1) for key in unknown]
+        pairs = zip(unknown, guesses, strict=True)
+        meant = "; ".join(f"decode.{key}: did you mean decode.{guess[0]}?" for key, guess in pairs if guess)
+        raise ValueError(
+            f"unknown decode keys {unknown}{f' ({meant})' if meant else ''}; decode holds "
+            f"{', '.join(decode_keys)}"
         )
     number("decode.launches_per_layer", decode["launches_per_layer"], integer=True, positive=False)
     number("decode.launch_us", decode["launch_us"], integer=False, positive=False)
