@@ -132,8 +132,8 @@ DECODE_RECORD = {"run": "r", "mixer": "attention", "metric": "decode_tokens_per_
         ("bandwidths_tb_s=5", r"bandwidths_tb_s must be a mapping of name: TB/s, got 5; set one with "),
         ("decode=5", "decode must be a mapping of launches_per_layer, launch_us and step_ms, got 5"),
         # A new-user check: a misspelt key ran with the default value, without a word.
-        ("+decode.launch_uss=3", "unknown decode keys ['launch_uss'] (decode.launch_uss: did you mean "
-         "decode.launch_us?); decode holds launches_per_layer, launch_us, step_ms"),
+        ("+decode.launch_uss=3", r"unknown decode keys \['launch_uss'\] \(decode.launch_uss: did you mean "
+         r"decode.launch_us\?\); decode holds launches_per_layer, launch_us, step_ms"),
     ],
 )
 def test_non_finite_and_malformed_settings_are_refused(override, message, tmp_path, capsys):
