@@ -456,7 +456,11 @@ def _deletion_problem(overrides: list[Override], config_dir: Path, config_name: 
             options = "|".join(sorted(path.stem for path in folder.glob("*.yaml")))
             instead = f"choose another option instead: {key}=<{options}>"
         elif isinstance(section, Mapping) and len(section):
-            instead = f"set its settings instead: {key}.<{'|'.join(str(name) for name in section)}>=<value>"
+            # Mappings of mappings (mixer.settings) are set a level deeper (a new-user check).
+            deeper = ".<setting>" * all(isinstance(value, Mapping) for value in section.values())
+            instead = (
+                f"set its settings instead: {key}.<{'|'.join(str(name) for name in section)}>{deeper}=<value>"
+            )
         elif isinstance(section, str) and section.startswith("${hydra:"):
             return (
                 f"{override.input_line}: {key} is given by Hydra ({section}), so it cannot be deleted; leave "

@@ -255,6 +255,12 @@ def config_from_groups(model: Mapping[str, Any], mixer: Mapping[str, Any], vocab
             f"mixer.settings must map mixer names to their settings, got {mixer['settings']!r}; write "
             "e.g. mixer.settings.mamba.d_state=16"
         )
+    for name, settings in (mixer.get("settings") or {}).items():
+        if settings is not None and not isinstance(settings, Mapping):  # named as ModelConfig's key
+            raise ValueError(
+                f"mixer.settings.{name} must map {name}'s settings to their values, got {settings!r}; write "
+                f"e.g. mixer.settings.{name}.<setting>=<value>"
+            )
     config = {key: model[key] for key in MODEL_GROUP_KEYS if key in model and key not in ("name", "num_heads")}
     if isinstance(mixer["pattern"], str):  # list() would split it into characters
         raise ValueError(

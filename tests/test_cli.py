@@ -683,8 +683,8 @@ TRAIN_CHECK = dict(
          "code); set it instead: hydra.run.dir=<value>"),
         (["mixer=hybrid_jamba", "~mixer.settings"], "train", "~mixer.settings: deleting a setting is not "
          "supported (the scripts read every setting they compose: a deleted one fails, or falls back "
-         "silently to a default of the code); set its settings instead: mixer.settings.<mamba|attention>="
-         "<value>"),
+         "silently to a default of the code); set its settings instead: mixer.settings.<mamba|attention>."
+         "<setting>=<value>"),
         # A key an experiment's options add (its package is global) is looked up in the composed config.
         (["experiment=nanogpt_shakespeare", "~data.path"], "train",
          "~data.path: deleting a setting is not supported (the scripts read every setting they compose: a "

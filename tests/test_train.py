@@ -568,6 +568,9 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
         ("+mixer.settings.linear_attention.feature_map=bogus",  # num_heads taken from attention's
          "linear_attention: unknown feature_map 'bogus'; choose one of ('elu', 'relu', 'identity', "),
         ("mixer.settings=5", "mixer.settings must map mixer names to their settings, got 5"),
+        # A new-user check: this one was named as the model config's key, model.mixer_settings.
+        ("mixer.settings.attention=5", "mixer.settings.attention must map attention's settings to their "
+         "values, got 5; write e.g. mixer.settings.attention.<setting>=<value>"),
         ("mixer.shared_block=foo", "model.shared_block must be null or {every: <layers>, mixer: <name>}"),
         ("optim=5", "optim must be a group of settings, got optim=5; set one of them instead"),
         ("trainer.devices=0", "trainer settings: `Trainer(devices=0)` value is not a valid input"),
