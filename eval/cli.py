@@ -92,6 +92,10 @@ def interpolation_error_message(err: InterpolationResolutionError) -> str:
     message = f"{key}: {reason}" if key else reason
     if not isinstance(err, InterpolationKeyError):
         return message
+    if key in ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir"):
+        # Escaped, it is refused still (training.run_folders.check_hydra_folder: Hydra interpolates the
+        # folder's path again where it names the run's log file): a new-user check went round in a loop.
+        return f"{message}; a folder whose path holds a literal '${{' cannot be Hydra's: choose another"
     node = getattr(err, "child_node", None)
     raw = node._value() if node is not None else None
     if isinstance(raw, str) and re.fullmatch(r"[\w.]+", key):
