@@ -295,8 +295,10 @@ def _command_line_overrides(argv: list[str]) -> list[Override] | None:
             lines = [line.strip() for line in str(err).splitlines()]
             reason = [line for line in lines if line and not line.startswith(("Error parsing", "See ", "^"))]
             grammar = [line[4:].removesuffix(" for details") for line in lines if line.startswith("See ")]
+            quoted = _quoted_override(text)
             raise ValueError(
                 f"cannot parse the override {text!r}: {' '.join(reason) or 'not key=value'}"
+                + (f"; to give the value as a string, quote it for Hydra: {quoted}" if quoted else "")
                 + (f"; see Hydra's override grammar, {grammar[0]}" if grammar else "")
             ) from None
     if args.config_dir or args.config_path or args.config_name or args.shell_completion:
@@ -319,6 +321,22 @@ def _is_group(override: Override, config_dir: Path = CONF_DIR) -> bool:
     rather than a setting's value."""
     group = override.key_or_group
     return "/" in group or (config_dir / group).is_dir()
+
+
+def _quoted_override(text: str) -> str | None:
+    """``key=value`` with the value in Hydra's quotes, ready to paste (:func:`pasteable`), where that
+    parses and the text as given did not (a path holding ``~``, a new-user check: only the grammar's
+    link was given); None where the key itself is at fault, the value opens a list, mapping or
+    function call (a typo there, not a string), or quoting does not help."""
+    key, sep, value = text.partition("=")
+    if not sep or not value or value[0] in "'\"[{(" or not re.fullmatch(r"[+~]{0,2}[\w.@/-]+", key):
+        return None
+    quoted = f"{key}={QuotedString(text=value, quote=Quote.single).with_quotes()}"
+    try:
+        OverridesParser.create().parse_overrides([quoted])
+    except HydraException:
+        return None
+    return pasteable(quoted)
 
 
 def check_group_options(argv: list[str], config_dir: Path = CONF_DIR) -> None:

@@ -648,6 +648,10 @@ TRAIN_CHECK = dict(
          "cannot parse the override 'seed': missing EQUAL at '<EOF>'; see Hydra's override grammar, "
          "https://"),
         (["model.d_model=["], "train", "cannot parse the override 'model.d_model=[': no viable alternative "),
+        # A new-user check: a path holding ~ got only the grammar's link; the quoted form is given.
+        (["data.path=~/corpus.txt"], "train", "cannot parse the override 'data.path=~/corpus.txt': "
+         "LexerNoViableAltException: data.path=~/corpus.txt; to give the value as a string, quote it for "
+         "Hydra: \"data.path='~/corpus.txt'\"; see Hydra's override grammar, https://"),
         # A sweep without -m (a new user's finding): Hydra's five lines of "Ambiguous value".
         (["mixer=attention,mamba"], "train",
          "mixer=attention,mamba gives several values, a sweep: add -m to run one job per value"),
