@@ -45,6 +45,7 @@ from data.text import (
     CharTokenizer,
     TextDataModule,
     TokenWindows,
+    UnknownCharacterError,
     tokenizer_from_config,
 )
 
@@ -95,6 +96,7 @@ __all__ = [
     "TaskSlice",
     "TextDataModule",
     "TokenWindows",
+    "UnknownCharacterError",
     "build_datamodule",
     "char_accuracy",
     "check_mqar_config",

@@ -34,6 +34,19 @@ def _ids_to_list(ids) -> list[int]:
     return [int(i) for i in ids]
 
 
+class UnknownCharacterError(ValueError):
+    """A character that a :class:`CharTokenizer`'s vocabulary lacks: ``char`` at ``index`` (characters
+    into the text encoded) of a vocabulary of ``vocab_size`` characters."""
+
+    def __init__(self, char: str, index: int, vocab_size: int):
+        self.char, self.index, self.vocab_size = char, index, vocab_size
+        super().__init__(
+            f"character {char!r} (U+{ord(char):04X}) at index {index} is not in this tokenizer's "
+            f"vocabulary of {vocab_size} characters; build the tokenizer from a corpus that contains it, "
+            "or use tokenizer='byte'"
+        )
+
+
 class CharTokenizer:
     """One token per character; ids index the vocabulary string.
 
@@ -88,18 +101,14 @@ class CharTokenizer:
         """Token ids of ``text``, one per character.
 
         Raises:
-            ValueError: a character of ``text`` is not in the vocabulary (the message names it and
-                its position).
+            UnknownCharacterError: (a ValueError) a character of ``text`` is not in the vocabulary
+                (the message names it and its position).
         """
         try:
             return [self._ids[c] for c in text]
         except KeyError as err:
             char = err.args[0]
-            raise ValueError(
-                f"character {char!r} (U+{ord(char):04X}) at index {text.index(char)} is not in this "
-                f"tokenizer's vocabulary of {self.vocab_size} characters; build the tokenizer from a "
-                "corpus that contains it, or use tokenizer='byte'"
-            ) from None
+            raise UnknownCharacterError(char, text.index(char), self.vocab_size) from None
 
     def decode(self, ids: Iterable[int] | torch.Tensor) -> str:
         """Text of a 1-D sequence of token ids (list, array or tensor).
@@ -472,7 +481,10 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
         tokenizer = _build_tokenizer(self._tokenizer_spec, text)
         split_at = int(len(text) * self.train_fraction)
         train_tokens = torch.tensor(tokenizer.encode(text[:split_at]), dtype=torch.int64)
-        val_tokens = torch.tensor(tokenizer.encode(text[split_at:]), dtype=torch.int64)
+        try:
+            val_tokens = torch.tensor(tokenizer.encode(text[split_at:]), dtype=torch.int64)
+        except UnknownCharacterError as err:  # its index in the corpus, not in the validation part
+            raise UnknownCharacterError(err.char, err.index + split_at, err.vocab_size) from None
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size
         self.num_train_chars = split_at

@@ -36,6 +36,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from data import UnknownCharacterError
 from eval.cli import CONF_DIR, run_command_line, user_errors
 from eval.common import (
     EvalContext,
@@ -81,7 +82,17 @@ def text_datamodule(ctx: EvalContext, overrides: dict[str, Any], batch_size: int
     dm = build_datamodule(data_cfg, batch_size=batch_size)
     # before the corpus is read: a learned position table refused the length only inside the model
     check_position_limit(ctx.model, dm.seqlen, "data.seqlen")
-    dm.setup("validate")
+    try:
+        dm.setup("validate")
+    except UnknownCharacterError as err:
+        if not stored:
+            raise
+        # The model's vocabulary is the stored tokenizer's: another tokenizer is no way out here.
+        raise ValueError(
+            f"character {err.char!r} (U+{ord(err.char):04X}) at index {err.index} of the corpus is not in "
+            f"the checkpoint's tokenizer ({err.vocab_size} characters, which its model was trained on); "
+            "evaluate on a text written in those characters"
+        ) from None
     trained_on = ctx.lit.hparams.get("corpus_sha256")
     if not any(key in overrides for key in CORPUS_KEYS) and trained_on and dm.corpus_sha256 != trained_on:
         # A new-user check: the corpus edited in place (its lines reversed) was evaluated without a

@@ -488,6 +488,24 @@ def test_perplexity_refuses_the_training_corpus_edited_since(text_run, tmp_path)
         corpus.write_text(text)
 
 
+def test_perplexity_names_a_character_the_checkpoints_tokenizer_lacks(tmp_path_factory, tmp_path):
+    """A new-user check: a character new to a char-tokenized checkpoint was reported at its index in
+    the validation part (0 for the corpus' last character) with advice to use tokenizer='byte', which
+    an evaluation of that checkpoint cannot take."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("to be, or not to be: that is the question.\n" * 40)
+    data = ["data=text", f"data.path={corpus}", "data.seqlen=32", "data.batch_size=8"]
+    run = train_tiny(tmp_path_factory, "text_char", ["mixer=attention", *data])
+    other = tmp_path / "other.txt"
+    other.write_text(corpus.read_text() + "\u00a7")
+    index = len(other.read_text()) - 1
+    with pytest.raises(ValueError, match=re.escape(
+        f"character '\u00a7' (U+00A7) at index {index} of the corpus is not in the checkpoint's tokenizer "
+        "(17 characters, which its model was trained on); evaluate on a text written in those characters"
+    )):
+        evaluate_with(perplexity_eval, "perplexity", run, tmp_path, f"data.path={other}")
+
+
 # --- bad input -----------------------------------------------------------------------------------
 
 

@@ -693,6 +693,12 @@ def test_text_errors(corpus, tmp_path, monkeypatch):
         TextDataModule(path=path).train_dataloader()
     with pytest.raises(ValueError, match=r"not in this tokenizer's vocabulary.*tokenizer='byte'"):
         TextDataModule(path=path, tokenizer={"kind": "char", "vocab": "abc"}).setup()
+    # A character of the validation part only is named at its index in the corpus (it was its index in
+    # that part, a new-user check).
+    last = tmp_path / "last.txt"
+    last.write_text("abc\n" * 100 + "z")
+    with pytest.raises(ValueError, match=re.escape("character 'z' (U+007A) at index 400 is not in")):
+        TextDataModule(path=last, seqlen=4, tokenizer={"kind": "char", "vocab": "\nabc"}).setup()
     # A Latin-1 corpus failed inside datasets (UnicodeDecodeError under DatasetGenerationError).
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("caf\xe9 au lait\n".encode("latin1") * 50)
