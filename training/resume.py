@@ -293,8 +293,9 @@ def check_resume(
             raise ValueError(
                 f"{given}: this run's corpus is not the checkpoint's (its SHA-256 begins "
                 f"{str(current.get(key))[:12]}, the checkpoint's {str(value)[:12]}): the file data.path "
-                "names was edited or replaced since that run, so the continued run would train on other "
-                "batches; resume on the checkpoint's corpus, or start a new run"
+                "names was edited or replaced since that run (or its files are listed in another order), so "
+                "the continued run would train on other batches; resume on the checkpoint's corpus, or start "
+                "a new run"
             )
         # The data module's name is chosen by the data group: data=mqar gives it (and its defaults).
         shown = "data" if key == "data.name" else key
