@@ -327,7 +327,13 @@ def load_model(path, map_location: str | torch.device = "cpu", arg: str | None =
             f"checkpoint {path} holds hyper_parameters that this mixerlab's LitLM does not take ({unknown}): "
             "was it edited, or written by another mixerlab version?"
         )
-    lit = LitLM(**hparams)
+    try:
+        lit = LitLM(**hparams)
+    except (ValueError, TypeError) as err:  # a new-user check: read as a refusal of their own setting
+        raise type(err)(
+            f"checkpoint {path} holds a model config that does not validate ({err}): was it edited, or "
+            "written by another mixerlab version?"
+        ) from err
     # load_state_dict casts each tensor to its parameter's dtype: integer or bool weights (an
     # edited or foreign file) would load as truncated numbers and score 0 without a word.
     expected = lit.state_dict()

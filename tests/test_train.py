@@ -410,8 +410,25 @@ def test_recall_eval_refuses_edited_checkpoints_in_one_line(jamba_run, tmp_path)
     message = f"holds non-floating-point weights in {len(weights)} tensors (the first: {first} (torch.int32))"
     with pytest.raises(ValueError, match=re.escape(message) + ".*give a .ckpt file written by train.py"):
         load_model(path)
+    # A model config that does not validate is named as the checkpoint's (a new-user check: it read as
+    # a refusal of the user's own model.d_model), on evaluation and on resume.
     with pytest.raises(ValueError, match=re.escape(message) + ".*pass ckpt=<a .ckpt file"):
         recall_eval(compose_eval("recall", [f"ckpt={path}", "device=cpu"]))
+    # A model config that does not validate is named as the checkpoint's (a new-user check: it read as
+    # a refusal of the user's own model.d_model), on evaluation and on resume.
+    model = {**checkpoint["hyper_parameters"]["model"], "d_model": -3}
+    path = tmp_path / "d_model.ckpt"
+    torch.save({**checkpoint, "hyper_parameters": {**checkpoint["hyper_parameters"], "model": model}}, path)
+    with pytest.raises(ValueError, match=re.escape(
+        f"checkpoint {path} holds a model config that does not validate (model.d_model must be a positive "
+        "integer, got -3): was it edited, or written by another mixerlab version?"
+    )):
+        load_model(path)
+    with pytest.raises(ValueError, match=re.escape(
+        f"resume={path} holds settings that do not validate (model.d_model must be a positive integer, got "
+        "-3): the checkpoint is corrupt"
+    )):
+        run_train(tmp_path / "resumed", [*JAMBA_RESUME, f"resume={path}"])
 
 
 def test_resume_refuses_a_checkpoint_at_max_epochs(jamba_run, tmp_path):

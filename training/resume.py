@@ -265,7 +265,13 @@ def check_resume(
                 f"time, e.g. +trainer.max_time={_days_hms(spent + timedelta(minutes=30))} for 30 more minutes"
             )
     current = resume_settings(hparams)
-    saved = resume_settings(checkpoint["hyper_parameters"])
+    try:
+        saved = resume_settings(checkpoint["hyper_parameters"])
+    except (ValueError, TypeError) as err:  # read as a refusal of this run's own settings otherwise
+        raise ValueError(
+            f"{given} holds settings that do not validate ({err}): the checkpoint is corrupt, or was edited "
+            "or written by another mixerlab version; resume from an intact copy or another checkpoint"
+        ) from err
     if CORPUS_SETTING in current and CORPUS_SETTING in saved:
         # The digests compare the corpus itself: a copy, a hard link or the file moved resumes, and
         # another file or an edit is refused by its vocabulary or its digest, whatever its path.
