@@ -316,7 +316,7 @@ def _multirun(argv: list[str]) -> bool:
     return bool(args.multirun)
 
 
-def _is_group(override: Override, config_dir: Path = CONF_DIR) -> bool:
+def is_group(override: Override, config_dir: Path = CONF_DIR) -> bool:
     """Whether ``override`` chooses a config group's option (``mixer=mamba``, ``hydra/launcher=...``)
     rather than a setting's value."""
     group = override.key_or_group
@@ -447,7 +447,7 @@ def _raw_setting(
     may add keys to other groups); (None, None) where that config does not compose (Hydra reports why)."""
     if key == "hydra" or key.startswith("hydra."):
         return None, None  # Hydra's own settings are not in the composed config
-    groups = [o.input_line for o in overrides if _is_group(o, config_dir) and not o.is_delete()]
+    groups = [o.input_line for o in overrides if is_group(o, config_dir) and not o.is_delete()]
     try:
         base = _compose(config_dir, config_name, groups)
     except Exception:  # noqa: BLE001 -- Hydra composes again and reports it its own way
@@ -558,7 +558,7 @@ def check_command_line(
                 other = f" (a list is {key}=[a,b], a string with commas \"{key}='a,b'\")"
                 raise ValueError(
                     f"{override.input_line} gives several values, a sweep: add -m to run one job per value"
-                    + ("" if _is_group(override, config_dir) else other)
+                    + ("" if is_group(override, config_dir) else other)
                 )
     shown = _shown_config(config_dir, config_name)
     chosen = _default_groups(config_dir / f"{config_name}.yaml")
@@ -595,7 +595,7 @@ def check_command_line(
     # Each job of a sweep over group options has its own config (mixer=attention,mamba): one composed
     # per combination of the group choices (at most MAX_SWEEP_JOBS_CHECKED), a key sweep at its first
     # value (its key, not its values, is what composing checks).
-    groups = {i for i in values if _is_group(overrides[i], config_dir)}
+    groups = {i for i in values if is_group(overrides[i], config_dir)}
     firsts = {i: choices[0] for i, choices in values.items()}
     combinations = itertools.product(*(values[i] for i in sorted(groups)))
     problems = {}  # the job's group choices -> what is wrong in it
@@ -699,7 +699,7 @@ def _composition_problem(
         pass
     except Exception:  # noqa: BLE001 -- Hydra composes again and reports it its own way
         return None
-    groups = [override for override in overrides if _is_group(override, config_dir)]
+    groups = [override for override in overrides if is_group(override, config_dir)]
     try:
         base = _compose(config_dir, config_name, [override.input_line for override in groups])
     except Exception:  # noqa: BLE001 -- as above

@@ -56,6 +56,7 @@ from training.run_folders import (
     FolderBefore,
     FoldersBefore,
     _restore_hydra_files,
+    check_subdir_varies,
     remove_unused_folders,
     remove_unused_run_dir,
 )
@@ -798,6 +799,35 @@ def test_a_refused_run_keeps_an_earlier_runs_records_byte_for_byte(tmp_path, swe
     folder = "hydra.sweep.dir" if where[0] == "-m" else "hydra.run.dir"
     assert f"give a new {folder}, or resume=" in result.stderr
     assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("subdir", "task", "refused"),
+    [
+        ("${hydra.job.num}-${mixer.name}-${data.name}", ["optim.lr=1e-3,2e-3"], False),  # train.yaml's
+        ("${hydra.job.num}", ["seed=1,2"], False),  # Hydra's default
+        ("${hydra:job.num}", ["seed=1,2"], False),
+        ("${seed}", ["seed=1,2"], False),
+        ("${optim.lr}", ["experiment=zoology_mqar,induction_extrapolation"], False),  # a group may set it
+        ("${mixer.name}", ["mixer=attention,mamba"], False),
+        ("${tag}", ["+tag=a,b"], False),
+        ("${optim.lr}", ["optim.lr=1e-3,2e-3"], False),
+        ("${oc.env:X}", ["seed=1,2"], False),  # a resolver: not known here
+        ("fixed", ["seed=1"], False),  # one job
+        ("fixed", ["seed=1,2"], True),
+        ("${seed}", ["optim.lr=1e-3,2e-3"], True),
+        ("a/${data.name}", ["optim.lr=1e-3,2e-3"], True),
+    ],
+)
+def test_a_sweep_subdir_varies_over_the_jobs(subdir, task, refused):
+    """check_subdir_varies, unit by unit: a review found train.yaml's own subdir refused at first
+    (${hydra.job.num} read as a setting no sweep changes)."""
+    config = OmegaConf.create({"hydra": {"overrides": {"task": task}}})
+    if refused:
+        with pytest.raises(ValueError, match=re.escape(f"hydra.sweep.subdir={subdir} gives every job")):
+            check_subdir_varies(config, subdir, None)
+    else:
+        check_subdir_varies(config, subdir, None)
 
 
 def test_a_sweep_subdir_the_same_for_every_job_is_refused_before_the_first(tmp_path):

@@ -34,7 +34,7 @@ from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
 
-from eval.cli import _is_group, interpolation_error_message, override_value, pasteable
+from eval.cli import interpolation_error_message, is_group, override_value, pasteable
 from models.checkpoint import atomic_write_bytes
 
 # What Hydra writes before the task runs: into the run directory (its config records in .hydra/, and
@@ -415,9 +415,9 @@ def check_subdir_varies(config: DictConfig, subdir: str | None, resolved: str | 
     if subdir is None or not swept:
         return
     keys = re.findall(r"\$\{([^}]*)\}", str(subdir))
-    if any(not re.fullmatch(r"[\w.]+", key) for key in keys):
-        return  # a resolver, or a nested interpolation
-    if keys and any(_is_group(o) for o in swept):
+    if any(not re.fullmatch(r"[\w.]+", key) or key.split(".")[0] == "hydra" for key in keys):
+        return  # a resolver, a nested interpolation, or Hydra's (${hydra.job.num}: the default's)
+    if keys and any(is_group(o) for o in swept):
         return  # a group's options may set any setting the subdir reads (experiment=a,b)
     changed = {o.key_or_group.lstrip("+~") for o in swept}  # a key, or a section of keys (+tag, optim)
     if any(f"{key}.".startswith(f"{k}.") or f"{k}.".startswith(f"{key}.") for key in keys for k in changed):
