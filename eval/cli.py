@@ -463,7 +463,7 @@ def _deletion_problem(overrides: list[Override], config_dir: Path, config_name: 
     null), or fell back silently to a default of the code (``~optim.warmup_steps``: 100 where the config
     says 50, and no record of it). The advice names a group's options (``~logger``), a section's
     settings as the script's own config file or the chosen group option gives them (``~optim``:
-    ``optim.<lr|...>=<value>``; ``~mixer.settings``: ``mixer.settings.<attention>=<value>``), or the
+    ``optim.<lr|...>=<value>``; ``~mixer.settings``: ``mixer.settings.<attention>.<setting>=<value>``), or the
     key itself; a key that is no setting of the script (``~run_dir`` of an evaluation) is said to be
     none. Values are not resolved (``run_dir: ${hydra:...}`` failed to resolve here)."""
     for override in overrides:
