@@ -164,7 +164,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         # be replaced. (DDP's launcher re-runs this command line with the run's directory before any
         # checkpoint exists.)
         in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-        folder = "hydra.sweep.dir" if in_sweep else "hydra.run.dir"
+        folder = "hydra.run.dir"
+        if in_sweep:
+            folder = "hydra.sweep.dir (or a hydra.sweep.subdir that differs per job)"
         raise ValueError(
             f"the run directory {run_dir} already holds another run's checkpoints ({', '.join(earlier)}), "
             f"which this run would overwrite; give a new {folder}, "

@@ -90,12 +90,17 @@ def interpolation_error_message(err: InterpolationResolutionError) -> str:
     key = getattr(err, "full_key", None) or ""
     reason = (getattr(err, "msg", None) or str(err)).splitlines()[0]
     message = f"{key}: {reason}" if key else reason
+    if "Environment variable" in reason:  # ${oc.env:X}: OmegaConf's words give no fix
+        return f"{message}; set it, or give the interpolation a default: ${{oc.env:NAME,default}}"
     if not isinstance(err, InterpolationKeyError):
         return message
     if key in ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir"):
         # Escaped, it is refused still (training.run_folders.check_hydra_folder: Hydra interpolates the
         # folder's path again where it names the run's log file): a new-user check went round in a loop.
-        return f"{message}; a folder whose path holds a literal '${{' cannot be Hydra's: choose another"
+        return (
+            f"{message}: name a setting that exists (and not a literal '${{': a folder whose path holds one "
+            "cannot be Hydra's)"
+        )
     node = getattr(err, "child_node", None)
     raw = node._value() if node is not None else None
     if isinstance(raw, str) and re.fullmatch(r"[\w.]+", key):
@@ -331,7 +336,9 @@ def _quoted_override(text: str) -> str | None:
     key, sep, value = text.partition("=")
     if not sep or not value or value[0] in "'\"[{(" or not re.fullmatch(r"[+~]{0,2}[\w.@/-]+", key):
         return None
-    quoted = f"{key}={QuotedString(text=value, quote=Quote.single).with_quotes()}"
+    # Each value of a sweep on its own (a,b quoted whole would be one value: a new-user check).
+    parts = value.split(",")
+    quoted = f"{key}=" + ",".join(QuotedString(text=part, quote=Quote.single).with_quotes() for part in parts)
     try:
         OverridesParser.create().parse_overrides([quoted])
     except HydraException:
@@ -916,9 +923,17 @@ class OutputDirCheck(Callback):
             sys.exit(2)
 
 
+def _ignore_interrupts_while_exiting() -> None:
+    """Ctrl+C from here on is ignored: the process is exiting, and a KeyboardInterrupt inside an atexit
+    function printed a traceback and left the exit status 0 (a new-user check)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _restore_file(path: Path, content: bytes | None) -> None:
     """Put ``path`` back as it was: removed where ``content`` is None, else rewritten with it (a file
     written since, Hydra's ``multirun.yaml`` of an evaluation's sweep)."""
+    _ignore_interrupts_while_exiting()
     try:
         if content is None:
             path.unlink(missing_ok=True)
@@ -944,6 +959,7 @@ def _remove_empty_folders_made(root: Path, depth: int, existed: set[Path], made:
     """Remove the empty folders down to ``depth`` levels below ``root`` that were not among
     ``existed``, deepest first, then those of ``made`` (``root`` and its parents that did not exist,
     innermost first) while empty: an evaluation sweep's job folders, which hold nothing of it."""
+    _ignore_interrupts_while_exiting()
     try:
         new = sorted(_folders_below(root, depth) - existed, key=lambda p: len(p.parts), reverse=True)
         for folder in [*new, *made]:

@@ -205,7 +205,8 @@ def test_an_unresolved_interpolation_is_one_line_with_the_fix(monkeypatch, capsy
     # A list element cannot be named on the command line: the escape alone.
     assert refused({"runs": ["/d${x}"]}, lambda cfg: cfg.runs[0]).endswith("pass it escaped, as '\\${'")
     assert refused({"o": "${oc.env:MIXERLAB_NOT_SET}"}, lambda cfg: cfg.o) == (
-        "o: KeyError raised while resolving interpolation: \"Environment variable 'MIXERLAB_NOT_SET' not found\""
+        "o: KeyError raised while resolving interpolation: \"Environment variable 'MIXERLAB_NOT_SET' not "
+        "found\"; set it, or give the interpolation a default: ${oc.env:NAME,default}"
     )
     assert refused({"ckpt": "???", "out": "${ckpt}"}, lambda cfg: cfg.out) == (
         "out: MissingMandatoryValue while resolving interpolation: Missing mandatory value: ckpt"
@@ -652,6 +653,10 @@ TRAIN_CHECK = dict(
         (["data.path=~/corpus.txt"], "train", "cannot parse the override 'data.path=~/corpus.txt': "
          "LexerNoViableAltException: data.path=~/corpus.txt; to give the value as a string, quote it for "
          "Hydra: \"data.path='~/corpus.txt'\"; see Hydra's override grammar, https://"),
+        # Each value of a sweep quoted on its own (quoted whole, it was one value: another new-user check).
+        (["-m", "ckpt=x.ckpt", "output=a~1.json,a~2.json"], "recall", "cannot parse the override "
+         "'output=a~1.json,a~2.json': LexerNoViableAltException: output=a~1.json,a~2.json; to give the value "
+         "as a string, quote it for Hydra: \"output='a~1.json','a~2.json'\""),
         # A sweep without -m (a new user's finding): Hydra's five lines of "Ambiguous value".
         (["mixer=attention,mamba"], "train",
          "mixer=attention,mamba gives several values, a sweep: add -m to run one job per value"),

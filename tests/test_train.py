@@ -796,7 +796,8 @@ def test_a_refused_run_keeps_an_earlier_runs_records_byte_for_byte(tmp_path, swe
     assert result.returncode == 2, result.stderr[-3000:]
     assert "already holds another run's checkpoints (last.ckpt)" in result.stderr
     # The folder to change is the sweep's in a sweep (a new-user check: it said hydra.run.dir there).
-    folder = "hydra.sweep.dir" if where[0] == "-m" else "hydra.run.dir"
+    folder = "hydra.sweep.dir (or a hydra.sweep.subdir that differs per job)"
+    folder = folder if where[0] == "-m" else "hydra.run.dir"
     assert f"give a new {folder}, or resume=" in result.stderr
     assert tree(tmp_path) == before
 
@@ -817,6 +818,10 @@ def test_a_refused_run_keeps_an_earlier_runs_records_byte_for_byte(tmp_path, swe
         ("fixed", ["seed=1,2"], True),
         ("${seed}", ["optim.lr=1e-3,2e-3"], True),
         ("a/${data.name}", ["optim.lr=1e-3,2e-3"], True),
+        # A group sweep changes its own settings only (a new-user check: job 1 of mixer=attention,mamba
+        # wrote its .hydra/ over job 0's in the folder ${seed} gave both).
+        ("${seed}", ["mixer=attention,mamba"], True),
+        ("${mixer.name}", ["mixer=attention,mamba", "optim.lr=1e-3,2e-3"], True),
     ],
 )
 def test_a_sweep_subdir_varies_over_the_jobs(subdir, task, refused):
@@ -824,7 +829,7 @@ def test_a_sweep_subdir_varies_over_the_jobs(subdir, task, refused):
     (${hydra.job.num} read as a setting no sweep changes)."""
     config = OmegaConf.create({"hydra": {"overrides": {"task": task}}})
     if refused:
-        with pytest.raises(ValueError, match=re.escape(f"hydra.sweep.subdir={subdir} gives every job")):
+        with pytest.raises(ValueError, match=re.escape(f"hydra.sweep.subdir={subdir} gives jobs of this")):
             check_subdir_varies(config, subdir, None)
     else:
         check_subdir_varies(config, subdir, None)
@@ -838,8 +843,8 @@ def test_a_sweep_subdir_the_same_for_every_job_is_refused_before_the_first(tmp_p
     for subdir, shown in (("fixed", "fixed"), ("${seed}", "${seed} (= 0)")):
         result = cli([*args, f"hydra.sweep.subdir={subdir}", "optim.lr=1e-3,2e-3"], cwd=tmp_path)
         assert result.returncode == 2 and result.stderr == (
-            f"error: hydra.sweep.subdir={shown} gives every job of this sweep the same folder, where each "
-            "would train over the one before it; put a job value in it, e.g. "
+            f"error: hydra.sweep.subdir={shown} gives jobs of this sweep the same folder, where each would "
+            "train over the one before it; put a job value in it, e.g. "
             f"'hydra.sweep.subdir={subdir}-${{hydra.job.num}}' (without hydra.sweep.subdir: the default, a "
             "folder per job)\n"
         )
@@ -903,15 +908,16 @@ def test_a_sweep_subdir_reading_a_key_no_override_sets_is_refused_in_one_line(tm
     result = cli([*args, "hydra.sweep.subdir=${nope}"], cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == (
-        "error: hydra.sweep.subdir: Interpolation key 'nope' not found; a folder whose path holds a literal "
-        "'${' cannot be Hydra's: choose another\n"
+        "error: hydra.sweep.subdir: Interpolation key 'nope' not found: name a setting that exists (and not "
+        "a literal '${': a folder whose path holds one cannot be Hydra's)\n"
     )
     assert list(tmp_path.iterdir()) == []
     # An environment variable that is not set: the same (another new-user check).
     result = cli([*args, "hydra.sweep.subdir=${oc.env:MIXERLAB_NOT_SET}"], cwd=tmp_path)
     assert result.returncode == 2 and result.stderr == (
         "error: hydra.sweep.subdir: KeyError raised while resolving interpolation: \"Environment variable "
-        "'MIXERLAB_NOT_SET' not found\"\n"
+        "'MIXERLAB_NOT_SET' not found\"; set it, or give the interpolation a default: "
+        "${oc.env:NAME,default}\n"
     )
     assert list(tmp_path.iterdir()) == []
     result = cli([*args, "hydra.sweep.subdir=${tag}", "+tag=a"], cwd=tmp_path)
@@ -1009,8 +1015,9 @@ def test_an_unresolvable_run_dir_is_one_line(tmp_path, script):
         assert len(lines) == 1 and lines[0].startswith(f"error: {option}: "), result.stderr
     # Not "pass it escaped", which is refused in turn (a new-user check went round in that loop).
     result = cli([str(REPO_ROOT / script), *extra, f"hydra.run.dir={tmp_path / 'a${x}'}"], cwd=tmp_path)
-    literal = "a folder whose path holds a literal '${' cannot be Hydra's: choose another"
-    assert f"Interpolation key 'x' not found; {literal}" in result.stderr
+    literal = "a folder whose path holds one cannot be Hydra's"
+    named = f"Interpolation key 'x' not found: name a setting that exists (and not a literal '${{': {literal}"
+    assert named in result.stderr
     assert list(tmp_path.iterdir()) == []
 
 

@@ -34,7 +34,7 @@ from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
 
-from eval.cli import interpolation_error_message, is_group, override_value, pasteable
+from eval.cli import CONF_DIR, interpolation_error_message, is_group, override_value, pasteable
 from models.checkpoint import atomic_write_bytes
 
 # What Hydra writes before the task runs: into the run directory (its config records in .hydra/, and
@@ -395,13 +395,13 @@ def sweep_subdir_known_now(config: DictConfig, subdir: str | None) -> str | None
 
 
 def check_subdir_varies(config: DictConfig, subdir: str | None, resolved: str | None) -> None:
-    """Refuse a ``hydra.sweep.subdir`` that gives every job of a sweep of several jobs the same folder:
-    no interpolation, or only of settings that no sweep of the command line changes (``fixed``,
-    ``${seed}`` without a seed sweep). A new-user check: the second job found the first one's
-    checkpoints there and was refused, but Hydra had already written its ``.hydra/`` over the first
-    job's, which the clean-up could not put back (its record of the folder predates the first job).
-    A resolver (``${now:...}``, ``${hydra:job.num}``), a job value, or a setting a swept key or config
-    group may change (``mixer=a,b`` with ``${mixer.name}``) counts as varying.
+    """Refuse a ``hydra.sweep.subdir`` that gives two jobs of a sweep the same folder: no
+    interpolation, or none of settings that one of the command line's sweeps changes (``fixed``,
+    ``${seed}`` without a seed sweep, ``${mixer.name}`` with an ``optim.lr`` sweep beside the
+    mixers'). A new-user check: the second job found the first one's checkpoints there and was
+    refused, but Hydra had already written its ``.hydra/`` over the first job's, which the clean-up
+    could not put back (its record of the folder predates the first job). A resolver
+    (``${now:...}``, ``${hydra:job.num}``) or Hydra's job values count as varying.
 
     Raises:
         ValueError: naming the subdir, the folder and the fix.
@@ -417,18 +417,32 @@ def check_subdir_varies(config: DictConfig, subdir: str | None, resolved: str | 
     keys = re.findall(r"\$\{([^}]*)\}", str(subdir))
     if any(not re.fullmatch(r"[\w.]+", key) or key.split(".")[0] == "hydra" for key in keys):
         return  # a resolver, a nested interpolation, or Hydra's (${hydra.job.num}: the default's)
-    if keys and any(is_group(o) for o in swept):
-        return  # a group's options may set any setting the subdir reads (experiment=a,b)
-    changed = {o.key_or_group.lstrip("+~") for o in swept}  # a key, or a section of keys (+tag, optim)
-    if any(f"{key}.".startswith(f"{k}.") or f"{k}.".startswith(f"{key}.") for key in keys for k in changed):
+
+    def varies_with(override: Any, key: str) -> bool:
+        """Whether the sweep ``override`` may change setting ``key``: a key, a section of keys (+tag,
+        optim), a group (mixer=a,b sets mixer.*), or a global group (experiment=a,b: any setting)."""
+        changed = override.key_or_group.lstrip("+~")
+        if is_group(override) and _global_group(changed):
+            return True
+        return f"{key}.".startswith(f"{changed}.") or f"{changed}.".startswith(f"{key}.")
+
+    # Two jobs that differ only in a sweep that no key of the subdir follows would share a folder.
+    if all(any(varies_with(override, key) for key in keys) for override in swept):
         return
     shown = f"{subdir}" + (f" (= {resolved})" if resolved is not None and resolved != subdir else "")
     raise ValueError(
-        f"hydra.sweep.subdir={shown} gives every job of this sweep the same folder, where each would "
-        "train over the one before it; put a job value in it, e.g. "
+        f"hydra.sweep.subdir={shown} gives jobs of this sweep the same folder, where each would train "
+        "over the one before it; put a job value in it, e.g. "
         f"{pasteable(f'hydra.sweep.subdir={subdir}-${{hydra.job.num}}')} (without hydra.sweep.subdir: "
         "the default, a folder per job)"
     )
+
+
+def _global_group(group: str) -> bool:
+    """Whether an option of config group ``group`` (``conf/<group>/*.yaml``) is of the global package
+    (``# @package _global_``, as the experiments are): it may set any setting, not only ``<group>.*``."""
+    folder = CONF_DIR / group
+    return any("@package _global_" in path.read_text().split("\n", 1)[0] for path in folder.glob("*.yaml"))
 
 
 def check_sweep_subdir(sweep_dir: str, subdir: str | None, written: str | None = None) -> None:
