@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import itertools
 import os
 import re
@@ -379,8 +380,7 @@ def sweep_subdir_known_now(config: DictConfig, subdir: str | None) -> str | None
     except InterpolationKeyError as err:
         # A key that no override of the sweep sets (+tag=a,b would, per job) is missing in every job:
         # refused now, in one line (in the job, Hydra's own report failed, "AssertionError()").
-        task = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
-        given = {str(override).lstrip("+~").split("=", 1)[0] for override in task}
+        given = {override.key_or_group for override in _task_overrides(config) or []}
         if not given & set(re.findall(r"\$\{([\w.]+)\}", subdir)):
             raise ValueError(interpolation_error_message(err)) from None
         return None
@@ -406,10 +406,8 @@ def check_subdir_varies(config: DictConfig, subdir: str | None, resolved: str | 
     Raises:
         ValueError: naming the subdir, the folder and the fix.
     """
-    task = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
-    try:
-        overrides = OverridesParser.create().parse_overrides([str(o) for o in task])
-    except HydraException:
+    overrides = _task_overrides(config)
+    if overrides is None:
         return  # Hydra reports it
     swept = [o for o in overrides if o.is_sweep_override()]
     if subdir is None or not swept:
@@ -421,7 +419,7 @@ def check_subdir_varies(config: DictConfig, subdir: str | None, resolved: str | 
     def varies_with(override: Any, key: str) -> bool:
         """Whether the sweep ``override`` may change setting ``key``: a key, a section of keys (+tag,
         optim), a group (mixer=a,b sets mixer.*), or a global group (experiment=a,b: any setting)."""
-        changed = override.key_or_group.lstrip("+~")
+        changed = override.key_or_group
         if is_group(override) and _global_group(changed):
             return True
         return f"{key}.".startswith(f"{changed}.") or f"{changed}.".startswith(f"{key}.")
@@ -438,6 +436,17 @@ def check_subdir_varies(config: DictConfig, subdir: str | None, resolved: str | 
     )
 
 
+def _task_overrides(config: DictConfig) -> list[Any] | None:
+    """The command line's overrides of a sweep (``hydra.overrides.task``) as Hydra parses them (their
+    ``key_or_group`` without ``+`` / ``~``); None where they do not parse (Hydra reports that)."""
+    task = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
+    try:
+        return OverridesParser.create().parse_overrides([str(o) for o in task])
+    except HydraException:
+        return None
+
+
+@functools.cache
 def _global_group(group: str) -> bool:
     """Whether an option of config group ``group`` (``conf/<group>/*.yaml``) is of the global package
     (``# @package _global_``, as the experiments are): it may set any setting, not only ``<group>.*``."""
