@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Override, OverrideType, Quote, QuotedString
 from hydra.errors import ConfigCompositionException, HydraException
@@ -352,8 +354,9 @@ def check_group_options(argv: list[str], config_dir: Path = CONF_DIR) -> None:
     (``-m mixer=attention,mambaa``). Hydra's own error for it is several lines with its search path
     and status 1; this is one line naming the group's options, with a guess when one is close.
 
-    Left to Hydra: its own groups (``hydra/launcher=...``), sweeps other than a list of choices, and
-    the command lines :func:`_command_line_overrides` leaves to it.
+    Hydra's own groups (``hydra/launcher=jobli``) are checked against the options Hydra finds for
+    them (its packages and plugins); sweeps other than a list of choices, and the command lines
+    :func:`_command_line_overrides` leaves to it, are left to Hydra.
 
     Args:
         argv: the command line's arguments after the script (``sys.argv[1:]``).
@@ -361,9 +364,10 @@ def check_group_options(argv: list[str], config_dir: Path = CONF_DIR) -> None:
 
     Raises:
         ValueError: ``unknown <group> '<option>' in <override>: conf/<group> has no <option>.yaml; the
-            <group> options are ...``; a value that is no option's name (``trainer=5``); a list of
-            options (``mixer=[attention,mamba]``, which Hydra would merge into one run: a forgotten
-            ``-m``).
+            <group> options are ...`` (for Hydra's groups: ``Hydra has no <group> option <option>``,
+            or ``Hydra has no config group <group>``); a value that is no option's name (``trainer=5``);
+            a list of options (``mixer=[attention,mamba]``, which Hydra would merge into one run: a
+            forgotten ``-m``).
     """
     _check_group_options(_command_line_overrides(argv) or [], config_dir)
 
@@ -373,12 +377,17 @@ def _check_group_options(overrides: list[Override], config_dir: Path) -> None:
     for override in overrides:
         group = override.key_or_group
         folder = config_dir / group
-        if override.is_delete() or group.startswith("hydra") or not folder.is_dir():
+        if override.is_delete() or not is_group(override, config_dir):
             continue
+        options = group_options(group, config_dir)
+        if options is None:  # hydra/launchr=basic: Hydra would list its search path
+            raise ValueError(
+                f"unknown config group '{group}' in {override.input_line}: Hydra has no config group "
+                f"{group}; its groups are " + ", ".join(_hydra_groups(config_dir))
+            )
         value = override.value()
         if override.is_sweep_override() and not isinstance(value, ChoiceSweep):
             continue  # glob(*), range(...): Hydra expands them itself
-        options = sorted(path.stem for path in folder.glob("*.yaml"))
         if isinstance(value, list):  # Hydra would merge the configs of all of them into one run
             raise ValueError(
                 f"{override.input_line}: a list of {group} options merges their configs into one run; to "
@@ -391,14 +400,38 @@ def _check_group_options(overrides: list[Override], config_dir: Path) -> None:
                     f"{override.input_line}: {group} takes the name of one of its options: "
                     + ", ".join(options)
                 )
-            if choice is None or (folder / f"{choice}.yaml").is_file():
+            if choice is None or choice in options:
                 continue
             meant = closest_settings(choice, {option: [option] for option in options})
+            where = f"Hydra has no {group} option {choice}"
+            if folder.is_dir():
+                where = f"conf/{group} has no {choice}.yaml"
             raise ValueError(
-                f"unknown {group} '{choice}' in {override.input_line}: conf/{group} has no {choice}.yaml"
+                f"unknown {group} '{choice}' in {override.input_line}: {where}"
                 + (f" (did you mean {' or '.join(meant)}?)" if meant else "")
                 + f"; the {group} options are {', '.join(options)}"
             )
+
+
+def group_options(group: str, config_dir: Path = CONF_DIR) -> list[str] | None:
+    """The sorted option names of config group ``group``: ``conf/<group>/*.yaml`` for mixerlab's groups
+    (``mixer``), or those Hydra finds on its search path for its own (``hydra/launcher``: ``basic``,
+    ``joblib`` from the installed plugin). None where no such group exists."""
+    folder = config_dir / group
+    if folder.is_dir():
+        return sorted(path.stem for path in folder.glob("*.yaml"))
+    if not group.startswith("hydra/"):
+        return None
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        return sorted(loader.get_group_options(group)) if loader.repository.group_exists(group) else None
+
+
+def _hydra_groups(config_dir: Path) -> list[str]:
+    """Hydra's own config groups (``hydra/launcher``, ``hydra/sweeper``, ...), sorted."""
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        repository = GlobalHydra.instance().config_loader().repository
+        return sorted(f"hydra/{name}" for name in repository.get_group_options("hydra", ObjectType.GROUP))
 
 
 def _compose(config_dir: Path, config_name: str, overrides: list[str], with_hydra: bool = False) -> Any:
@@ -452,11 +485,10 @@ def _raw_setting(
     """(whether the dotted ``key`` names a setting, its value unresolved) in the config composed
     with the command line's group choices (``mixer=hybrid_jamba``, ``experiment=...``, whose options
     may add keys to other groups); (None, None) where that config does not compose (Hydra reports why)."""
-    if key == "hydra" or key.startswith("hydra."):
-        return None, None  # Hydra's own settings are not in the composed config
     groups = [o.input_line for o in overrides if is_group(o, config_dir) and not o.is_delete()]
+    hydra = key == "hydra" or key.startswith("hydra.")  # Hydra's own node, composed on request
     try:
-        base = _compose(config_dir, config_name, groups)
+        base = _compose(config_dir, config_name, groups, with_hydra=hydra)
     except Exception:  # noqa: BLE001 -- Hydra composes again and reports it its own way
         return None, None
     return _node(OmegaConf.to_container(base, resolve=False), key.split("."))
@@ -477,13 +509,12 @@ def _deletion_problem(overrides: list[Override], config_dir: Path, config_name: 
         if not override.is_delete():
             continue
         key = override.key_or_group
-        folder = config_dir / key
+        options = group_options(key, config_dir) if is_group(override, config_dir) else None
         found, section = False, None
-        if not folder.is_dir():
+        if options is None:
             found, section = _raw_setting(overrides, config_dir, config_name, key)
-        if folder.is_dir():
-            options = "|".join(sorted(path.stem for path in folder.glob("*.yaml")))
-            instead = f"choose another option instead: {key}=<{options}>"
+        if options is not None:
+            instead = f"choose another option instead: {key}=<{'|'.join(options)}>"
         elif isinstance(section, Mapping) and len(section):
             # Mappings of mappings (mixer.settings) are set a level deeper (a new-user check).
             deeper = ".<setting>" * all(isinstance(value, Mapping) for value in section.values())

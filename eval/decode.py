@@ -451,7 +451,10 @@ def plot(records: list[dict[str, Any]], path: Path, title: str | None = None) ->
         ax.set_yscale("log" if values and min(values) > 0 and max(values) >= 10 * min(values) else "linear")
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel(label)
-        ax.legend()
+        if by_mixer:
+            ax.legend()
+        else:  # an interrupted run that measured no length of this metric (matplotlib warned of no labels)
+            ax.text(0.5, 0.5, "none measured", ha="center", va="center", transform=ax.transAxes)
     if title is not None:
         fig.suptitle(title)
     fig.tight_layout()

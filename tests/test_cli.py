@@ -534,6 +534,14 @@ MIXERS = ("attention, hybrid_based, hybrid_jamba, hybrid_samba, hybrid_zamba, li
         (["trainer=gpus"],
          "unknown trainer 'gpus' in trainer=gpus: conf/trainer has no gpus.yaml (did you mean gpu?); the "
          "trainer options are cpu, ddp, gpu"),
+        # Hydra's own groups, against the options Hydra finds (its answer was 8 lines with its search path).
+        (["-m", "hydra/launcher=basic,jobib"],
+         "unknown hydra/launcher 'jobib' in hydra/launcher=basic,jobib: Hydra has no hydra/launcher option "
+         "jobib (did you mean joblib?); the hydra/launcher options are basic, joblib"),
+        (["hydra/launchr=joblib"],
+         "unknown config group 'hydra/launchr' in hydra/launchr=joblib: Hydra has no config group "
+         "hydra/launchr; its groups are hydra/env, hydra/help, hydra/hydra_help, hydra/hydra_logging, "
+         "hydra/job_logging, hydra/launcher, hydra/output, hydra/sweeper"),
     ],
 )  # fmt: skip
 def test_an_unknown_group_option_is_one_line_with_the_options(argv, message):
@@ -690,6 +698,17 @@ TRAIN_CHECK = dict(
         (["~hydra.run.dir"], "train", "~hydra.run.dir: deleting a setting is not supported (the scripts "
          "read every setting they compose: a deleted one fails, or falls back silently to a default of the "
          "code); set it instead: hydra.run.dir=<value>"),
+        # Hydra's own settings and groups (a carried new-user note: ~hydra advised hydra=<value>, and
+        # ~hydra/launcher said it was no setting).
+        (["~hydra.run"], "train", "~hydra.run: deleting a setting is not supported (the scripts read every "
+         "setting they compose: a deleted one fails, or falls back silently to a default of the code); set "
+         "its settings instead: hydra.run.<dir>=<value>"),
+        (["~hydra"], "train", "~hydra: deleting a setting is not supported (the scripts read every setting "
+         "they compose: a deleted one fails, or falls back silently to a default of the code); set its "
+         "settings instead: hydra.<run|sweep|launcher|"),
+        (["-m", "~hydra/launcher"], "recall", "~hydra/launcher: deleting a setting is not supported (the "
+         "scripts read every setting they compose: a deleted one fails, or falls back silently to a default "
+         "of the code); choose another option instead: hydra/launcher=<basic|joblib>"),
         (["mixer=hybrid_jamba", "~mixer.settings"], "train", "~mixer.settings: deleting a setting is not "
          "supported (the scripts read every setting they compose: a deleted one fails, or falls back "
          "silently to a default of the code); set its settings instead: mixer.settings.<mamba|attention>."

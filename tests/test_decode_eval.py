@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -265,6 +266,19 @@ def test_plot_replaces_an_earlier_plot_atomically(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left on device"):
         decode_module.plot(records, path)
     assert path.read_bytes() == b"an earlier plot" and list(tmp_path.iterdir()) == [path]
+
+
+def test_plot_of_a_metric_with_no_measurement_says_so(tmp_path, monkeypatch):
+    """An interrupted run's plot with no eager decode speed yet: matplotlib warned "No artists with
+    labels found to put in legend" and drew an empty panel; the panel says none was measured."""
+    texts = []
+    monkeypatch.setattr("matplotlib.axes.Axes.text", lambda self, x, y, s, **kw: texts.append(s))
+    records = [{"metric": "state_bytes", "mixer": "attention", "seqlen": 8, "value": 1024.0}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decode_module.plot(records, tmp_path / "decode.png")
+    assert texts == ["none measured"]
+    assert (tmp_path / "decode.png").read_bytes().startswith(b"\x89PNG")
 
 
 @pytest.mark.gpu
