@@ -202,7 +202,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # Resolved now (trainer.devices=auto, "2", ...), by Lightning's own connector, so that settings it
     # refuses (trainer.devices=0) and a resume on another process count are refused before the seeding
     # too; a new run compares no count.
-    with trainer_settings_errors():
+    with trainer_settings_errors(trainer_cfg):
         world_size = resolved_world_size(trainer_cfg)
     check_val_batches(dm, trainer_cfg.get("limit_val_batches"), world_size)
     settings = run_settings(
@@ -246,7 +246,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         # validation, with the metric not logged yet.
         early_stopping.setdefault("strict", False)
         callbacks.append(EarlyStopping(**early_stopping))
-    with trainer_settings_errors():
+    with trainer_settings_errors(trainer_cfg):
         trainer = L.Trainer(
             **trainer_cfg,
             default_root_dir=str(run_dir),
@@ -402,8 +402,9 @@ def check_sweep_job(cfg: DictConfig) -> None:
     build_datamodule(OmegaConf.to_container(cfg.data, resolve=True), setup=False)
     with torch.device("meta"):
         LanguageModel(build_model_config(cfg, STAND_IN_VOCAB_SIZE))
-    with trainer_settings_errors():  # trainer.devices=0, an accelerator this machine lacks
-        resolved_world_size(OmegaConf.to_container(cfg.trainer, resolve=True))
+    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    with trainer_settings_errors(trainer_cfg):  # trainer.devices=0, an accelerator this machine lacks
+        resolved_world_size(trainer_cfg)
 
 
 def _write_train_records(

@@ -781,7 +781,7 @@ def test_an_evaluation_refuses_a_misspelt_setting_in_one_line_before_hydra(tmp_p
          "the sweep's job with trainer.val_check_interval=0: trainer.val_check_interval must be >= 1"),
         # Lightning's refusals when it builds the Trainer: the devices, the time limit.
         (["trainer.devices=1,0"],
-         "the sweep's job with trainer.devices=0: trainer settings: `Trainer(devices=0)`"),
+         "the sweep's job with trainer.devices=0: trainer settings: trainer.devices=0: `Trainer(devices=0)`"),
         (["+trainer.max_time=00:00:05:00,abc"],
          "the sweep's job with +trainer.max_time=abc: trainer.max_time must be DD:HH:MM:SS, e.g. "),
     ],

@@ -591,7 +591,16 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
          "values, got 5; write e.g. mixer.settings.attention.<setting>=<value>"),
         ("mixer.shared_block=foo", "model.shared_block must be null or {every: <layers>, mixer: <name>}"),
         ("optim=5", "optim must be a group of settings, got optim=5; set one of them instead"),
-        ("trainer.devices=0", "trainer settings: `Trainer(devices=0)` value is not a valid input"),
+        ("trainer.devices=0", "trainer settings: trainer.devices=0: `Trainer(devices=0)` value is not a valid "
+         "input"),
+        # A carried new-user note: Lightning's own words, naming `devices` but not the override.
+        ("trainer.devices=abc", "trainer settings: trainer.devices=abc: `devices` selected with "
+         "`CPUAccelerator` should be an int > 0."),
+        ("trainer.strategy=bogus", "trainer settings: trainer.strategy=bogus: You selected an invalid strategy "),
+        ("trainer.num_nodes=0", "trainer settings: trainer.num_nodes=0: `num_nodes` must be a positive "),
+        # Was a ModuleNotFoundError traceback.
+        ("trainer.accelerator=tpu", "trainer settings: a package they need is not installed: Requirement "
+         "'torch_xla"),
         # A new-user check: early_stopping=3 (true, val/acc) failed in check_early_stopping with an
         # AttributeError, [1] with OmegaConf's three lines, an unknown key after the seeding without
         # the valid ones, and patience:-1 was taken.

@@ -559,26 +559,44 @@ def configured_world_size(trainer_cfg: Mapping[str, Any]) -> int | None:
     return None
 
 
+class TrainerSettingsError(ValueError):
+    """Lightning refused the ``trainer.*`` settings (:func:`trainer_settings_errors`)."""
+
+
 @contextlib.contextmanager
-def trainer_settings_errors() -> Iterator[None]:
-    """Lightning's refusal of ``trainer.*`` settings it cannot run (``MisconfigurationException``:
-    ``trainer.devices=0``, an accelerator this machine lacks) as the ValueError of a settings error:
-    one line and status 2 from the command line, and the run's folders undone, as for other settings.
+def trainer_settings_errors(trainer_cfg: Mapping[str, Any] | None = None) -> Iterator[None]:
+    """Lightning's refusal of ``trainer.*`` settings it cannot run as the ValueError of a settings
+    error: one line and status 2 from the command line, and the run's folders undone, as for other
+    settings. Taken are ``MisconfigurationException`` (``trainer.devices=0``, an accelerator this
+    machine lacks), the ValueError / TypeError of Lightning's argument checks
+    (``trainer.devices=abc``: "`devices` selected with `CPUAccelerator` should be an int > 0") and
+    the ModuleNotFoundError of an accelerator whose package is missing (``trainer.accelerator=tpu``:
+    a traceback before). Where the message names a Trainer argument in backticks that ``trainer_cfg``
+    sets, the override is named first (``trainer.devices=abc: ...``).
 
     Raises:
-        ValueError: the exception's message, prefixed with ``trainer settings``.
+        TrainerSettingsError: the exception's message, prefixed with ``trainer settings``.
     """
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     try:
         yield
-    except MisconfigurationException as err:
-        raise ValueError(f"trainer settings: {err}") from err
+    except TrainerSettingsError:
+        raise
+    except (MisconfigurationException, ValueError, TypeError, ModuleNotFoundError) as err:
+        message = str(err)
+        if isinstance(err, ModuleNotFoundError):
+            message = f"a package they need is not installed: {message}"
+        named = re.search(r"`(?:Trainer\()?(\w+)", message)
+        if named and trainer_cfg is not None and named.group(1) in trainer_cfg:
+            key = named.group(1)
+            message = f"trainer.{key}={trainer_cfg[key]}: {message}"
+        raise TrainerSettingsError(f"trainer settings: {message}") from err
 
 
 def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
-    """The process count a ``L.Trainer(**trainer_cfg)`` runs with on this machine: the count the
-    config states (:func:`configured_world_size`), else ``trainer.devices`` (``auto``, ``-1``, a
+    """The process count a ``L.Trainer(**trainer_cfg)`` runs with on this machine, its settings
+    checked as the Trainer checks them: the count the config states (:func:`configured_world_size`), else ``trainer.devices`` (``auto``, ``-1``, a
     string such as ``"2"`` or ``"0,1"``) resolved as the Trainer resolves it, by Lightning's own
     accelerator connector (which the Trainer runs first): on CPU ``auto`` is one process, on GPUs
     ``auto`` and ``-1`` are one process per visible GPU (one in a notebook). It builds no Trainer and
@@ -586,12 +604,10 @@ def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
     Trainer).
 
     Raises:
-        TypeError / ValueError / lightning's MisconfigurationException: the settings the Trainer
-            would refuse (``trainer.devices=-1`` on CPU, an unavailable accelerator), as it would.
+        TrainerSettingsError: the settings the Trainer would refuse (``trainer.devices=-1`` on CPU,
+            an unavailable accelerator, ``trainer.strategy=bogus``), named by
+            :func:`trainer_settings_errors`.
     """
-    stated = configured_world_size(trainer_cfg)
-    if stated is not None:
-        return stated
     from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 
     arguments = inspect.signature(_AcceleratorConnector).parameters
@@ -599,8 +615,13 @@ def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
     level = rank_zero_log.level
     rank_zero_log.setLevel(logging.WARNING)
     try:
-        with trainer_settings_errors():
+        with trainer_settings_errors(trainer_cfg):
             connector = _AcceleratorConnector(**{k: v for k, v in trainer_cfg.items() if k in arguments})
     finally:
         rank_zero_log.setLevel(level)
+    # The connector runs for a stated count too: it checks what the Trainer would (strategy=bogus,
+    # an accelerator whose package is missing) before the seeding, not after it.
+    stated = configured_world_size(trainer_cfg)
+    if stated is not None:
+        return stated
     return int(getattr(connector.strategy, "world_size", 1))  # as Trainer.world_size reads it
