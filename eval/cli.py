@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -34,7 +35,7 @@ from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
 
 from eval.records import check_creatable_dir, partial_files
 from eval.startup import INTERRUPTED, end_quiet_sigterm
-from models.checkpoint import WriteError, atomic_write_bytes, written_files
+from models.checkpoint import WriteError, atomic_write_bytes, write_back, written_files
 
 
 def write_error_message(err: WriteError, retry: str) -> str:
@@ -930,7 +931,8 @@ class OutputDirCheck(Callback):
             made = [p for p in (root, *root.parents) if not p.exists()]
             atexit.register(_remove_empty_folders_made, root, depth, _folders_below(root, depth), made)
             path = Path(sweep_dir, "multirun.yaml")
-            atexit.register(_restore_file, path, path.read_bytes() if path.is_file() else None)
+            was = (path.read_bytes(), stat.S_IMODE(path.stat().st_mode)) if path.is_file() else None
+            atexit.register(_restore_file, path, was)
 
     def _check(self, section, option: str, probe: bool) -> str:
         """``section.dir``, resolved and (``probe``) checked as creatable; exits with status 2 where not."""
@@ -961,15 +963,19 @@ def _ignore_interrupts_while_exiting() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _restore_file(path: Path, content: bytes | None) -> None:
-    """Put ``path`` back as it was: removed where ``content`` is None, else rewritten with it (a file
-    written since, Hydra's ``multirun.yaml`` of an evaluation's sweep)."""
+def _restore_file(path: Path, was: tuple[bytes, int] | None) -> None:
+    """Put ``path`` back as it was: removed where ``was`` is None, else its (bytes, permission bits)
+    written back (a file written since, Hydra's ``multirun.yaml`` of an evaluation's sweep), into the
+    file it shares through a link (:func:`models.checkpoint.write_back`)."""
     _ignore_interrupts_while_exiting()
     try:
-        if content is None:
+        if was is None:
             path.unlink(missing_ok=True)
-        elif not path.is_file() or path.read_bytes() != content:
-            atomic_write_bytes(path, lambda f: f.write(content))
+        elif not path.is_file():
+            atomic_write_bytes(path, lambda f: f.write(was[0]))
+            os.chmod(path, was[1])
+        elif path.read_bytes() != was[0]:
+            write_back(path, *was)
     except OSError as err:  # WriteError is one
         print(f"warning: {path} could not be put back as it was: {err}", file=sys.stderr)
 

@@ -108,6 +108,28 @@ def atomic_write_bytes(path: str | os.PathLike, write) -> None:
         raise _write_error(err, path) from err
 
 
+def write_back(path: Path, data: bytes, mode: int) -> None:
+    """Put a file's earlier ``data`` and permission bits ``mode`` back at ``path`` (a file that was
+    rewritten since: Hydra's ``multirun.yaml`` and ``.hydra/*.yaml`` of a refused or evaluating run).
+    Replaced atomically (:func:`atomic_write_bytes`) with ``mode``, unless ``path`` is a symbolic link
+    or has other hard links: whatever rewrote it wrote through those into the file they share, so
+    the old bytes go back into that file (its mode unchanged).
+
+    Raises:
+        WriteError / OSError: the file cannot be written (it is then left as it was, or, where
+            shared, possibly cut short: a full disk).
+    """
+    if path.is_symlink() or path.stat().st_nlink > 1:
+        with open(path, "r+b") as f:
+            f.write(data)
+            f.truncate()
+            f.flush()
+            os.fsync(f.fileno())
+    else:
+        atomic_write_bytes(path, lambda f: f.write(data))
+        os.chmod(path, mode)
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning checkpoint IO that writes every checkpoint atomically (see module docstring)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -239,12 +240,22 @@ def test_a_sweep_leaves_no_multirun_yaml_and_refuses_an_unwritable_folder_in_one
     result = subprocess.run(script, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("FLOPs per head") == 2 and list(tmp_path.iterdir()) == []
-    # One that was there (another sweep's) is written back as it was.
+    # One that was there (another sweep's) is written back as it was, with its permission bits (they
+    # were the temporary file's 0600: a carried new-user note), and into the file a hard link shares.
     (tmp_path / "multirun.yaml").write_text("# an earlier sweep's\n")
+    (tmp_path / "multirun.yaml").chmod(0o640)
     result = subprocess.run(script, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["multirun.yaml"]
     assert (tmp_path / "multirun.yaml").read_text() == "# an earlier sweep's\n"
+    assert (tmp_path / "multirun.yaml").stat().st_mode & 0o777 == 0o640
+    (tmp_path / "keep").mkdir()
+    os.link(tmp_path / "multirun.yaml", tmp_path / "keep" / "linked.yaml")
+    result = subprocess.run(script, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "keep" / "linked.yaml").read_text() == "# an earlier sweep's\n"
+    assert (tmp_path / "multirun.yaml").stat().st_ino == (tmp_path / "keep" / "linked.yaml").stat().st_ino
+    shutil.rmtree(tmp_path / "keep")
     # Nor the jobs' folders that Hydra makes, nor a sweep folder made for it (another new-user check),
     # while folders that were there stay.
     (tmp_path / "multirun.yaml").unlink()

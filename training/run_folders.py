@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
 
 from eval.cli import CONF_DIR, interpolation_error_message, is_group, override_value, pasteable
-from models.checkpoint import atomic_write_bytes
+from models.checkpoint import write_back
 
 # What Hydra writes before the task runs: into the run directory (its config records in .hydra/, and
 # train.log, which its log handler opens to append to), and into a sweep's directory (-m).
@@ -186,7 +186,8 @@ def _restore_hydra_files(folder: Path, was: FolderBefore | None, names: Sequence
     that was there cut back to its size then (it is only appended to; the caller has checked that it
     did not grow, or grew by the lines of a run that trained nothing). A config file is replaced
     atomically with its permission bits, unless it is a symbolic link or has other hard links: Hydra
-    wrote through those into the file they share, so the old bytes go back into that file."""
+    wrote through those into the file they share, so the old bytes go back into that file
+    (:func:`models.checkpoint.write_back`)."""
     configs = was.configs if was is not None else {}
     for rel in HYDRA_CONFIG_FILES:
         path = folder / rel
@@ -198,15 +199,7 @@ def _restore_hydra_files(folder: Path, was: FolderBefore | None, names: Sequence
         data, mode = configs[rel]
         if path.read_bytes() == data:
             continue
-        if path.is_symlink() or path.stat().st_nlink > 1:
-            with open(path, "r+b") as f:
-                f.write(data)
-                f.truncate()
-                f.flush()
-                os.fsync(f.fileno())
-        else:
-            atomic_write_bytes(path, lambda f, data=data: f.write(data))
-            os.chmod(path, mode)
+        write_back(path, data, mode)
     log = folder / "train.log"
     if "train.log" in names and was is not None and was.log_size is not None and log.is_file():
         if log.stat().st_size > was.log_size:
