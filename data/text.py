@@ -384,8 +384,9 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
     with ``labels[:, t] == input_ids[:, t + 1]`` inside a block; every position is labelled.
 
     Raises:
-        ValueError: neither or both of ``path`` and ``dataset_name``; a bad setting; (in ``setup``) a split
-            too short for one block of ``seqlen + 1`` tokens.
+        ValueError: neither or both of ``path`` and ``dataset_name``; a hub dataset's ``split``,
+            ``config_name`` or ``text_column`` other than its default beside ``path``; a bad setting;
+            (in ``setup``) a split too short for one block of ``seqlen + 1`` tokens.
         FileNotFoundError: (in ``setup``) ``path`` does not exist.
     """
 
@@ -416,6 +417,15 @@ class TextDataModule(ResumableTrainData, L.LightningDataModule):
             raise ValueError(f"train_fraction must be a number in (0, 1), got {train_fraction!r}")
         if not 0.0 < train_fraction < 1.0:
             raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
+        # A new-user check: data.split=test with a local file was ignored without a word.
+        hub_only = {"split": (split, "train"), "config_name": (config_name, None)}
+        for key, (value, default) in {**hub_only, "text_column": (text_column, "text")}.items():
+            if path is not None and value != default:
+                raise ValueError(
+                    f"{key}={value!r} is read from a hub dataset (dataset_name) only: a local text file "
+                    f"(path) is split by train_fraction, its last {1 - train_fraction:.0%} validating; "
+                    "leave it out"
+                )
         self.path = path
         self.dataset_name = dataset_name
         self.config_name = config_name

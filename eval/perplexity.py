@@ -24,6 +24,7 @@ and logs them to W&B when ``wandb.enabled=true``.
 from __future__ import annotations
 
 import math
+import re
 import time
 import warnings
 from typing import Any
@@ -70,7 +71,9 @@ def text_datamodule(ctx: EvalContext, overrides: dict[str, Any], batch_size: int
     data_cfg = dict(ctx.data)
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if any(key in overrides for key in CORPUS_KEYS):
-        data_cfg.update(dict.fromkeys(CORPUS_KEYS))
+        # Another corpus: none of the checkpoint's (a hub dataset's split, config and column stay
+        # only where given again).
+        data_cfg.update(dict.fromkeys(CORPUS_KEYS), split="train", config_name=None, text_column="text")
     stored = ctx.lit.hparams.get("tokenizer_config")
     if stored and "tokenizer" in overrides:  # it was replaced by the stored one without a word
         raise ValueError(
@@ -79,7 +82,13 @@ def text_datamodule(ctx: EvalContext, overrides: dict[str, Any], batch_size: int
         )
     data_cfg.update(overrides)
     data_cfg["tokenizer"] = stored or data_cfg.get("tokenizer", "char")
-    dm = build_datamodule(data_cfg, batch_size=batch_size)
+    try:
+        dm = build_datamodule(data_cfg, batch_size=batch_size)
+    except ValueError as err:  # the module names its own argument: the override is data.<it>
+        key = re.match(r"\w+", str(err))
+        if key is None or key.group() not in overrides:
+            raise
+        raise ValueError(f"data.{err}") from err
     # before the corpus is read: a learned position table refused the length only inside the model
     check_position_limit(ctx.model, dm.seqlen, "data.seqlen")
     try:

@@ -464,6 +464,9 @@ def test_perplexity_on_another_corpus_and_length(text_run, tmp_path):
     # The stored tokenizer replaced an override without a word.
     with pytest.raises(ValueError, match=r"data.tokenizer='char': the checkpoint's tokenizer \(byte\)"):
         evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "+data.tokenizer=char")
+    # A carried new-user note: a hub dataset's split beside a local file was ignored without a word.
+    with pytest.raises(ValueError, match=r"^data.split='test' is read from a hub dataset \(dataset_name\) only"):
+        evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "data.split=test")
 
 
 def test_perplexity_refuses_the_training_corpus_edited_since(text_run, tmp_path):

@@ -647,6 +647,15 @@ def test_unknown_group_keys_are_refused_before_the_seeding(tmp_path, monkeypatch
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_hub_datasets_split_beside_a_local_corpus_is_refused(tmp_path):
+    """A new-user check: data.split=test with data.path trained on the file's usual split, the setting
+    ignored without a word."""
+    overrides = [f"run_dir={tmp_path / 'run'}", "data=text", f"data.path={tmp_path / 'c.txt'}", "data.split=test"]
+    with pytest.raises(ValueError, match="^" + re.escape("data.split='test' is read from a hub dataset ")):
+        train_module.train(compose_train(overrides))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_train_cli_reports_a_mistyped_setting_in_one_line(tmp_path):
     # A TypeError from a setting of the wrong type is a user error too: one line, exit status 2,
     # before any training.

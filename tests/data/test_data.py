@@ -601,6 +601,18 @@ def test_evaluation_loader_with_fewer_examples_than_processes_says_so():
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
+def test_text_datamodule_refuses_a_hub_datasets_settings_beside_a_local_file(tmp_path):
+    """A new-user check: ``data.split=test`` with ``data.path`` was ignored without a word (a local
+    file is split by train_fraction)."""
+    path = tmp_path / "c.txt"
+    path.write_text("abc " * 100)
+    for key, value in {"split": "test", "config_name": "wikitext-2", "text_column": "body"}.items():
+        message = f"{key}={value!r} is read from a hub dataset (dataset_name) only: a local text file (path) "
+        with pytest.raises(ValueError, match="^" + re.escape(message + "is split by train_fraction, its last 10%")):
+            TextDataModule(path=str(path), **{key: value})
+    TextDataModule(path=str(path), split="train", config_name=None, text_column="text")  # the defaults
+
+
 def test_text_datamodule_in_lightning_trainer_redraws_offsets(corpus):
     path, _ = corpus
     # 199 training blocks: a pass is 2 batches, so each of the 2-batch epochs is one pass (the
