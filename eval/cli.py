@@ -927,6 +927,13 @@ class OutputDirCheck(Callback):
             # first, so run last (atexit runs in reverse): after multirun.yaml is gone.
             root = Path(sweep_dir).absolute()
             subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
+            if subdir is not None and (Path(str(subdir)).is_absolute() or ".." in Path(str(subdir)).parts):
+                # The folders Hydra would make there, empty, are outside what is cleaned up below.
+                _exit_refused(
+                    f"hydra.sweep.subdir={subdir} leads outside hydra.sweep.dir={sweep_dir}: an evaluation "
+                    "writes nothing into its jobs' folders, and Hydra would leave them there empty; leave "
+                    "hydra.sweep.subdir out (or keep it inside hydra.sweep.dir)"
+                )
             depth = len(Path(str(subdir or "")).parts)
             made = [p for p in (root, *root.parents) if not p.exists()]
             atexit.register(_remove_empty_folders_made, root, depth, _folders_below(root, depth), made)
@@ -952,8 +959,14 @@ class OutputDirCheck(Callback):
         except ValueError as err:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
+            _exit_refused(str(err))
+
+
+def _exit_refused(message: str) -> None:
+    """``error: <message>`` on stderr and exit status 2, from a Hydra callback (before
+    :func:`user_errors` of the run)."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def _ignore_interrupts_while_exiting() -> None:

@@ -267,6 +267,20 @@ def test_a_sweep_leaves_no_multirun_yaml_and_refuses_an_unwritable_folder_in_one
         assert result.returncode == 0, result.stderr
         assert [p.name for p in tmp_path.iterdir()] == ["mine"] and not any((tmp_path / "mine").iterdir())
     (tmp_path / "mine").rmdir()
+    # A subdir leading outside the sweep folder is refused: Hydra's empty job folders there stayed (a
+    # carried new-user note).
+    (tmp_path / "in").mkdir()
+    for subdir in ("../out/${seqlen}", str(tmp_path / "abs" / "${seqlen}")):
+        args = [*script, f"hydra.sweep.subdir={subdir}"]
+        result = subprocess.run(args, cwd=tmp_path / "in", env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr == (
+            f"error: hydra.sweep.subdir={subdir} leads outside hydra.sweep.dir=.: an evaluation writes nothing "
+            "into its jobs' folders, and Hydra would leave them there empty; leave hydra.sweep.subdir out (or "
+            "keep it inside hydra.sweep.dir)\n"
+        )
+        assert [p.name for p in tmp_path.iterdir()] == ["in"] and not any((tmp_path / "in").iterdir())
+    (tmp_path / "in").rmdir()
     # /proc refuses new files, root's too (chmod would not stop root, which CI may run as).
     result = subprocess.run(script, cwd="/proc", env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and result.stdout == ""
