@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -301,9 +302,20 @@ def check_sweep_output(path: str | os.PathLike, *, option: str = "output", folde
     per_job_text = re.sub(r"\$\{", r"\${", str(per_job)) + "${hydra:job.num}"
     per_job_text += "" if folder else (path.suffix or ".json")
     setting = "out" if folder else "output"
+    advice = f"{setting}='{per_job_text}'"
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Quote, QuotedString
+    from hydra.errors import HydraException
+
+    try:
+        OverridesParser.create().parse_overrides([f"{setting}={per_job_text}"])
+    except HydraException:
+        # A path Hydra takes only quoted (=, non-ASCII letters: the advice did not paste, a new-user
+        # check): Hydra's double quotes inside the shell's single ones.
+        advice = shlex.quote(f"{setting}={QuotedString(text=per_job_text, quote=Quote.double).with_quotes()}")
     raise ValueError(
         f"{name} was written by an earlier job of this sweep (-m): each job would replace the one "
-        f"before it; give each job its own {'folder' if folder else 'file'}, e.g. {setting}='{per_job_text}'"
+        f"before it; give each job its own {'folder' if folder else 'file'}, e.g. {advice}"
     )
 
 

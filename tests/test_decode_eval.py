@@ -358,6 +358,14 @@ def test_a_sweep_output_refusal_gives_a_per_job_name_that_pastes(tmp_path, monke
         f"it; give each job its own folder, e.g. out='{out}-${{hydra:job.num}}'"
     )):
         check_sweep_output(out, option="out", folder=True)
+    # A path Hydra takes only quoted (a carried new-user note: the advice for a path holding = did not
+    # paste, bash stripping the quotes and Hydra then refusing the =): Hydra's quotes in the shell's.
+    output = tmp_path / "lr=1e-3" / "y.json"
+    records.note_sweep_output(output)
+    with pytest.raises(ValueError, match=re.escape(
+        f"give each job its own file, e.g. 'output=\"{tmp_path}/lr=1e-3/y-${{hydra:job.num}}.json\"'"
+    )):
+        check_sweep_output(output)
 
 
 def test_sweep_output_check_is_silent_outside_a_sweep(tmp_path):
