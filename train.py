@@ -384,7 +384,8 @@ STAND_IN_VOCAB_SIZE = 256
 def check_sweep_job(cfg: DictConfig) -> None:
     """What :func:`train` would refuse in a sweep's job before it draws or reads any data:
     :func:`training.settings.check_settings`, the data module's arguments, the model's settings (built
-    on the meta device with :data:`STAND_IN_VOCAB_SIZE`) and the process count Lightning resolves
+    on the meta device with :data:`STAND_IN_VOCAB_SIZE`), a learned position table long enough for the
+    slices (:func:`training.settings.check_learned_positions`) and the process count Lightning resolves
     (:func:`training.settings.resolved_world_size`), so that ``-m optim.lr=1e-3,abc`` or
     ``mixer.settings.mamba.d_state=8,0`` is refused before the first job trains; and a ``run_dir``
     other than the job's Hydra folder (:func:`training.settings.check_run_dir`, which :func:`main`
@@ -399,9 +400,15 @@ def check_sweep_job(cfg: DictConfig) -> None:
     if "${" not in str(run_dir):
         check_run_dir(run_dir, "the job's folder in hydra.sweep.dir", sweep=True)
     check_settings(cfg)
-    build_datamodule(OmegaConf.to_container(cfg.data, resolve=True), setup=False)
+    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    dm = build_datamodule(data_cfg, setup=False)
     with torch.device("meta"):
-        LanguageModel(build_model_config(cfg, STAND_IN_VOCAB_SIZE))
+        model = LanguageModel(build_model_config(cfg, STAND_IN_VOCAB_SIZE))
+    # The slices' lengths come from the settings (a new-user check: a later job's learned position
+    # table too short for them was refused only when that job started, after the first had trained).
+    seqlen = int(data_cfg["seqlen"])
+    slice_seqlens = slice_lengths(dm, list(getattr(dm, "slice_names", ["val"])), seqlen)
+    check_learned_positions(model, max([seqlen, *slice_seqlens.values()]))
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     with trainer_settings_errors(trainer_cfg):  # trainer.devices=0, an accelerator this machine lacks
         resolved_world_size(trainer_cfg)

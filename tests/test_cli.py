@@ -724,6 +724,10 @@ TRAIN_CHECK = dict(
          "and set hydra.sweep.dir=<folder> (each job gets a folder in it, hydra.sweep.subdir) instead"),
         (["-m", "run_dir=/tmp/x"], "train", "the sweep's job: run_dir=/tmp/x: run_dir is Hydra's run "),
         (["-m", "optim.lr=abc"], "train", "the sweep's job: optim.lr must be a number, got 'abc'"),  # one job
+        # A carried new-user note: a later job's learned table was refused only when that job started.
+        (["-m", "mixer.settings.attention.pos_emb=rope,learned", "++mixer.settings.attention.max_position=64"],
+         "train", "the sweep's job with mixer.settings.attention.pos_emb=learned: attention: pos_emb=learned has "
+         "max_position=64 rows, but the run trains or validates sequences of 256 tokens; set "),
     ],
 )  # fmt: skip
 def test_a_command_line_hydra_would_refuse_is_one_line(argv, config, message):
