@@ -382,9 +382,13 @@ def _check_group_options(overrides: list[Override], config_dir: Path) -> None:
             continue
         options = group_options(group, config_dir)
         if options is None:  # hydra/launchr=basic: Hydra would list its search path
+            where, groups = (
+                ("Hydra has no config group", _hydra_groups(config_dir)) if group.startswith("hydra/")
+                else ("conf has no folder", sorted(p.name for p in config_dir.iterdir() if p.is_dir()))
+            )  # fmt: skip
             raise ValueError(
-                f"unknown config group '{group}' in {override.input_line}: Hydra has no config group "
-                f"{group}; its groups are " + ", ".join(_hydra_groups(config_dir))
+                f"unknown config group '{group}' in {override.input_line}: {where} {group}; the groups are "
+                + ", ".join(groups)
             )
         value = override.value()
         if override.is_sweep_override() and not isinstance(value, ChoiceSweep):

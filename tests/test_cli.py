@@ -540,8 +540,11 @@ MIXERS = ("attention, hybrid_based, hybrid_jamba, hybrid_samba, hybrid_zamba, li
          "jobib (did you mean joblib?); the hydra/launcher options are basic, joblib"),
         (["hydra/launchr=joblib"],
          "unknown config group 'hydra/launchr' in hydra/launchr=joblib: Hydra has no config group "
-         "hydra/launchr; its groups are hydra/env, hydra/help, hydra/hydra_help, hydra/hydra_logging, "
+         "hydra/launchr; the groups are hydra/env, hydra/help, hydra/hydra_help, hydra/hydra_logging, "
          "hydra/job_logging, hydra/launcher, hydra/output, hydra/sweeper"),
+        (["mixer/attention=x"],
+         "unknown config group 'mixer/attention' in mixer/attention=x: conf has no folder mixer/attention; the "
+         "groups are data, eval, experiment, logger, mixer, model, trainer"),
     ],
 )  # fmt: skip
 def test_an_unknown_group_option_is_one_line_with_the_options(argv, message):
