@@ -665,11 +665,28 @@ def _sweep_values(overrides: list[Override]) -> dict[int, list[str]] | None:
     """The values of each sweep of a command line (by its index among ``overrides``), each as Hydra's
     basic sweeper writes it into its job's override (``'a,b'`` keeps its quotes, ``range(0,3)`` gives
     0, 1, 2); None where a sweep is enumerated only when the job runs (``glob(*)`` needs the config
-    repository, ``interval(...)`` is for other sweepers)."""
-    try:
-        return {i: list(o.sweep_string_iterator()) for i, o in enumerate(overrides) if o.is_sweep_override()}
-    except HydraException:
-        return None
+    repository, ``interval(...)`` is for other sweepers).
+
+    Raises:
+        ValueError: a list of values holding a function's sweep (``seed=range(0,3),4``), which Hydra's
+            sweeper cannot enumerate (OmegaConf's "Unexpected type annotation" in three lines).
+    """
+    values = {}
+    for i, override in enumerate(overrides):
+        if not override.is_sweep_override():
+            continue
+        try:
+            values[i] = list(override.sweep_string_iterator())
+        except HydraException:
+            return None
+        except OmegaConfBaseException:
+            key = override.get_key_element()
+            raise ValueError(
+                f"{override.input_line}: a list of a sweep's values holds another sweep (range(...), "
+                f"choice(...)), which Hydra cannot enumerate; write the values as one list, {key}=<a>,<b>,..., "
+                "or a range(...) alone"
+            ) from None
+    return values
 
 
 def _job_overrides(overrides: list[Override], chosen: dict[int, str]) -> list[str]:

@@ -727,6 +727,11 @@ TRAIN_CHECK = dict(
          "and set hydra.sweep.dir=<folder> (each job gets a folder in it, hydra.sweep.subdir) instead"),
         (["-m", "run_dir=/tmp/x"], "train", "the sweep's job: run_dir=/tmp/x: run_dir is Hydra's run "),
         (["-m", "optim.lr=abc"], "train", "the sweep's job: optim.lr must be a number, got 'abc'"),  # one job
+        # Found this session: OmegaConf's "Unexpected type annotation: Set[str]" in three lines.
+        (["-m", "seed=range(0,3),4"], "train", "seed=range(0,3),4: a list of a sweep's values holds another "
+         "sweep (range(...), choice(...)), which Hydra cannot enumerate; write the values as one list, "
+         "seed=<a>,<b>,..., or a range(...) alone"),
+        (["-m", "ckpt=x.ckpt", "num_examples=choice(64),128"], "recall", "num_examples=choice(64),128: a list of "),
         # A carried new-user note: a later job's learned table was refused only when that job started.
         (["-m", "mixer.settings.attention.pos_emb=rope,learned", "++mixer.settings.attention.max_position=64"],
          "train", "the sweep's job with mixer.settings.attention.pos_emb=learned: attention: pos_emb=learned has "
