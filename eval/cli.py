@@ -27,7 +27,15 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, Override, OverrideType, Quote, QuotedString
+from hydra.core.override_parser.types import (
+    ChoiceSweep,
+    Glob,
+    IntervalSweep,
+    Override,
+    OverrideType,
+    Quote,
+    QuotedString,
+)
 from hydra.errors import ConfigCompositionException, HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import ListConfig, OmegaConf
@@ -632,9 +640,7 @@ def check_command_line(
         if check_job is not None and _multirun(argv):  # -m, one job: before Hydra makes its folder
             _check_sweep_jobs(config_dir, config_name, overrides, {}, check_job)
         return
-    values = _sweep_values(overrides)
-    if values is None:
-        return  # glob(*), interval(...): Hydra expands them
+    values = _sweep_values(overrides, config_dir)
     # Each job of a sweep over group options has its own config (mixer=attention,mamba): one composed
     # per combination of the group choices (at most MAX_SWEEP_JOBS_CHECKED), a key sweep at its first
     # value (its key, not its values, is what composing checks).
@@ -661,31 +667,59 @@ def check_command_line(
         _check_sweep_jobs(config_dir, config_name, overrides, values, check_job)
 
 
-def _sweep_values(overrides: list[Override]) -> dict[int, list[str]] | None:
+def _sweep_values(overrides: list[Override], config_dir: Path = CONF_DIR) -> dict[int, list[str]]:
     """The values of each sweep of a command line (by its index among ``overrides``), each as Hydra's
     basic sweeper writes it into its job's override (``'a,b'`` keeps its quotes, ``range(0,3)`` gives
-    0, 1, 2); None where a sweep is enumerated only when the job runs (``glob(*)`` needs the config
-    repository, ``interval(...)`` is for other sweepers).
+    0, 1, 2, a group's ``glob(mamb*)`` its matching options).
 
     Raises:
-        ValueError: a list of values holding a function's sweep (``seed=range(0,3),4``), which Hydra's
-            sweeper cannot enumerate (OmegaConf's "Unexpected type annotation" in three lines).
+        ValueError: a sweep Hydra's basic sweeper cannot run or that gives no job: a list holding a
+            function's sweep (``seed=range(0,3),4``: OmegaConf's "Unexpected type annotation" in
+            three lines), ``interval(...)`` (a traceback), an empty range (``range(5,0)``: an
+            IndexError), ``glob(...)`` of a setting rather than a config group (no job at all, exit
+            status 0), a range with step 0.
     """
-    values = {}
+    values: dict[int, list[str]] = {}
     for i, override in enumerate(overrides):
         if not override.is_sweep_override():
             continue
+        key, value = override.get_key_element(), override.value()
+        if isinstance(value, IntervalSweep):
+            raise ValueError(
+                f"{override.input_line}: interval(...) is for the sweepers that search a range (Optuna, "
+                f"Nevergrad); Hydra's basic sweeper takes a list of values, {key}=<a>,<b>,..., or a range(...)"
+            )
+        if isinstance(value, Glob):
+            if not is_group(override, config_dir):
+                raise ValueError(
+                    f"{override.input_line}: glob(...) chooses among a config group's options "
+                    f"(mixer=glob(*)), and {key} is a setting: it would run no job; write its values, "
+                    f"{key}=<a>,<b>,..."
+                )
+            # Hydra's basic sweeper expands it the same way, against the group's options.
+            values[i] = value.filter(group_options(override.key_or_group, config_dir) or [])
+            if not values[i]:
+                raise ValueError(
+                    f"{override.input_line} matches none of the {override.key_or_group} options "
+                    f"({', '.join(group_options(override.key_or_group, config_dir) or [])}): the sweep "
+                    "would run no job"
+                )
+            continue
         try:
             values[i] = list(override.sweep_string_iterator())
-        except HydraException:
-            return None
         except OmegaConfBaseException:
-            key = override.get_key_element()
             raise ValueError(
                 f"{override.input_line}: a list of a sweep's values holds another sweep (range(...), "
                 f"choice(...)), which Hydra cannot enumerate; write the values as one list, {key}=<a>,<b>,..., "
                 "or a range(...) alone"
             ) from None
+        except (HydraException, ValueError) as err:  # range(0,3,0): Python's "arg 3 must not be zero"
+            raise ValueError(f"{override.input_line}: {err}") from None
+        if not values[i]:
+            raise ValueError(
+                f"{override.input_line} gives no value (range(start, stop[, step]) stops before stop): the "
+                "sweep would run no job"
+            )
     return values
 
 

@@ -731,7 +731,21 @@ TRAIN_CHECK = dict(
         (["-m", "seed=range(0,3),4"], "train", "seed=range(0,3),4: a list of a sweep's values holds another "
          "sweep (range(...), choice(...)), which Hydra cannot enumerate; write the values as one list, "
          "seed=<a>,<b>,..., or a range(...) alone"),
-        (["-m", "ckpt=x.ckpt", "num_examples=choice(64),128"], "recall", "num_examples=choice(64),128: a list of "),
+        (["-m", "ckpt=x.ckpt", "num_examples=choice(64),128"], "recall",
+         "num_examples=choice(64),128: a list of "),
+        # Sweeps that Hydra's basic sweeper fails on in a traceback, or that run no job (exit status 0).
+        (["-m", "seed=interval(0,1)"], "train", "seed=interval(0,1): interval(...) is for the sweepers that "
+         "search a range (Optuna, Nevergrad); Hydra's basic sweeper takes a list of values, seed=<a>,<b>,..., "
+         "or a range(...)"),
+        (["-m", "seed=range(5,0)"], "train", "seed=range(5,0) gives no value (range(start, stop[, step]) stops "
+         "before stop): the sweep would run no job"),
+        (["-m", "seed=range(0,3,0)"], "train", "seed=range(0,3,0): range() arg 3 must not be zero"),
+        (["-m", "seed=glob(*)"], "train", "seed=glob(*): glob(...) chooses among a config group's options "
+         "(mixer=glob(*)), and seed is a setting: it would run no job; write its values, seed=<a>,<b>,..."),
+        (["-m", "mixer=glob(zz*)"], "train", "mixer=glob(zz*) matches none of the mixer options (attention, "),
+        # A group's glob is expanded as Hydra's sweeper expands it, so its jobs are checked too.
+        (["-m", "mixer=glob(mamb*)", "optim.lr=abc"], "train", "the sweep's job with mixer=mamba: optim.lr "
+         "must be a number, got 'abc'"),
         # A carried new-user note: a later job's learned table was refused only when that job started.
         (["-m", "mixer.settings.attention.pos_emb=rope,learned", "++mixer.settings.attention.max_position=64"],
          "train", "the sweep's job with mixer.settings.attention.pos_emb=learned: attention: pos_emb=learned has "
@@ -820,7 +834,10 @@ def test_sweep_jobs_checked_cover_every_value():
     assert len(jobs) == 17 and jobs[0] == {0: "0", 1: "0"} and jobs[8] == {0: "8", 1: "0"}
     assert jobs[16] == {0: "0", 1: "8"}
     assert _sweep_values(OverridesParser.create().parse_overrides(["a=range(0,3)"])) == {0: ["0", "1", "2"]}
-    assert _sweep_values(OverridesParser.create().parse_overrides(["mixer=glob(*)"])) is None
+    # A group's glob, as Hydra's sweeper expands it (was left to Hydra: its jobs went unchecked).
+    assert _sweep_values(OverridesParser.create().parse_overrides(["mixer=glob(*,exclude=hybrid*)"])) == {
+        0: ["attention", "linear_attention", "mamba", "sliding_window"]
+    }
 
 
 @pytest.mark.parametrize(
@@ -830,7 +847,7 @@ def test_sweep_jobs_checked_cover_every_value():
         ["mixer=hybrid_jamba", "model=small", "mixer.settings.mamba.d_state=8", "early_stopping=null"],
         ["experiment=zoology_mqar", "trainer.max_steps=5", "data.seqlen=64"],  # the experiment's keys
         ["-m", "mixer=attention,mamba", "++mixer.settings.attention.pos_emb=learned", "optim.lr=1e-3,3e-3"],
-        ["-m", "mixer=glob(*)", "trainer.max_step=3"],  # a glob: left to Hydra
+        ["-m", "mixer=glob(*)", "trainer.max_steps=3"],  # a glob, expanded as Hydra's sweeper does
         # Valid sweeps a fresh-clone check saw refused or crash: a '+' key that Hydra's sweep subdir
         # reads, and quoted string values.
         ["-m", "+tag=a,b", "hydra.sweep.subdir=${tag}"],
