@@ -599,8 +599,14 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
         ("trainer.strategy=bogus", "trainer settings: trainer.strategy=bogus: You selected an invalid strategy "),
         ("trainer.num_nodes=0", "trainer settings: trainer.num_nodes=0: `num_nodes` must be a positive "),
         # Was a ModuleNotFoundError traceback.
-        ("trainer.accelerator=tpu", "trainer settings: a package they need is not installed: Requirement "
-         "'torch_xla"),
+        ("trainer.accelerator=tpu", "trainer settings: trainer.accelerator=tpu: a package it needs is not "
+         "installed: Requirement 'torch_xla"),
+        ("trainer.strategy=deepspeed", "trainer settings: trainer.strategy=deepspeed: To use the "),
+        # A new-user check: ddp_spawn's processes kept the final validation and the records (train.json
+        # was [], exit status 0).
+        ("trainer.strategy=ddp_spawn", "trainer settings: trainer.strategy=ddp_spawn starts its processes by "
+         "spawn, and what they compute (the final validation, the records) does not come back to train.py; "
+         "use trainer=ddp"),
         # A new-user check: early_stopping=3 (true, val/acc) failed in check_early_stopping with an
         # AttributeError, [1] with OmegaConf's three lines, an unknown key after the seeding without
         # the valid ones, and patience:-1 was taken.

@@ -571,8 +571,8 @@ def trainer_settings_errors(trainer_cfg: Mapping[str, Any] | None = None) -> Ite
     machine lacks), the ValueError / TypeError of Lightning's argument checks
     (``trainer.devices=abc``: "`devices` selected with `CPUAccelerator` should be an int > 0") and
     the ModuleNotFoundError of an accelerator whose package is missing (``trainer.accelerator=tpu``:
-    a traceback before). Where the message names a Trainer argument in backticks that ``trainer_cfg``
-    sets, the override is named first (``trainer.devices=abc: ...``).
+    a traceback before). The setting the message is about (:func:`_named_trainer_key`; for a missing
+    package the accelerator, or else the strategy) is named first (``trainer.devices=abc: ...``).
 
     Raises:
         TrainerSettingsError: the exception's message, prefixed with ``trainer settings``.
@@ -585,13 +585,23 @@ def trainer_settings_errors(trainer_cfg: Mapping[str, Any] | None = None) -> Ite
         raise
     except (MisconfigurationException, ValueError, TypeError, ModuleNotFoundError) as err:
         message = str(err)
-        if isinstance(err, ModuleNotFoundError):
-            message = f"a package they need is not installed: {message}"
-        named = re.search(r"`(?:Trainer\()?(\w+)", message)
-        if named and trainer_cfg is not None and named.group(1) in trainer_cfg:
-            key = named.group(1)
+        key = _named_trainer_key(message, trainer_cfg or {})
+        if isinstance(err, ModuleNotFoundError):  # torch_xla's requirement names no setting
+            accelerator = str((trainer_cfg or {}).get("accelerator", "auto"))
+            key = key or ("accelerator" if accelerator not in ("auto", "cpu", "gpu", "cuda") else "strategy")
+            message = f"a package it needs is not installed: {message}"
+        if key is not None and trainer_cfg is not None and key in trainer_cfg:
             message = f"trainer.{key}={trainer_cfg[key]}: {message}"
         raise TrainerSettingsError(f"trainer settings: {message}") from err
+
+
+def _named_trainer_key(message: str, trainer_cfg: Mapping[str, Any]) -> str | None:
+    """The ``trainer.*`` setting a Lightning message is about: the key of ``trainer_cfg`` it names
+    first, in backticks (`` `devices` ``, ``Trainer(devices=0)``) or in a class name
+    (``DeepSpeedStrategy``, ``MPSAccelerator``); None where it names none."""
+    lowered = message.lower()
+    found = {lowered.find(key.lower()): key for key in trainer_cfg if key.lower() in lowered}
+    return found[min(found)] if found else None
 
 
 def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
@@ -606,7 +616,8 @@ def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
     Raises:
         TrainerSettingsError: the settings the Trainer would refuse (``trainer.devices=-1`` on CPU,
             an unavailable accelerator, ``trainer.strategy=bogus``), named by
-            :func:`trainer_settings_errors`.
+            :func:`trainer_settings_errors`; a strategy that spawns or forks its processes
+            (``ddp_spawn``, ``ddp_fork``, ``ddp_notebook``), whose results train.py would not see.
     """
     from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 
@@ -619,6 +630,15 @@ def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
             connector = _AcceleratorConnector(**{k: v for k, v in trainer_cfg.items() if k in arguments})
     finally:
         rank_zero_log.setLevel(level)
+    # A new-user check: ddp_spawn trained, but the processes it spawns keep what they computed (the
+    # final validation, the records: train.json was [], exit status 0) and Lightning cleared the CSV.
+    if getattr(connector.strategy, "_start_method", "popen") != "popen":
+        raise TrainerSettingsError(
+            f"trainer settings: trainer.strategy={trainer_cfg.get('strategy')} starts its processes by "
+            f"{connector.strategy._start_method}, and what they compute (the final validation, the records) "
+            "does not come back to train.py; use trainer=ddp (trainer.strategy=ddp: each process runs "
+            "train.py)"
+        )
     # The connector runs for a stated count too: it checks what the Trainer would (strategy=bogus,
     # an accelerator whose package is missing) before the seeding, not after it.
     stated = configured_world_size(trainer_cfg)
