@@ -37,6 +37,7 @@ from hydra.types import RunMode
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
+from data.text import local_corpus_files
 from eval.cli import INTERRUPTED, run_command_line, signal_handlers, user_errors
 from eval.records import (
     git_sha,
@@ -385,14 +386,15 @@ def check_sweep_job(cfg: DictConfig) -> None:
     """What :func:`train` would refuse in a sweep's job before it draws or reads any data:
     :func:`training.settings.check_settings`, the data module's arguments, the model's settings (built
     on the meta device with :data:`STAND_IN_VOCAB_SIZE`), a learned position table long enough for the
-    slices (:func:`training.settings.check_learned_positions`) and the process count Lightning resolves
+    slices (:func:`training.settings.check_learned_positions`), the text corpus's files
+    (:func:`data.text.local_corpus_files`) and the process count Lightning resolves
     (:func:`training.settings.resolved_world_size`), so that ``-m optim.lr=1e-3,abc`` or
     ``mixer.settings.mamba.d_state=8,0`` is refused before the first job trains; and a ``run_dir``
     other than the job's Hydra folder (:func:`training.settings.check_run_dir`, which :func:`main`
     applies to every run).
 
     Raises:
-        ValueError / TypeError: as :func:`train` raises them.
+        ValueError / TypeError / FileNotFoundError: as :func:`train` raises them.
     """
     run_dir = OmegaConf.to_container(cfg, resolve=False)["run_dir"]
     # The job's folder is known only when it starts: a run_dir that names it through ${hydra:...} (the
@@ -409,6 +411,8 @@ def check_sweep_job(cfg: DictConfig) -> None:
     seqlen = int(data_cfg["seqlen"])
     slice_seqlens = slice_lengths(dm, list(getattr(dm, "slice_names", ["val"])), seqlen)
     check_learned_positions(model, max([seqlen, *slice_seqlens.values()]))
+    if data_cfg.get("path") is not None:  # a missing corpus was found only when its job started
+        local_corpus_files(data_cfg["path"])
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     with trainer_settings_errors(trainer_cfg):  # trainer.devices=0, an accelerator this machine lacks
         resolved_world_size(trainer_cfg)

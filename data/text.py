@@ -244,40 +244,52 @@ class BlockSampler(Sampler[int]):
         return iter((offset + order * self.block_len).tolist())
 
 
+def local_corpus_files(path: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """The files of ``data.path`` (one path or a list), ``~`` expanded, each checked to be an existing
+    file: read by ``setup``, and checked on their own before a sweep's first job trains.
+
+    Raises:
+        ValueError: an empty list, an empty path or one that is no path (``data.path=[[]]``), a folder.
+        FileNotFoundError: a file that does not exist (a relative path named as it was resolved).
+    """
+    paths = list(path) if isinstance(path, Sequence) and not isinstance(path, str) else [path]
+    if not paths:  # datasets' own message names no setting
+        raise ValueError(
+            "text corpus path is an empty list; set data.path to a text file, or a list of files, "
+            "e.g. data.path='[a.txt,b.txt]'"
+        )
+    for file in paths:
+        # A new-user check: data.path=[[]] failed in os.fspath's words, data.path='' was called a
+        # directory (the working one).
+        if not isinstance(file, (str, os.PathLike)) or not str(file):
+            what = "an empty path" if isinstance(file, (str, os.PathLike)) else f"{file!r}, no path"
+            raise ValueError(
+                f"data.path holds {what}; set data.path to a text file, or a list of files, e.g. "
+                "data.path='[a.txt,b.txt]'"
+            )
+    # ~ as the shell would expand it (train.py stores the corpus by this path: absolute_paths).
+    paths = [Path(file).expanduser() for file in paths]
+    for file in paths:
+        if Path(file).is_dir():
+            raise ValueError(
+                f"text corpus {str(file)!r} is a directory; set data.path to a text file, or a list of "
+                f"files, e.g. data.path='[{Path(file) / 'a.txt'},{Path(file) / 'b.txt'}]'"
+            )
+        if not Path(file).is_file():
+            # a relative path is read from the working directory: say which one that was
+            where = "" if Path(file).is_absolute() else f", looked for at {Path(file).resolve()}"
+            raise FileNotFoundError(
+                f"text corpus file not found: {str(file)!r}{where} (set data.path to a text file)"
+            )
+    return paths
+
+
 def _load_text(path, name, config_name, split, text_column, separator, cache_dir) -> str:
     """The corpus as one string: local text file(s) or a Hugging Face hub dataset, via ``datasets``."""
     import datasets  # imported here: it takes about a second and MQAR-only users never need it
 
     if path is not None:
-        paths = list(path) if isinstance(path, Sequence) and not isinstance(path, str) else [path]
-        if not paths:  # datasets' own message names no setting
-            raise ValueError(
-                "text corpus path is an empty list; set data.path to a text file, or a list of files, "
-                "e.g. data.path='[a.txt,b.txt]'"
-            )
-        for file in paths:
-            # A new-user check: data.path=[[]] failed in os.fspath's words, data.path='' was called a
-            # directory (the working one).
-            if not isinstance(file, (str, os.PathLike)) or not str(file):
-                what = "an empty path" if isinstance(file, (str, os.PathLike)) else f"{file!r}, no path"
-                raise ValueError(
-                    f"data.path holds {what}; set data.path to a text file, or a list of files, e.g. "
-                    "data.path='[a.txt,b.txt]'"
-                )
-        # ~ as the shell would expand it (train.py stores the corpus by this path: absolute_paths).
-        paths = [Path(file).expanduser() for file in paths]
-        for file in paths:
-            if Path(file).is_dir():
-                raise ValueError(
-                    f"text corpus {str(file)!r} is a directory; set data.path to a text file, or a list of "
-                    f"files, e.g. data.path='[{Path(file) / 'a.txt'},{Path(file) / 'b.txt'}]'"
-                )
-            if not Path(file).is_file():
-                # a relative path is read from the working directory: say which one that was
-                where = "" if Path(file).is_absolute() else f", looked for at {Path(file).resolve()}"
-                raise FileNotFoundError(
-                    f"text corpus file not found: {str(file)!r}{where} (set data.path to a text file)"
-                )
+        paths = local_corpus_files(path)
         # sample_by="document" makes each file one row with its newlines intact (line ends are
         # normalised to "\n", as Python's text mode does). Without a user cache_dir the Arrow cache
         # goes to a temporary directory, deleted once the text has been copied out.

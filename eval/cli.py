@@ -764,7 +764,7 @@ def _check_sweep_jobs(
             check_job(cfg)
         except OmegaConfBaseException:  # a ${...} only the job resolves (${hydra:...}): its own check
             continue
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, FileNotFoundError) as err:
             named = " ".join(job[i] for i in sorted(chosen))
             raise ValueError(f"the sweep's job{f' with {named}' if named else ''}: {err}") from err
         except Exception:  # noqa: BLE001 -- Hydra composes again in the job and reports it its own way

@@ -743,6 +743,10 @@ TRAIN_CHECK = dict(
         (["-m", "seed=glob(*)"], "train", "seed=glob(*): glob(...) chooses among a config group's options "
          "(mixer=glob(*)), and seed is a setting: it would run no job; write its values, seed=<a>,<b>,..."),
         (["-m", "mixer=glob(zz*)"], "train", "mixer=glob(zz*) matches none of the mixer options (attention, "),
+        # A new-user check: a later job's missing corpus was found after the first job had trained.
+        (["-m", "data=text", f"data.path={REPO_ROOT / 'README.md'},/nonexistent/corpus.txt"], "train",
+         "the sweep's job with data.path=/nonexistent/corpus.txt: text corpus file not found: "
+         "'/nonexistent/corpus.txt' (set data.path to a text file)"),
         # A group's glob is expanded as Hydra's sweeper expands it, so its jobs are checked too.
         (["-m", "mixer=glob(mamb*)", "optim.lr=abc"], "train", "the sweep's job with mixer=mamba: optim.lr "
          "must be a number, got 'abc'"),
