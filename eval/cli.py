@@ -982,17 +982,26 @@ class OutputDirCheck(Callback):
             # first, so run last (atexit runs in reverse): after multirun.yaml is gone.
             root = Path(sweep_dir).absolute()
             subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
-            if subdir is not None and (Path(str(subdir)).is_absolute() or ".." in Path(str(subdir)).parts):
+            outside = _outside_sweep_dir(root, str(subdir)) if subdir is not None else None
+            if outside is not None:
                 # The folders Hydra would make there, empty, are outside what is cleaned up below.
                 _exit_refused(
-                    f"hydra.sweep.subdir={subdir} leads outside hydra.sweep.dir={sweep_dir}: an evaluation "
-                    "writes nothing into its jobs' folders, and Hydra would leave them there empty; leave "
-                    "hydra.sweep.subdir out (or keep it inside hydra.sweep.dir)"
+                    f"hydra.sweep.subdir={subdir} leads outside hydra.sweep.dir={sweep_dir}{outside}: an "
+                    "evaluation writes nothing into its jobs' folders, and Hydra would leave them there empty; "
+                    "leave hydra.sweep.subdir out (or keep it inside hydra.sweep.dir)"
                 )
             depth = len(Path(str(subdir or "")).parts)
             made = [p for p in (root, *root.parents) if not p.exists()]
             atexit.register(_remove_empty_folders_made, root, depth, _folders_below(root, depth), made)
             path = Path(sweep_dir, "multirun.yaml")
+            if path.is_dir():  # Hydra failed in an IsADirectoryError traceback
+                _exit_refused(
+                    f"hydra.sweep.dir={sweep_dir} holds a folder named multirun.yaml, where Hydra saves the "
+                    "sweep's file; pass hydra.sweep.dir=<another folder>"
+                )
+            # Hydra writes through a symbolic link (a new-user check: a dangling one was removed and the
+            # file Hydra made at its target left), so what is put back is the link's target.
+            path = path.resolve() if path.is_symlink() else path
             was = (path.read_bytes(), stat.S_IMODE(path.stat().st_mode)) if path.is_file() else None
             atexit.register(_restore_file, path, was)
 
@@ -1015,6 +1024,20 @@ class OutputDirCheck(Callback):
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             _exit_refused(str(err))
+
+
+def _outside_sweep_dir(root: Path, subdir: str) -> str | None:
+    """Where a sweep's ``subdir`` leads out of the sweep folder ``root``: ``""`` for an absolute path
+    or one with ``..``, ``": <folder> is a symbolic link to <target>"`` for a link (among the parts
+    before the first ``${``) to a folder outside ``root``; None where it stays inside."""
+    if Path(subdir).is_absolute() or ".." in Path(subdir).parts:
+        return ""
+    folder = root
+    for part in itertools.takewhile(lambda part: "${" not in part, Path(subdir).parts):
+        folder = folder / part
+        if folder.is_symlink() and not folder.resolve().is_relative_to(root.resolve()):
+            return f": {folder} is a symbolic link to {os.readlink(folder)}"
+    return None
 
 
 def _exit_refused(message: str) -> None:

@@ -256,9 +256,27 @@ def test_a_sweep_leaves_no_multirun_yaml_and_refuses_an_unwritable_folder_in_one
     assert (tmp_path / "keep" / "linked.yaml").read_text() == "# an earlier sweep's\n"
     assert (tmp_path / "multirun.yaml").stat().st_ino == (tmp_path / "keep" / "linked.yaml").stat().st_ino
     shutil.rmtree(tmp_path / "keep")
+    # A symbolic link, dangling too (a new-user check: the link was removed and the file Hydra wrote at
+    # its target left there); a folder of that name is refused (was an IsADirectoryError traceback).
+    (tmp_path / "multirun.yaml").unlink()
+    for target in ("kept.yaml", "missing.yaml"):
+        (tmp_path / "multirun.yaml").symlink_to(target)
+        result = subprocess.run(script, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert os.readlink(tmp_path / "multirun.yaml") == target and not (tmp_path / "missing.yaml").exists()
+        (tmp_path / "multirun.yaml").unlink()
+        (tmp_path / "kept.yaml").write_text("# kept\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["kept.yaml"] and (tmp_path / "kept.yaml").read_text() == "# kept\n"
+    (tmp_path / "kept.yaml").unlink()
+    (tmp_path / "multirun.yaml").mkdir()
+    result = subprocess.run(script, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stderr == (
+        "error: hydra.sweep.dir=. holds a folder named multirun.yaml, where Hydra saves the sweep's file; pass "
+        "hydra.sweep.dir=<another folder>\n"
+    )
+    (tmp_path / "multirun.yaml").rmdir()
     # Nor the jobs' folders that Hydra makes, nor a sweep folder made for it (another new-user check),
     # while folders that were there stay.
-    (tmp_path / "multirun.yaml").unlink()
     (tmp_path / "mine").mkdir()
     for where in (["hydra.sweep.subdir=${seqlen}"], ["hydra.sweep.dir=a/b", "hydra.sweep.subdir=x/${seqlen}"],
                   ["hydra.sweep.dir=mine", "hydra.sweep.subdir=${seqlen}"]):  # fmt: skip
@@ -270,17 +288,19 @@ def test_a_sweep_leaves_no_multirun_yaml_and_refuses_an_unwritable_folder_in_one
     # A subdir leading outside the sweep folder is refused: Hydra's empty job folders there stayed (a
     # carried new-user note).
     (tmp_path / "in").mkdir()
-    for subdir in ("../out/${seqlen}", str(tmp_path / "abs" / "${seqlen}")):
+    (tmp_path / "in" / "lnk").symlink_to(tmp_path)
+    for subdir in ("../out/${seqlen}", str(tmp_path / "abs" / "${seqlen}"), "lnk/${seqlen}"):
         args = [*script, f"hydra.sweep.subdir={subdir}"]
         result = subprocess.run(args, cwd=tmp_path / "in", env=env, capture_output=True, text=True, timeout=300)
         assert result.returncode == 2 and result.stdout == ""
+        link = f": {tmp_path / 'in' / 'lnk'} is a symbolic link to {tmp_path}" if subdir.startswith("lnk") else ""
         assert result.stderr == (
-            f"error: hydra.sweep.subdir={subdir} leads outside hydra.sweep.dir=.: an evaluation writes nothing "
-            "into its jobs' folders, and Hydra would leave them there empty; leave hydra.sweep.subdir out (or "
-            "keep it inside hydra.sweep.dir)\n"
+            f"error: hydra.sweep.subdir={subdir} leads outside hydra.sweep.dir=.{link}: an evaluation writes "
+            "nothing into its jobs' folders, and Hydra would leave them there empty; leave hydra.sweep.subdir "
+            "out (or keep it inside hydra.sweep.dir)\n"
         )
-        assert [p.name for p in tmp_path.iterdir()] == ["in"] and not any((tmp_path / "in").iterdir())
-    (tmp_path / "in").rmdir()
+        assert [p.name for p in tmp_path.iterdir()] == ["in"] and os.listdir(tmp_path / "in") == ["lnk"]
+    shutil.rmtree(tmp_path / "in")
     # /proc refuses new files, root's too (chmod would not stop root, which CI may run as).
     result = subprocess.run(script, cwd="/proc", env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and result.stdout == ""
