@@ -413,7 +413,13 @@ def _check_group_options(overrides: list[Override], config_dir: Path) -> None:
                     f"{override.input_line}: {group} takes the name of one of its options: "
                     + ", ".join(options)
                 )
-            if choice is None or choice in options:
+            if choice is None:  # Hydra: "Config group override must be a string or a list" (a traceback)
+                raise ValueError(
+                    f"{override.input_line}: {group} takes the name of one of its options "
+                    f"({', '.join(options)}), and null is none of them; leave {group} out for the config's "
+                    "own choice"
+                )
+            if choice in options:
                 continue
             meant = closest_settings(choice, {option: [option] for option in options})
             where = f"Hydra has no {group} option {choice}"
@@ -627,6 +633,16 @@ def check_command_line(
         raise ValueError(problem)
     _check_group_options(overrides, config_dir)
     for override in overrides:
+        group, forced = override.key_or_group, override.is_force_add()
+        # Hydra's own groups are chosen by Hydra's defaults; ++ of any group is refused by Hydra.
+        if is_group(override, config_dir) and (forced or (override.is_add() and group.startswith("hydra/"))):
+            if group_options(group, config_dir) is not None:
+                given = override.input_line.lstrip("+")
+                raise ValueError(
+                    f"{override.input_line} {'force-adds' if forced else 'adds'} {group}, which "
+                    f"{'Hydra' if group.startswith('hydra/') else shown} already chooses in its defaults; write "
+                    f"{given} to choose it"
+                )
         if override.is_add() and override.key_or_group in chosen:  # Hydra: "Multiple values for ..."
             raise ValueError(
                 f"{override.input_line} adds {override.key_or_group}, which {shown} already chooses in its "

@@ -534,6 +534,13 @@ MIXERS = ("attention, hybrid_based, hybrid_jamba, hybrid_samba, hybrid_zamba, li
         (["trainer=gpus"],
          "unknown trainer 'gpus' in trainer=gpus: conf/trainer has no gpus.yaml (did you mean gpu?); the "
          "trainer options are cpu, ddp, gpu"),
+        # A new-user check: null, no option, was Hydra's traceback ("Config group override must be a string").
+        (["hydra/launcher=null"],
+         "hydra/launcher=null: hydra/launcher takes the name of one of its options (basic, joblib), and null is "
+         "none of them; leave hydra/launcher out for the config's own choice"),
+        (["experiment=null"], "experiment=null: experiment takes the name of one of its options "
+         "(induction_extrapolation, nanogpt_shakespeare, zoology_mqar), and null is none of them; leave "
+         "experiment out for the config's own choice"),
         # Hydra's own groups, against the options Hydra finds (its answer was 8 lines with its search path).
         (["-m", "hydra/launcher=basic,jobib"],
          "unknown hydra/launcher 'jobib' in hydra/launcher=basic,jobib: Hydra has no hydra/launcher option "
@@ -570,7 +577,7 @@ def test_a_group_given_a_list_or_a_number_is_one_line():
     [
         ["mixer=mamba", "model=small", "trainer=cpu", "data=text", "logger=none", "experiment=zoology_mqar"],
         ["-m", "mixer=attention,mamba", "model.d_model=32"],
-        ["mixer=null", "~logger", "mixer.settings.mamba.d_state=8"],  # no option, a deletion, a key
+        ["~logger", "mixer.settings.mamba.d_state=8"],  # a deletion, a key
         ["hydra/launcher=joblib", "mixer=glob(*)"],  # Hydra's own group; a sweep it expands itself
         ["--config-dir", "/elsewhere", "mixer=custom"],  # another search path: Hydra's to judge
         ["hydra.searchpath=[file:///elsewhere]", "mixer=custom"],
@@ -743,6 +750,12 @@ TRAIN_CHECK = dict(
         (["-m", "seed=glob(*)"], "train", "seed=glob(*): glob(...) chooses among a config group's options "
          "(mixer=glob(*)), and seed is a setting: it would run no job; write its values, seed=<a>,<b>,..."),
         (["-m", "mixer=glob(zz*)"], "train", "mixer=glob(zz*) matches none of the mixer options (attention, "),
+        # A new-user check: Hydra's "Multiple values for hydra/launcher" and "force-add of config groups is
+        # not supported", each with its HYDRA_FULL_ERROR line.
+        (["+hydra/launcher=joblib"], "train", "+hydra/launcher=joblib adds hydra/launcher, which Hydra already "
+         "chooses in its defaults; write hydra/launcher=joblib to choose it"),
+        (["++mixer=mamba"], "train", "++mixer=mamba force-adds mixer, which conf/train.yaml already chooses in "
+         "its defaults; write mixer=mamba to choose it"),
         # A new-user check: a later job's missing corpus was found after the first job had trained.
         (["-m", "data=text", f"data.path={REPO_ROOT / 'README.md'},/nonexistent/corpus.txt"], "train",
          "the sweep's job with data.path=/nonexistent/corpus.txt: text corpus file not found: "
