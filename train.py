@@ -184,10 +184,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # The mixers check their settings' values as they are built (pos_emb=ropee, num_heads=0): built
     # once on the meta device (no weights allocated), a refusal comes before the seeding too.
     with torch.device("meta"):
-        LanguageModel(model_config)
+        meta_model = LanguageModel(model_config)
     tokenizer = getattr(dm, "tokenizer", None)
     slice_names = list(getattr(dm, "slice_names", ["val"]))
     slice_seqlens = slice_lengths(dm, slice_names, int(data_cfg["seqlen"]))
+    # Before the seeding too (a new-user check: it came after Lightning's "Seed set to 0").
+    check_learned_positions(meta_model, max([int(data_cfg["seqlen"]), *slice_seqlens.values()]))
     check_early_stopping(cfg.get("early_stopping"), slice_names)
     check_monitor(data_cfg.get("monitor"), data_cfg.get("monitor_mode"), slice_names)
     hparams = {
@@ -222,7 +224,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
     lit = LitLM(**hparams)
-    check_learned_positions(lit.model, max([int(data_cfg["seqlen"]), *slice_seqlens.values()]))
 
     # best.ckpt: the callback, on each validation that improves the monitor. last.ckpt: written
     # after fit (below), because Lightning's save_last only refreshes it together with a new best,

@@ -226,7 +226,12 @@ def test_induction_extrapolation_records_each_slice_at_its_length(tmp_path, over
     assert (0.0 <= out["metrics"]["val/acc_T64"] <= 1.0) and (out["metrics"]["val/acc_T64"] * 8).is_integer()
 
 
-def test_learned_positions_shorter_than_the_longest_slice_fail_before_training(tmp_path):
+def test_learned_positions_shorter_than_the_longest_slice_fail_before_training(tmp_path, monkeypatch):
+    # Before the seeding too (a new-user check: the refusal came after Lightning's "Seed set to 0").
+    def seeded(*args, **kwargs):
+        raise AssertionError("seeded before the refusal")
+
+    monkeypatch.setattr(train_module.L, "seed_everything", seeded)
     with pytest.raises(ValueError, match=r"max_position=32 rows.*max_position=64"):
         run(tmp_path, INDUCTION_TINY + ["mixer.settings.attention.max_position=32"])
     assert not (tmp_path / "checkpoints").exists()
