@@ -591,7 +591,7 @@ def trainer_settings_errors(trainer_cfg: Mapping[str, Any] | None = None) -> Ite
             key = key or ("accelerator" if accelerator not in ("auto", "cpu", "gpu", "cuda") else "strategy")
             message = f"a package it needs is not installed: {message}"
         if key is not None and trainer_cfg is not None and key in trainer_cfg:
-            message = f"trainer.{key}={trainer_cfg[key]}: {message}"
+            message = f"{pasteable(f'trainer.{key}={override_value(trainer_cfg[key])}')}: {message}"
         raise TrainerSettingsError(f"trainer settings: {message}") from err
 
 
@@ -633,11 +633,11 @@ def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
     # A new-user check: ddp_spawn trained, but the processes it spawns keep what they computed (the
     # final validation, the records: train.json was [], exit status 0) and Lightning cleared the CSV.
     if getattr(connector.strategy, "_start_method", "popen") != "popen":
+        given = pasteable(f"trainer.strategy={override_value(trainer_cfg.get('strategy'))}")
         raise TrainerSettingsError(
-            f"trainer settings: trainer.strategy={trainer_cfg.get('strategy')} starts its processes by "
-            f"{connector.strategy._start_method}, and what they compute (the final validation, the records) "
-            "does not come back to train.py; use trainer=ddp (trainer.strategy=ddp: each process runs "
-            "train.py)"
+            f"trainer settings: {given} starts its processes by {connector.strategy._start_method}, and what "
+            "they compute (the final validation, the records) does not come back to train.py; use "
+            "trainer=ddp (trainer.strategy=ddp: each process runs train.py)"
         )
     # The connector runs for a stated count too: it checks what the Trainer would (strategy=bogus,
     # an accelerator whose package is missing) before the seeding, not after it.
