@@ -1930,7 +1930,9 @@ def test_printed_overrides_paste_back_to_the_same_value(key, value, tmp_path):
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("data.seqlen=32", "data.seqlen=64, this run has 32"),
+        # The slices' default follows data.seqlen: both named.
+        ("data.seqlen=32", f'data.seqlen=64 (this run has 32), "data.test_configs={DEFAULT_MQAR_SLICES}" (this '
+         "run has [{seqlen:32,num_kv_pairs:4},{seqlen:64,num_kv_pairs:8},{seqlen:128,num_kv_pairs:16}])"),
         ("data.seed=1", "data.seed=0, this run has 1"),
         ("data=copy", "data=mqar, this run has copy"),  # the group's option, not data.name=mqar
         ("optim.lr=0.001", "optim.lr=0.003, this run has 0.001"),
@@ -1943,6 +1945,8 @@ def test_printed_overrides_paste_back_to_the_same_value(key, value, tmp_path):
             f'"data.test_configs={DEFAULT_MQAR_SLICES}", this run has [{{seqlen:64,num_kv_pairs:4}}]',
         ),
         ("model.d_model=16", "model.d_model=32, this run has 16"),
+        # Every difference at once (a new-user check: fixed one at a time, each found by another try).
+        ("data.seed=1 optim.lr=0.001", "data.seed=0 (this run has 1), optim.lr=0.003 (this run has 0.001)"),
     ],
 )
 def test_resume_refuses_other_data_optim_or_seed_settings(jamba_run, tmp_path, override, message):
@@ -1951,7 +1955,7 @@ def test_resume_refuses_other_data_optim_or_seed_settings(jamba_run, tmp_path, o
     it claimed to continue; it is refused up front, naming the key and both values, as Hydra
     overrides write them (they printed as Python values: True, None, 'copy'; model keys as
     `model d_model`)."""
-    settings = [*JAMBA_RESUME, f"resume={jamba_run['last_ckpt']}", override]
+    settings = [*JAMBA_RESUME, f"resume={jamba_run['last_ckpt']}", *override.split()]
     expected = f"was trained with {message}; resume with the checkpoint's settings"
     with pytest.raises(ValueError, match=re.escape(expected) + ".*overrides.yaml"):
         run_train(tmp_path, settings)
@@ -2183,7 +2187,8 @@ def test_resume_refusals_paste_back_as_overrides(jamba_run, tmp_path):
     mixer = {**hparams, "model": {**width["model"], "name": "attention"}}
     refusals = [  # (this run's hparams, world_size, max_steps, the message after resume=...)
         (width, None, 21, "was trained with model.d_model=32, this run has 16;"),
-        (mixer, None, 21, "was trained with mixer=hybrid_jamba, this run has attention;"),
+        (mixer, None, 21, "was trained with mixer=hybrid_jamba (this run has attention), model.d_model=32 "
+         "(this run has 16);"),
         (hparams, 2, 21, "was trained on 1 process(es), this run has 2:"),
         (hparams, None, 20, "is already at step 20"),
     ]

@@ -200,7 +200,7 @@ def check_resume(
             ``data.test_configs=null`` as the values it stands for, :func:`resolve_defaults`), a
             text corpus of another vocabulary or other contents (compared when the checkpoint stores
             its digest), model, ``optim.*`` value or ``seed`` (compared when
-            the checkpoint stores one) -- naming the first differing key with both values (a
+            the checkpoint stores one) -- naming every differing key with both values (a
             default as the values it stands for), in Hydra's override form (:func:`override_value`)
             (the continued run would train on other batches, in another order or with another
             optimizer than the run it continues), or on another process count than ``world_size``,
@@ -280,6 +280,7 @@ def check_resume(
     # Compared and named as resolved: a default and the value it stands for are one setting.
     # The checkpoint's keys: a checkpoint written before the seed was stored resumes with any seed=.
     resolved = resolve_defaults(current)
+    differences = []  # (override, this run's value): every one named at once (a new-user check)
     for key, value in resolve_defaults(saved).items():
         if value == resolved.get(key):
             continue
@@ -305,9 +306,18 @@ def check_resume(
             )
         # The data module's name is chosen by the data group: data=mqar gives it (and its defaults).
         shown = "data" if key == "data.name" else key
+        difference = (pasteable(f"{shown}={override_value(value)}"), override_value(resolved.get(key)))
+        if key == "data.name":  # another task: its other data.* keys differ with it, named alone
+            differences = [difference]
+            break
+        differences.append(difference)
+    if differences:
+        trained = (
+            f"{differences[0][0]}, this run has {differences[0][1]}" if len(differences) == 1
+            else ", ".join(f"{override} (this run has {now})" for override, now in differences)
+        )  # fmt: skip
         raise ValueError(
-            f"{given} was trained with {pasteable(f'{shown}={override_value(value)}')}, this run has "
-            f"{override_value(resolved.get(key))}; resume with the checkpoint's settings (its run "
+            f"{given} was trained with {trained}; resume with the checkpoint's settings (its run "
             "directory's .hydra/overrides.yaml lists them)"
         )
     if world_size is not None:
