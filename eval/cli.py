@@ -640,8 +640,8 @@ def check_command_line(
                 given = override.input_line.lstrip("+")
                 raise ValueError(
                     f"{override.input_line} {'force-adds' if forced else 'adds'} {group}, which "
-                    f"{'Hydra' if group.startswith('hydra/') else shown} already chooses in its defaults; write "
-                    f"{given} to choose it"
+                    f"{'Hydra' if group.startswith('hydra/') else shown} already chooses in its defaults; "
+                    f"write {given} to choose it"
                 )
         if override.is_add() and override.key_or_group in chosen:  # Hydra: "Multiple values for ..."
             raise ValueError(
@@ -703,7 +703,8 @@ def _sweep_values(overrides: list[Override], config_dir: Path = CONF_DIR) -> dic
         if isinstance(value, IntervalSweep):
             raise ValueError(
                 f"{override.input_line}: interval(...) is for the sweepers that search a range (Optuna, "
-                f"Nevergrad); Hydra's basic sweeper takes a list of values, {key}=<a>,<b>,..., or a range(...)"
+                f"Nevergrad); Hydra's basic sweeper takes a list of values, {key}=<a>,<b>,..., or a "
+                "range(...)"
             )
         if isinstance(value, Glob):
             if not is_group(override, config_dir):
@@ -726,8 +727,8 @@ def _sweep_values(overrides: list[Override], config_dir: Path = CONF_DIR) -> dic
         except OmegaConfBaseException:
             raise ValueError(
                 f"{override.input_line}: a list of a sweep's values holds another sweep (range(...), "
-                f"choice(...)), which Hydra cannot enumerate; write the values as one list, {key}=<a>,<b>,..., "
-                "or a range(...) alone"
+                f"choice(...)), which Hydra cannot enumerate; write the values as one list, "
+                f"{key}=<a>,<b>,..., or a range(...) alone"
             ) from None
         except (HydraException, ValueError) as err:  # range(0,3,0): Python's "arg 3 must not be zero"
             raise ValueError(f"{override.input_line}: {err}") from None
@@ -1003,8 +1004,8 @@ class OutputDirCheck(Callback):
                 # The folders Hydra would make there, empty, are outside what is cleaned up below.
                 _exit_refused(
                     f"hydra.sweep.subdir={subdir} leads outside hydra.sweep.dir={sweep_dir}{outside}: an "
-                    "evaluation writes nothing into its jobs' folders, and Hydra would leave them there empty; "
-                    "leave hydra.sweep.subdir out (or keep it inside hydra.sweep.dir)"
+                    "evaluation writes nothing into its jobs' folders, and Hydra would leave them there "
+                    "empty; leave hydra.sweep.subdir out (or keep it inside hydra.sweep.dir)"
                 )
             depth = len(Path(str(subdir or "")).parts)
             made = [p for p in (root, *root.parents) if not p.exists()]

@@ -606,9 +606,10 @@ def _named_trainer_key(message: str, trainer_cfg: Mapping[str, Any]) -> str | No
 
 def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
     """The process count a ``L.Trainer(**trainer_cfg)`` runs with on this machine, its settings
-    checked as the Trainer checks them: the count the config states (:func:`configured_world_size`), else ``trainer.devices`` (``auto``, ``-1``, a
-    string such as ``"2"`` or ``"0,1"``) resolved as the Trainer resolves it, by Lightning's own
-    accelerator connector (which the Trainer runs first): on CPU ``auto`` is one process, on GPUs
+    checked as the Trainer checks them: the count the config states (:func:`configured_world_size`),
+    else ``trainer.devices`` (``auto``, ``-1``, a string such as ``"2"`` or ``"0,1"``) resolved as the
+    Trainer resolves it, by Lightning's own accelerator connector (which the Trainer runs first): on
+    CPU ``auto`` is one process, on GPUs
     ``auto`` and ``-1`` are one process per visible GPU (one in a notebook). It builds no Trainer and
     prints nothing (the connector's info lines, such as the precision in use, come again from the
     Trainer).
