@@ -432,18 +432,25 @@ def _check_group_options(overrides: list[Override], config_dir: Path) -> None:
             )
 
 
-def group_options(group: str, config_dir: Path = CONF_DIR) -> list[str] | None:
+def group_options(group: str, config_dir: Path = CONF_DIR) -> tuple[str, ...] | None:
     """The sorted option names of config group ``group``: ``conf/<group>/*.yaml`` for mixerlab's groups
     (``mixer``), or those Hydra finds on its search path for its own (``hydra/launcher``: ``basic``,
     ``joblib`` from the installed plugin). None where no such group exists."""
     folder = config_dir / group
     if folder.is_dir():
-        return sorted(path.stem for path in folder.glob("*.yaml"))
-    if not group.startswith("hydra/"):
-        return None
+        return tuple(sorted(path.stem for path in folder.glob("*.yaml")))
+    return _hydra_group_options(group, config_dir) if group.startswith("hydra/") else None
+
+
+@functools.cache
+def _hydra_group_options(group: str, config_dir: Path) -> tuple[str, ...] | None:
+    """:func:`group_options` of one of Hydra's groups, from Hydra's config loader (installed packages
+    and plugins: read once a process, some 50 ms a call)."""
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
-        return sorted(loader.get_group_options(group)) if loader.repository.group_exists(group) else None
+        if not loader.repository.group_exists(group):
+            return None
+        return tuple(sorted(loader.get_group_options(group)))
 
 
 def _hydra_groups(config_dir: Path) -> list[str]:
@@ -633,20 +640,15 @@ def check_command_line(
         raise ValueError(problem)
     _check_group_options(overrides, config_dir)
     for override in overrides:
+        # Hydra: "Multiple values for ..." (+), "force-add of config groups is not supported" (++); Hydra's
+        # own groups are chosen by Hydra's defaults.
         group, forced = override.key_or_group, override.is_force_add()
-        # Hydra's own groups are chosen by Hydra's defaults; ++ of any group is refused by Hydra.
-        if is_group(override, config_dir) and (forced or (override.is_add() and group.startswith("hydra/"))):
-            if group_options(group, config_dir) is not None:
-                given = override.input_line.lstrip("+")
-                raise ValueError(
-                    f"{override.input_line} {'force-adds' if forced else 'adds'} {group}, which "
-                    f"{'Hydra' if group.startswith('hydra/') else shown} already chooses in its defaults; "
-                    f"write {given} to choose it"
-                )
-        if override.is_add() and override.key_or_group in chosen:  # Hydra: "Multiple values for ..."
+        hydra_group = group.startswith("hydra/") and group_options(group, config_dir) is not None
+        if (override.is_add() or forced) and (group in chosen or hydra_group):
             raise ValueError(
-                f"{override.input_line} adds {override.key_or_group}, which {shown} already chooses in its "
-                f"defaults; write {override.input_line[1:]} to choose it"
+                f"{override.input_line} {'force-adds' if forced else 'adds'} {group}, which "
+                f"{'Hydra' if hydra_group else shown} already chooses in its defaults; write "
+                f"{override.input_line.lstrip('+')} to choose it"
             )
     sweeps = [override for override in overrides if override.is_sweep_override()]
     if not sweeps:
@@ -714,12 +716,12 @@ def _sweep_values(overrides: list[Override], config_dir: Path = CONF_DIR) -> dic
                     f"{key}=<a>,<b>,..."
                 )
             # Hydra's basic sweeper expands it the same way, against the group's options.
-            values[i] = value.filter(group_options(override.key_or_group, config_dir) or [])
+            options = list(group_options(override.key_or_group, config_dir) or ())
+            values[i] = value.filter(options)
             if not values[i]:
                 raise ValueError(
                     f"{override.input_line} matches none of the {override.key_or_group} options "
-                    f"({', '.join(group_options(override.key_or_group, config_dir) or [])}): the sweep "
-                    "would run no job"
+                    f"({', '.join(options)}): the sweep would run no job"
                 )
             continue
         try:
@@ -999,7 +1001,7 @@ class OutputDirCheck(Callback):
             # first, so run last (atexit runs in reverse): after multirun.yaml is gone.
             root = Path(sweep_dir).absolute()
             subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
-            outside = _outside_sweep_dir(root, str(subdir)) if subdir is not None else None
+            outside = outside_sweep_dir(root, str(subdir)) if subdir is not None else None
             if outside is not None:
                 # The folders Hydra would make there, empty, are outside what is cleaned up below.
                 _exit_refused(
@@ -1043,10 +1045,11 @@ class OutputDirCheck(Callback):
             _exit_refused(str(err))
 
 
-def _outside_sweep_dir(root: Path, subdir: str) -> str | None:
+def outside_sweep_dir(root: Path, subdir: str) -> str | None:
     """Where a sweep's ``subdir`` leads out of the sweep folder ``root``: ``""`` for an absolute path
     or one with ``..``, ``": <folder> is a symbolic link to <target>"`` for a link (among the parts
-    before the first ``${``) to a folder outside ``root``; None where it stays inside."""
+    before the first ``${``) to a folder outside ``root``; None where it stays inside. Used by the
+    evaluations' sweeps here and train.py's (:func:`training.run_folders.check_sweep_subdir`)."""
     if Path(subdir).is_absolute() or ".." in Path(subdir).parts:
         return ""
     folder = root

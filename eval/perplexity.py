@@ -24,7 +24,6 @@ and logs them to W&B when ``wandb.enabled=true``.
 from __future__ import annotations
 
 import math
-import re
 import time
 import warnings
 from typing import Any
@@ -51,6 +50,7 @@ from eval.common import (
     resolve_device,
 )
 from models.lit import scored_metrics
+from training.settings import name_data_setting
 
 TASKS = ("text",)
 CORPUS_KEYS = ("path", "dataset_name")
@@ -84,11 +84,11 @@ def text_datamodule(ctx: EvalContext, overrides: dict[str, Any], batch_size: int
     data_cfg["tokenizer"] = stored or data_cfg.get("tokenizer", "char")
     try:
         dm = build_datamodule(data_cfg, batch_size=batch_size)
-    except ValueError as err:  # the module names its own argument: the override is data.<it>
-        key = re.match(r"\w+", str(err))
-        if key is None or key.group() not in overrides:
+    except ValueError as err:  # the module names its own argument: an override is data.<it>
+        message = name_data_setting(str(err), overrides)
+        if message == str(err):
             raise
-        raise ValueError(f"data.{err}") from err
+        raise ValueError(message) from err
     # before the corpus is read: a learned position table refused the length only inside the model
     check_position_limit(ctx.model, dm.seqlen, "data.seqlen")
     try:

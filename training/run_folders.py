@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import errno
 import functools
-import itertools
 import os
 import re
 import shutil
@@ -35,7 +34,14 @@ from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
 
-from eval.cli import CONF_DIR, interpolation_error_message, is_group, override_value, pasteable
+from eval.cli import (
+    CONF_DIR,
+    interpolation_error_message,
+    is_group,
+    outside_sweep_dir,
+    override_value,
+    pasteable,
+)
 from models.checkpoint import write_back
 
 # What Hydra writes before the task runs: into the run directory (its config records in .hydra/, and
@@ -469,23 +475,16 @@ def check_sweep_subdir(sweep_dir: str, subdir: str | None, written: str | None =
     """
     if subdir is None:  # Hydra names the jobs' folder "None"
         return
-    sweep = Path(sweep_dir)
-    parts = Path(subdir).parts
     named = f"hydra.sweep.subdir={written or subdir}" + ("" if written is None else f" (= {subdir})")
-    where = f"{named} leads outside hydra.sweep.dir={sweep_dir}"
     fix = "use a relative path inside it (without hydra.sweep.subdir: the default, a folder per job)"
-    if Path(subdir).is_absolute() or ".." in parts:
-        raise ValueError(f"{where}; {fix}")
-    if not parts:
+    outside = outside_sweep_dir(Path(sweep_dir), subdir)
+    if outside is not None:
+        raise ValueError(f"{named} leads outside hydra.sweep.dir={sweep_dir}{outside}; {fix}")
+    if not Path(subdir).parts:
         raise ValueError(
             f"{named} leads to hydra.sweep.dir={sweep_dir} itself, not to a folder "
             f"inside it; {fix}"
         )
-    folder = sweep
-    for part in itertools.takewhile(lambda part: "${" not in part, parts):
-        folder = folder / part
-        if folder.is_symlink() and not folder.resolve().is_relative_to(sweep.resolve()):
-            raise ValueError(f"{where}: {folder} is a symbolic link to {os.readlink(folder)}; {fix}")
 
 
 @contextlib.contextmanager
