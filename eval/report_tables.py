@@ -469,17 +469,18 @@ def _settings_order(group: LrGroup) -> tuple:
 
 def differing_settings(settings: list[dict[str, str]]) -> list[str]:
     """For the settings of groups that share a table cell (``{name: JSON text}``), each group's
-    values of the settings that all of them record and that differ among them, as ``name=value``
-    joined by spaces (a name by its last part where that is unambiguous: ``window=1000``); "" for a
+    values of the settings that differ among them, as ``name=value`` joined by spaces (a name by its
+    last part where that is unambiguous: ``window=1000``), ``name=unset`` where a group's records
+    lack a setting that others record (``+trainer.max_time=...`` given to some runs only); "" for a
     group where none differs, ``settings not recorded`` for a group whose records predate them
     (beside groups that have them)."""
     recorded = [one for one in settings if one]
-    names = sorted(set.intersection(*(set(one) for one in recorded))) if recorded else []
-    differ = [name for name in names if len({one[name] for one in recorded}) > 1]
+    names = sorted(set().union(*recorded))
+    differ = [name for name in names if len({one.get(name) for one in recorded}) > 1]
     last = [name.rsplit(".", 1)[-1] for name in differ]
     shown = [short if last.count(short) == 1 else name for name, short in zip(differ, last, strict=True)]
     return [
-        " ".join(f"{label}={one[name]}" for name, label in zip(differ, shown, strict=True))
+        " ".join(f"{label}={one.get(name, 'unset')}" for name, label in zip(differ, shown, strict=True))
         if one
         else ("settings not recorded" if recorded else "")
         for one in settings

@@ -1139,7 +1139,11 @@ def test_best_over_lr_keeps_runs_of_other_settings_apart(grid, tmp_path):
     # Records from before train.py recorded settings, beside newer ones (a fresh-clone check got
     # every setting of the newer groups listed, and "x=?" for each of the old one's).
     mixed = [{}, {"a": "1", "b": "2", "c": "0"}, {"a": "1", "b": "3"}]
-    assert differing_settings(mixed) == ["settings not recorded", "b=2", "b=3"]
+    assert differing_settings(mixed) == ["settings not recorded", "b=2 c=0", "b=3 c=unset"]
+    # A setting only some runs were given (+trainer.max_time=...) tells their groups apart: both
+    # cells were unlabelled.
+    timed = [{"trainer.max_steps": "100"}, {"trainer.max_steps": "100", "trainer.max_time": '"00:00:01:00"'}]
+    assert differing_settings(timed) == ["max_time=unset", 'max_time="00:00:01:00"']
     assert differing_settings([{}, {}]) == ["", ""]
 
 
