@@ -73,6 +73,7 @@ from training.signals import (
     discard_unfinished_batch,
     sigterm_as_keyboard_interrupt,
 )
+from training.sweep_stop import StopWhenSweepStops, graceful_joblib_sweeps, stop_requested
 
 # Hydra writes its records to the console and to <run_dir>/train.log (conf/train.yaml).
 log = logging.getLogger("mixerlab.train")
@@ -238,7 +239,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         enable_version_counter=False,
     )
     loggers = _loggers(cfg, run_dir, run_name)
-    callbacks = [checkpoint_cb, WorldSizeRecord(), StopDDPOnSigterm()]
+    callbacks = [checkpoint_cb, WorldSizeRecord(), StopDDPOnSigterm(), StopWhenSweepStops()]
     callbacks += [LearningRateMonitor(logging_interval="step")] if loggers else []
     if cfg.get("early_stopping"):
         early_stopping = OmegaConf.to_container(cfg.early_stopping, resolve=True)
@@ -475,6 +476,11 @@ def main(cfg: DictConfig) -> None:
     if run_folders.JOBS_RUN_HERE is not None:
         run_folders.JOBS_RUN_HERE.append(Path(hydra_cfg.runtime.output_dir).resolve())
     with user_errors(retry="hydra.run.dir=<another folder>"):
+        if stop_requested():  # a joblib sweep stopped before this job started (training.sweep_stop)
+            # Not user_errors' "interrupted: kept ...": that would list the files of the jobs this
+            # worker process ran before.
+            print(f"not started: the sweep was stopped ({hydra_cfg.runtime.output_dir})", file=sys.stderr)
+            raise SystemExit(INTERRUPTED)
         check_run_dir(cfg.run_dir, hydra_cfg.runtime.output_dir, hydra_cfg.mode == RunMode.MULTIRUN)
         result = train(cfg)
     if result["interrupted"]:
@@ -499,9 +505,10 @@ def run_from_command_line() -> None:
         # Ctrl+C or SIGTERM (kill, timeout, a scheduler) before training, Hydra's composition
         # included, ends the run in one line, status 130, Hydra's folder undone; training and its
         # final evaluation handle them their own way inside.
-        run_command_line(
-            main, "train", hints=SETTING_HINTS, settings=lightning_settings(), check_job=check_sweep_job
-        )
+        with graceful_joblib_sweeps():
+            run_command_line(
+                main, "train", hints=SETTING_HINTS, settings=lightning_settings(), check_job=check_sweep_job
+            )
     except SystemExit as exc:
         if exc.code in (2, INTERRUPTED):
             # Not stopped half-way by a second Ctrl+C or a SIGTERM: it writes an earlier run's

@@ -39,7 +39,7 @@ from omegaconf import OmegaConf
 import train as train_module
 import training.settings
 from data import build_datamodule
-from eval.cli import override_value, pasteable
+from eval.cli import INTERRUPTED, override_value, pasteable
 from eval.recall import recall_eval
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
 from models.lit import LitLM, load_model, logged_metrics
@@ -511,23 +511,24 @@ def cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedP
 
 
 def sigterm_once(
-    args: list[str], cwd: Path, ready: Path, *, wait: float, settle: float = 0.0, to: str = "process",
-    env: dict[str, str] | None = None,
+    args: list[str], cwd: Path, ready: Path | list[Path], *, wait: float, settle: float = 0.0,
+    to: str = "process", env: dict[str, str] | None = None,
 ) -> tuple[int, str, str]:
     """Run ``python args`` (a train.py command line), send it SIGTERM ``settle`` seconds after
-    ``ready`` exists (waiting at most ``wait`` seconds for it: an AssertionError past that), to the
-    process or, ``to="group"``, to its whole new process group (as ``timeout`` and schedulers do);
-    returns ``(status, stdout, stderr)``."""
+    ``ready`` exists (every one of a list; waiting at most ``wait`` seconds: an AssertionError past
+    that), to the process or, ``to="group"``, to its whole new process group (as ``timeout`` and
+    schedulers do); returns ``(status, stdout, stderr)``."""
+    paths = ready if isinstance(ready, list) else [ready]
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=to == "group")  # fmt: skip
     deadline = time.monotonic() + wait
-    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+    while not all(p.exists() for p in paths) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    if not ready.exists():
+    if not all(p.exists() for p in paths):
         proc.kill()
         proc.communicate()
-        raise AssertionError(f"{ready} did not appear within {wait} s")
+        raise AssertionError(f"{[str(p) for p in paths if not p.exists()]} did not appear within {wait} s")
     time.sleep(settle)
     if to == "group":
         os.killpg(proc.pid, signal.SIGTERM)
@@ -1727,6 +1728,34 @@ def test_joblib_launcher_runs_a_sweep_in_parallel_processes(tmp_path):
         assert {r["mixer"] for r in records} == {run.split("-")[1]}
         assert load_model(sweep / run / "checkpoints" / "last.ckpt").model.config.name == run.split("-")[1]
         assert logged(str(sweep / run), "train/tokens")[-1] == 4 * 32 * 64
+
+
+@pytest.mark.parametrize("to", ["process", "group"])
+def test_a_stopped_joblib_sweep_lets_its_running_jobs_save(tmp_path, to):
+    """Found in the thirty-seventh session: a SIGTERM to a joblib sweep (to its own process, or to
+    the process group as a scheduler or a terminal's Ctrl+C sends it) had joblib SIGKILL the
+    workers, and jobs that had started their final save lost last.ckpt and train.json. Now the
+    running jobs stop at their next batch and save; a queued job does not start ("process": two
+    workers, three jobs), and an idle worker the signal reaches stays ("group": four workers)."""
+    sweep = tmp_path / "multirun"
+    tiny = [a for a in TINY if not a.startswith(("trainer.max_steps=", "trainer.val_check_interval="))]
+    args = [str(REPO_ROOT / "train.py"), "-m", "hydra/launcher=joblib", f"hydra.sweep.dir={sweep}"]
+    args += [f"hydra.launcher.n_jobs={2 if to == 'process' else 4}", "optim.lr=1e-3,2e-3,3e-3"]
+    args += ["trainer.max_steps=100000", "trainer.val_check_interval=5", *tiny, *MQAR_TINY]
+    running = ["0-attention-mqar", "1-attention-mqar"] + (["2-attention-mqar"] if to == "group" else [])
+    ready = [sweep / run / "checkpoints" / "best.ckpt" for run in running]
+    status, out, err = sigterm_once(args, tmp_path, ready, wait=400, to=to, env={"OMP_NUM_THREADS": "1"})
+    assert status == INTERRUPTED, err[-3000:]
+    assert "stopping the sweep: its running jobs stop at their next batch" in err
+    assert "Traceback" not in err, err[-3000:]
+    for run in running:
+        records = json.loads((sweep / run / "results" / "train.json").read_text())
+        assert records and all(r["interrupted"] is True for r in records)
+        assert load_model(sweep / run / "checkpoints" / "last.ckpt").model.config.d_model == 32
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert jobs == running  # the queued job's folder is undone
+    if to == "process":
+        assert f"not started: the sweep was stopped ({sweep / '2-attention-mqar'})" in err
 
 
 def test_resume_continues_steps_tokens_and_schedule(tmp_path):

@@ -1,0 +1,83 @@
+"""training.sweep_stop: a stopped joblib sweep waits for its running jobs (train.py's whole path is
+tests/test_train.py::test_a_stopped_joblib_sweep_lets_its_running_jobs_save)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import joblib
+import pytest
+from joblib.parallel import BACKENDS
+
+from training.sweep_stop import (
+    STOP_ENV,
+    GracefulLokyBackend,
+    StopWhenSweepStops,
+    graceful_joblib_sweeps,
+    stop_requested,
+)
+
+
+def test_stop_requested_reads_the_stop_file(tmp_path, monkeypatch):
+    monkeypatch.delenv(STOP_ENV, raising=False)
+    assert not stop_requested()
+    stop = tmp_path / "stop"
+    monkeypatch.setenv(STOP_ENV, str(stop))
+    assert not stop_requested()
+    callback = StopWhenSweepStops()
+    callback.on_train_batch_start(None, None, None, 0)  # no stop file: training goes on
+    stop.touch()
+    assert stop_requested()
+    with pytest.raises(KeyboardInterrupt, match="the sweep was stopped"):
+        callback.on_train_batch_start(None, None, None, 0)
+
+
+def test_graceful_joblib_sweeps_puts_everything_back():
+    before = BACKENDS["loky"]
+    outside = os.environ.get(STOP_ENV)
+    with graceful_joblib_sweeps():
+        assert BACKENDS["loky"] is GracefulLokyBackend
+        folder = Path(os.environ[STOP_ENV]).parent
+        assert folder.is_dir() and not stop_requested()
+    assert BACKENDS["loky"] is before and os.environ.get(STOP_ENV) == outside and not folder.exists()
+
+
+def _job(kind: str, out: str) -> str:
+    """A sweep job: "fail" raises at once; "train" works until the sweep stops, then saves."""
+    if kind == "fail":
+        raise ValueError("a refused job")
+    while not stop_requested():
+        time.sleep(0.01)
+    Path(out).write_text("saved")
+    return out
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def test_an_aborted_sweep_waits_for_its_running_jobs(tmp_path):
+    # Before: joblib SIGKILLed the workers as soon as one job failed, cutting the others' saves.
+    saved = tmp_path / "saved"
+    with graceful_joblib_sweeps():
+        with pytest.raises(ValueError, match="a refused job"):
+            joblib.Parallel(n_jobs=2, backend="loky")(
+                joblib.delayed(_job)(kind, str(saved)) for kind in ("train", "fail")
+            )
+    assert saved.read_text() == "saved"
+
+
+def test_idle_workers_ignore_stop_signals(tmp_path):
+    # A signal to the process group (a terminal's Ctrl+C) killed an idle loky worker, which broke
+    # the pool; the sweep's own process passes the stop on through the stop file instead.
+    with graceful_joblib_sweeps():
+        with joblib.Parallel(n_jobs=2, backend="loky") as parallel:
+            pids = set(parallel(joblib.delayed(_pid)() for _ in range(4)))
+            for pid in pids:
+                os.kill(pid, signal.SIGINT)
+                os.kill(pid, signal.SIGTERM)
+            time.sleep(0.5)
+            assert set(parallel(joblib.delayed(_pid)() for _ in range(4))) <= pids

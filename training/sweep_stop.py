@@ -1,0 +1,138 @@
+"""Stopping a ``hydra/launcher=joblib`` sweep without cutting its jobs' final saves.
+
+Hydra's joblib launcher runs the jobs in loky worker processes. Left as joblib sets them up, a
+Ctrl+C or SIGTERM reaches those workers too: an idle one dies of it, which breaks the pool, and the
+sweep's own process answers its KeyboardInterrupt by SIGKILLing every worker, so a job that had
+started its final save (``last.ckpt``, ``results/train.json``) lost it (a SIGTERM to the process
+group lost both jobs' last checkpoints and records; 2026-12-06, CPU).
+
+Here the stop goes through one channel, a file. train.py's own process, for the duration of its
+command line (:func:`graceful_joblib_sweeps`):
+
+- has loky start its workers with SIGINT and SIGTERM ignored (:func:`ignore_stop_signals`, the
+  executor's ``initializer``), so a signal to the whole process group (a terminal's Ctrl+C, a
+  scheduler) leaves the idle ones alone (a job in training still takes a SIGTERM of its own as
+  Ctrl+C: :mod:`training.signals`);
+- when the sweep ends early (a Ctrl+C or SIGTERM of its own, or a job that failed or was refused),
+  creates the stop file named by ``MIXERLAB_SWEEP_STOP`` (its workers inherit the variable) and
+  waits for the workers instead of killing them (:class:`GracefulLokyBackend`); a second Ctrl+C or
+  SIGTERM during that wait kills them, as joblib did at once.
+
+A job that sees the stop file stops as at a Ctrl+C: during training at the next batch
+(:class:`StopWhenSweepStops`), so it saves ``last.ckpt``, evaluates its best checkpoint and writes
+its records marked ``interrupted``; before training (a queued job) at once, with nothing saved
+(:func:`stop_requested`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from joblib import register_parallel_backend
+from joblib.parallel import BACKENDS, LokyBackend
+from lightning.pytorch.callbacks import Callback
+
+# The environment variable naming the stop file of the sweep this process's jobs belong to.
+STOP_ENV = "MIXERLAB_SWEEP_STOP"
+
+
+def stop_requested() -> bool:
+    """Whether the joblib sweep this process runs jobs for has been stopped: the file named by
+    ``MIXERLAB_SWEEP_STOP`` exists. False outside such a sweep (the variable unset)."""
+    path = os.environ.get(STOP_ENV)
+    return bool(path) and os.path.exists(path)
+
+
+class StopWhenSweepStops(Callback):
+    """Stops training at the start of the next batch once the sweep is stopped
+    (:func:`stop_requested`), by the KeyboardInterrupt a Ctrl+C would raise there, so the run takes
+    the same graceful path: Lightning's shutdown, then train.py's final save, evaluation and records
+    (``interrupted: true``). The batch is not trained (train.py puts it back for a resume). One
+    ``os.path.exists`` per batch, about a microsecond."""
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:  # fmt: skip
+        """Raise ``KeyboardInterrupt`` once the sweep is stopped."""
+        if stop_requested():
+            raise KeyboardInterrupt("the sweep was stopped")
+
+
+def ignore_stop_signals() -> None:
+    """A loky worker's initializer: SIGINT and SIGTERM ignored, so that an idle worker outlives a
+    signal to the process group (train.py's :func:`eval.cli.user_errors` leaves them ignored in its
+    jobs too, but for the SIGTERM taken during training and the final save: :mod:`training.signals`);
+    the sweep's own process tells the jobs to stop through the stop file."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class GracefulLokyBackend(LokyBackend):
+    """joblib's loky backend whose workers ignore SIGINT and SIGTERM (:func:`ignore_stop_signals`)
+    and whose abort waits for the running jobs instead of killing them.
+
+    joblib calls :meth:`abort_everything` when its ``Parallel`` call ends early: a KeyboardInterrupt
+    in this process (Ctrl+C, or SIGTERM made one by :func:`eval.cli.user_errors`) or a job's
+    exception (a refused or failed job). Registered as ``loky`` by :func:`graceful_joblib_sweeps`,
+    which is what Hydra's joblib launcher asks for.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, initializer=ignore_stop_signals, **kwargs)
+
+    def abort_everything(self, ensure_ready: bool = True) -> None:
+        """Create the stop file, then wait until the workers have finished: running jobs stop at
+        their next batch and save, queued ones start and stop at once. A KeyboardInterrupt during
+        the wait (a second Ctrl+C or SIGTERM) kills the workers and is raised on.
+
+        Raises:
+            KeyboardInterrupt: a second stop signal during the wait.
+        """
+        stop_file = os.environ.get(STOP_ENV)
+        if stop_file is None or self._workers is None:
+            super().abort_everything(ensure_ready)
+            return
+        Path(stop_file).touch()
+        print(
+            "stopping the sweep: its running jobs stop at their next batch, save and write their records "
+            "first (Ctrl+C again to kill them now)",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            self._workers.terminate(kill_workers=False)
+        except KeyboardInterrupt:
+            self._workers.terminate(kill_workers=True)
+            self._workers = None
+            raise
+        self._workers = None
+        if ensure_ready:
+            self.configure(n_jobs=self.parallel.n_jobs, parallel=self.parallel)
+
+
+@contextlib.contextmanager
+def graceful_joblib_sweeps() -> Iterator[None]:
+    """Within the block, this process's joblib ``loky`` backend is :class:`GracefulLokyBackend` and
+    ``MIXERLAB_SWEEP_STOP`` names a stop file in a new temporary folder (removed after the block),
+    for the workers a ``hydra/launcher=joblib`` sweep starts in it. Both are put back after it."""
+    previous_backend = BACKENDS.get("loky")
+    previous_env = os.environ.get(STOP_ENV)
+    with tempfile.TemporaryDirectory(prefix="mixerlab-sweep-") as folder:
+        os.environ[STOP_ENV] = os.path.join(folder, "stop")
+        register_parallel_backend("loky", GracefulLokyBackend)
+        try:
+            yield
+        finally:
+            if previous_backend is not None:
+                BACKENDS["loky"] = previous_backend
+            if previous_env is None:
+                os.environ.pop(STOP_ENV, None)
+            else:
+                os.environ[STOP_ENV] = previous_env
