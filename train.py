@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from data.text import local_corpus_files
 from eval.cli import INTERRUPTED, run_command_line, signal_handlers, user_errors
 from eval.records import (
+    check_wandb_login,
     git_sha,
     make_record,
     run_settings,
@@ -222,6 +223,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         trainer_cfg.get("max_time"),
         world_size if cfg.get("resume") is not None else None,
     )
+    if cfg.logger.wandb.enabled and cfg.logger.wandb.mode == "online":
+        # Before the seeding (a new-user check: W&B's refusal came after "Seed set to 0").
+        check_wandb_login("logger.wandb.mode")
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)
     lit = LitLM(**hparams)

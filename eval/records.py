@@ -518,6 +518,26 @@ def wandb_start_refused(option: str) -> Iterator[None]:
         ) from err
 
 
+def check_wandb_login(option: str) -> None:
+    """Refuse an online W&B run that has no API key before any work is done: ``wandb.login(prompt=False,
+    verify=False)`` looks for one (WANDB_API_KEY, ``wandb login``'s netrc entry) without a network call
+    (quiet under WANDB_SILENT, which train.py sets). A key W&B then refuses, or W&B unreachable, is still
+    found when the run starts (:func:`wandb_start_refused`). Nothing where wandb is not installed.
+
+    Raises:
+        WandbStartRefused: no API key; the message names ``wandb login`` and ``<option>=offline``.
+    """
+    try:
+        import wandb
+    except ImportError:
+        return
+    if not wandb.login(prompt=False, verify=False):
+        raise WandbStartRefused(
+            f"W&B could not start an online run (no API key found); log in with `wandb login` (or set "
+            f"WANDB_API_KEY), or log offline with {option}=offline and upload the run later with `wandb sync`"
+        )
+
+
 def start_wandb_run(
     *, project: str, name: str, mode: str, save_dir: str | os.PathLike, job_type: str, kept: str
 ) -> Any:

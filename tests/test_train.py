@@ -41,6 +41,7 @@ import training.settings
 from data import build_datamodule
 from eval.cli import INTERRUPTED, override_value, pasteable
 from eval.recall import recall_eval
+from eval.records import check_wandb_login
 from models.checkpoint import AtomicCheckpointIO, read_checkpoint
 from models.lit import LitLM, load_model, logged_metrics
 from training.resume import (
@@ -1546,6 +1547,21 @@ def test_online_wandb_without_an_api_key_is_one_line_before_training(tmp_path, m
     )
     with pytest.raises(ValueError, match=refusal):
         train_module._loggers(cfg, tmp_path, "run")
+
+
+def test_online_wandb_without_an_api_key_is_refused_before_the_seeding(tmp_path, monkeypatch):
+    """Found by a new-user check: the refusal came after Lightning's "Seed set to 0" and a wandb
+    warning; it is now the run's one line, and no folder is left."""
+    without_wandb_key(monkeypatch, tmp_path)
+    run_dir = tmp_path / "run"
+    args = [str(REPO_ROOT / "train.py"), *TINY, *MQAR_TINY, f"hydra.run.dir={run_dir}"]
+    result = cli([*args, "logger=wandb", "logger.wandb.mode=online"], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.startswith("error: W&B could not start an online run (no API key found); log in with")
+    assert len(result.stderr.splitlines()) == 1 and "Seed set" not in result.stdout + result.stderr
+    assert not run_dir.exists()
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    check_wandb_login("logger.wandb.mode")  # a key: the run goes on to start W&B
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "32-true", "16", "32", "bf16"])
