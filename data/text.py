@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import lightning as L
 import numpy as np
@@ -284,8 +287,27 @@ def local_corpus_files(path: str | os.PathLike | Sequence[str | os.PathLike]) ->
     return paths
 
 
+def hub_unreachable(timeout: float = 3.0) -> bool:
+    """Whether no TCP connection to the Hugging Face Hub (``HF_ENDPOINT``, default huggingface.co,
+    port 443) opens within ``timeout`` seconds: the host unknown (no DNS: a machine without network)
+    or not answering. One connection attempt, about a round trip where the Hub is reachable."""
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((endpoint.hostname or "huggingface.co", endpoint.port or 443), timeout):
+            return False
+    except OSError:
+        return True
+
+
 def _load_text(path, name, config_name, split, text_column, separator, cache_dir) -> str:
-    """The corpus as one string: local text file(s) or a Hugging Face hub dataset, via ``datasets``."""
+    """The corpus as one string: local text file(s) or a Hugging Face hub dataset, via ``datasets``.
+    A hub dataset on a machine that cannot reach the Hub (:func:`hub_unreachable`) is read from the
+    cache alone (``HF_HUB_OFFLINE=1`` for this process, where ``datasets`` is not imported yet):
+    ``datasets`` would retry the Hub for about 25 s first, printing a dozen warnings."""
+    offline = path is None and "datasets" not in sys.modules and "HF_HUB_OFFLINE" not in os.environ
+    offline = offline and hub_unreachable()
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
     import datasets  # imported here: it takes about a second and MQAR-only users never need it
 
     if path is not None:
@@ -325,6 +347,8 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
     except (ConnectionError, datasets.exceptions.DatasetNotFoundError) as err:
         # Offline without a cached copy, or no such dataset: datasets' own traceback, 30 s of retries.
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if offline:
+            reason = f"the Hub cannot be reached from this machine and {cache_dir or 'the cache'} holds no copy"
         raise ValueError(
             f"dataset_name={name!r} could not be loaded: {reason}; on a machine without network, load it "
             "once where there is one (into the same cache_dir or HF_DATASETS_CACHE), or give a local "

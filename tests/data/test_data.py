@@ -1,7 +1,11 @@
 """Tests of the data package: the MQAR generator and data module, tokenizers, the text data module."""
 
 import inspect
+import os
 import re
+import socket
+import subprocess
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -737,3 +741,40 @@ def test_tiny_shakespeare():
     text = SHAKESPEARE.read_text()
     assert dm.train_tokens.shape[0] == int(len(text) * 0.9)
     assert dm.tokenizer.decode(dm.val_tokens[:100]) == text[int(len(text) * 0.9) :][:100]
+
+
+def test_a_hub_dataset_the_hub_cannot_be_reached_for_is_read_from_the_cache_alone(tmp_path):
+    """Found by a new-user check: on a machine without network, datasets retried the Hub for about
+    25 s, printing a dozen warnings, before the one-line refusal. An unreachable Hub (here a local
+    port nothing listens on) now sets HF_HUB_OFFLINE=1 first: the cache alone is read."""
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "hf")}
+    env.pop("HF_HUB_OFFLINE", None)
+    env.pop("HF_DATASETS_OFFLINE", None)
+    code = (
+        "from data.text import TextDataModule\n"
+        "try:\n    TextDataModule(dataset_name='karpathy/tiny_shakespeare').setup()\n"
+        "except ValueError as err:\n    print(err)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(
+        "dataset_name='karpathy/tiny_shakespeare' could not be loaded: the Hub cannot be reached from this "
+        "machine and the cache holds no copy; on a machine without network, load it once"
+    ), result.stdout
+    assert "Retrying" not in result.stderr and "thrown while requesting" not in result.stderr, result.stderr
+
+
+def test_hub_unreachable_tries_one_connection(monkeypatch):
+    from data.text import hub_unreachable
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert not hub_unreachable()
+    assert hub_unreachable()  # the same port, closed
