@@ -96,8 +96,10 @@ class GracefulLokyBackend(LokyBackend):
             KeyboardInterrupt: a second stop signal during the wait.
         """
         stop_file = os.environ.get(STOP_ENV)
-        if stop_file is None or self._workers is None:
+        if stop_file is None:
             super().abort_everything(ensure_ready)
+            return
+        if self._workers is None:  # no pool started: nothing to wait for
             return
         Path(stop_file).touch()
         print(
