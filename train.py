@@ -76,7 +76,13 @@ from training.signals import (
     discard_unfinished_batch,
     sigterm_as_keyboard_interrupt,
 )
-from training.sweep_stop import StopWhenSweepStops, graceful_joblib_sweeps, stop_requested
+from training.sweep_stop import (
+    StopWhenSweepStops,
+    graceful_joblib_sweeps,
+    note_trained_nothing,
+    stop_requested,
+    trained_nothing_in_workers,
+)
 
 # Hydra writes its records to the console and to <run_dir>/train.log (conf/train.yaml).
 log = logging.getLogger("mixerlab.train")
@@ -294,6 +300,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     # Nor its lines in train.log and its loggers' records: its folder is undone
                     # (run_folders.remove_unused_folders).
                     run_folders.TRAINED_NOTHING.add(run_dir)
+                    note_trained_nothing(run_dir)  # for the sweep's own process, where this is a joblib job
                     # user_errors (main) reports it as Ctrl+C before training: one line, status 130.
                     raise KeyboardInterrupt("interrupted before the first optimizer step") from None
                 interrupted = True
@@ -506,27 +513,28 @@ def run_from_command_line() -> None:
     Raises:
         SystemExit: :func:`main`'s (Hydra's) exit.
     """
-    try:
-        # One user_errors block from the command line's checks to Hydra's exit (run_command_line): a
-        # Ctrl+C or SIGTERM (kill, timeout, a scheduler) before training, Hydra's composition
-        # included, ends the run in one line, status 130, Hydra's folder undone; training and its
-        # final evaluation handle them their own way inside.
-        with graceful_joblib_sweeps():
+    with graceful_joblib_sweeps():
+        try:
+            # One user_errors block from the command line's checks to Hydra's exit (run_command_line): a
+            # Ctrl+C or SIGTERM (kill, timeout, a scheduler) before training, Hydra's composition
+            # included, ends the run in one line, status 130, Hydra's folder undone; training and its
+            # final evaluation handle them their own way inside.
             run_command_line(
                 main, "train", hints=SETTING_HINTS, settings=lightning_settings(), check_job=check_sweep_job
             )
-    except SystemExit as exc:
-        if exc.code in (2, INTERRUPTED):
-            # Not stopped half-way by a second Ctrl+C or a SIGTERM: it writes an earlier run's
-            # records back.
-            with signal_handlers((signal.SIGINT, signal.SIGTERM), signal.SIG_IGN):
-                try:
-                    run_folders.remove_unused_folders(
-                        run_folders.RUN_FOLDERS_BEFORE, run_folders.JOBS_RUN_HERE
-                    )
-                except OSError as err:  # the refusal above stays the run's one line of output
-                    print(f"warning: could not undo what Hydra wrote for this run: {err}", file=sys.stderr)
-        raise
+        except SystemExit as exc:
+            if exc.code in (2, INTERRUPTED):
+                # Not stopped half-way by a second Ctrl+C or a SIGTERM: it writes an earlier run's
+                # records back.
+                with signal_handlers((signal.SIGINT, signal.SIGTERM), signal.SIG_IGN):
+                    try:
+                        run_folders.TRAINED_NOTHING.update(trained_nothing_in_workers())
+                        run_folders.remove_unused_folders(
+                            run_folders.RUN_FOLDERS_BEFORE, run_folders.JOBS_RUN_HERE
+                        )
+                    except OSError as err:  # the refusal above stays the run's one line of output
+                        print(f"warning: could not undo what Hydra wrote for this run: {err}", file=sys.stderr)
+            raise
 
 
 if __name__ == "__main__":

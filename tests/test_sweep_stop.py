@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -81,3 +83,31 @@ def test_idle_workers_ignore_stop_signals(tmp_path):
                 os.kill(pid, signal.SIGTERM)
             time.sleep(0.5)
             assert set(parallel(joblib.delayed(_pid)() for _ in range(4))) <= pids
+
+
+def test_an_orphaned_worker_ends_on_sigterm(tmp_path):
+    """A new-user check: after the sweep's process was SIGKILLed, its workers ignored SIGTERM, so
+    ``kill -- -<group>`` left them running. The worker here is started by a process that then exits."""
+    worker = (
+        "import time\nfrom training.sweep_stop import ignore_stop_signals\nignore_stop_signals()\n"
+        "print('ready', flush=True)\ntime.sleep(60)\n"
+    )
+    for orphaned in (False, True):
+        starter = (
+            "import subprocess, sys, time\n"
+            f"p = subprocess.Popen([sys.executable, '-c', {worker!r}], stdout=subprocess.PIPE, text=True)\n"
+            "p.stdout.readline()\nprint(p.pid, flush=True)\n" + ("" if orphaned else "time.sleep(60)\n")
+        )
+        root = Path(__file__).resolve().parents[1]
+        proc = subprocess.Popen([sys.executable, "-c", starter], cwd=root, stdout=subprocess.PIPE, text=True)
+        pid = int(proc.stdout.readline())
+        if orphaned:
+            proc.wait(timeout=30)
+        os.kill(pid, signal.SIGTERM)
+        time.sleep(1.0)
+        alive = Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        assert alive is not orphaned
+        if not orphaned:
+            os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            proc.wait()

@@ -1012,6 +1012,28 @@ def test_a_refused_joblib_sweep_leaves_no_folder(jamba_run, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_joblib_job_stopped_before_its_first_step_leaves_no_folder(tmp_path):
+    """Found by a new-user check of the graceful stop (training.sweep_stop): a job stopped by the
+    sweep before its first step (here when the other job is refused: its folder holds another run's
+    checkpoint) undid nothing, since only its own worker process knew it trained nothing; the
+    sweep's process undoes its folder now, and multirun.yaml with it."""
+    sweep = tmp_path / "sweep"
+    taken = sweep / "1-attention-mqar" / "checkpoints" / "last.ckpt"
+    taken.parent.mkdir(parents=True)
+    taken.write_bytes(b"another run's")
+    settings = [a for a in TINY if not a.startswith("trainer.max_steps=")] + ["trainer.max_steps=100000"]
+    args = [str(REPO_ROOT / "train.py"), "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *settings]
+    # The first job builds a larger training set: the second is refused before it trains a step.
+    args += ["data.num_test_examples=64", "data.num_train_examples=100000,640", f"hydra.sweep.dir={sweep}"]
+    result = cli(args, cwd=tmp_path, timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "already holds another run's checkpoints (last.ckpt)" in result.stderr
+    assert "training interrupted before its first step: nothing saved" in result.stdout + result.stderr
+    assert sorted(str(p.relative_to(sweep)) for p in sweep.rglob("*")) == [
+        "1-attention-mqar", "1-attention-mqar/checkpoints", "1-attention-mqar/checkpoints/last.ckpt"
+    ]  # fmt: skip
+
+
 def test_train_cli_reports_an_uncreatable_run_dir_in_one_line(tmp_path):
     # Found by a fresh-clone check: Hydra failed to create it in a chained traceback.
     blocker = tmp_path / "a-file"

@@ -10,9 +10,9 @@ Here the stop goes through one channel, a file. train.py's own process, for the 
 command line (:func:`graceful_joblib_sweeps`):
 
 - has loky start its workers with SIGINT and SIGTERM ignored (:func:`ignore_stop_signals`, the
-  executor's ``initializer``), so a signal to the whole process group (a terminal's Ctrl+C, a
-  scheduler) leaves the idle ones alone (a job in training still takes a SIGTERM of its own as
-  Ctrl+C: :mod:`training.signals`);
+  executor's ``initializer``; SIGTERM ends a worker orphaned by a SIGKILLed sweep), so a signal to
+  the whole process group (a terminal's Ctrl+C, a scheduler) leaves the idle ones alone (a job still
+  takes a SIGTERM of its own as Ctrl+C: :mod:`training.signals`);
 - when the sweep ends early (a Ctrl+C or SIGTERM of its own, or a job that failed or was refused),
   creates the stop file named by ``MIXERLAB_SWEEP_STOP`` (its workers inherit the variable) and
   waits for the workers instead of killing them (:class:`GracefulLokyBackend`); a second Ctrl+C or
@@ -51,6 +51,30 @@ def stop_requested() -> bool:
     return bool(path) and os.path.exists(path)
 
 
+def note_trained_nothing(run_dir: Path) -> None:
+    """In a joblib sweep's job, tell the sweep's own process that ``run_dir`` (resolved) trained
+    nothing before it was stopped, so that its folder is undone there as a single run's is
+    (:data:`training.run_folders.TRAINED_NOTHING`, a set of the process that holds it): a file in the
+    stop file's folder holding the path. Nothing outside such a sweep."""
+    path = os.environ.get(STOP_ENV)
+    if path and os.path.isdir(os.path.dirname(path)):
+        handle, note = tempfile.mkstemp(prefix="trained-nothing-", dir=os.path.dirname(path))
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(str(run_dir))
+
+
+def trained_nothing_in_workers() -> set[Path]:
+    """The run directories the jobs of this process's joblib sweep noted as having trained nothing
+    (:func:`note_trained_nothing`); empty outside such a sweep."""
+    path = os.environ.get(STOP_ENV)
+    if not path or not os.path.isdir(os.path.dirname(path)):
+        return set()
+    return {
+        Path(note.read_text(encoding="utf-8"))
+        for note in Path(os.path.dirname(path)).glob("trained-nothing-*")
+    }
+
+
 class StopWhenSweepStops(Callback):
     """Stops training at the start of the next batch once the sweep is stopped
     (:func:`stop_requested`), by the KeyboardInterrupt a Ctrl+C would raise there, so the run takes
@@ -66,12 +90,20 @@ class StopWhenSweepStops(Callback):
 
 
 def ignore_stop_signals() -> None:
-    """A loky worker's initializer: SIGINT and SIGTERM ignored, so that an idle worker outlives a
-    signal to the process group (train.py's :func:`eval.cli.user_errors` leaves them ignored in its
-    jobs too, but for the SIGTERM taken during training and the final save: :mod:`training.signals`);
-    the sweep's own process tells the jobs to stop through the stop file."""
+    """A loky worker's initializer, so that an idle worker outlives a signal to the process group
+    (the sweep's own process tells the jobs to stop through the stop file): SIGINT ignored (train.py's
+    :func:`eval.cli.user_errors` leaves it ignored in the jobs too), and SIGTERM ignored while the
+    process that started the worker lives; once it is gone (SIGKILLed), a SIGTERM ends the orphaned
+    worker, status 143, so that ``kill -- -<group>`` still clears the sweep away. A job takes SIGTERM
+    as Ctrl+C meanwhile (:func:`eval.cli.user_errors`, :mod:`training.signals`)."""
+    parent = os.getppid()
+
+    def exit_if_orphaned(signum: int, frame: Any) -> None:
+        if os.getppid() != parent:
+            os._exit(128 + signum)
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, exit_if_orphaned)
 
 
 class GracefulLokyBackend(LokyBackend):
