@@ -288,7 +288,9 @@ def run_scores(records: list[dict[str, Any]], task: str, path: str) -> list[RunS
     for r in records:
         key = (r["run"], r["mixer"])
         if isinstance(r.get("settings"), dict):
-            pairs = ((str(name), json.dumps(value, sort_keys=True)) for name, value in r["settings"].items())
+            # A setting given as null counts as unset (+trainer.max_time=null trains as no max_time).
+            items = [(name, value) for name, value in r["settings"].items() if value is not None]
+            pairs = ((str(name), json.dumps(value, sort_keys=True)) for name, value in items)
             info[key].setdefault("settings", tuple(sorted(pairs)))
         for field in ("lr", "d_model", "n_layers", "batch_size"):
             value = r.get(field)

@@ -31,7 +31,14 @@ from eval.report import (
     val_loss_points,
 )
 from eval.report_plots import PLOTS, plot_points
-from eval.report_tables import compact_layout, differing_settings, fold_slice, summary_tables
+from eval.report_tables import (
+    compact_layout,
+    differing_settings,
+    fold_slice,
+    lr_groups,
+    run_scores,
+    summary_tables,
+)
 
 STATE = {  # decode-state bytes per sequence at a length, per mixer (made up, of the right shape)
     "attention": lambda t: 2048 * t,
@@ -1104,6 +1111,17 @@ def test_best_over_lr_keeps_batch_sizes_apart(grid, tmp_path):
         "no record",
     ]
     assert not any("share a learning rate" in n for n in rep.notes)
+
+
+def test_a_setting_given_as_null_groups_with_it_unset():
+    """A new-user check: runs given +trainer.max_time=null (which trains as no max_time) and runs
+    without it formed two groups, labelled max_time=null and max_time=unset."""
+    records = []
+    for lr, settings in ((1e-3, {"seed": 0}), (2e-3, {"seed": 0, "trainer.max_time": None})):
+        run = f"attention-lr{lr}"
+        records += [r | {"settings": settings} for r in sweep_records(run, "attention", 64, lr, {"T64_kv4": (64, 0.5)})]
+    groups = lr_groups(run_scores(records, "mqar", "graph"))
+    assert len(groups) == 1 and groups[0].lrs == [1e-3, 2e-3]
 
 
 def test_best_over_lr_keeps_runs_of_other_settings_apart(grid, tmp_path):
