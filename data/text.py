@@ -287,16 +287,23 @@ def local_corpus_files(path: str | os.PathLike | Sequence[str | os.PathLike]) ->
     return paths
 
 
-def hub_unreachable(timeout: float = 3.0) -> bool:
-    """Whether no TCP connection to the Hugging Face Hub (``HF_ENDPOINT``, default huggingface.co,
-    port 443) opens within ``timeout`` seconds: the host unknown (no DNS: a machine without network)
-    or not answering. One connection attempt, about a round trip where the Hub is reachable."""
-    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+def unreachable(url: str, timeout: float = 3.0) -> bool:
+    """Whether no TCP connection to the host of ``url`` (its port, else 443 for https and 80 for
+    http) opens within ``timeout`` seconds: the host unknown (no DNS: a machine without network) or
+    not answering. One connection attempt, about a round trip where the host is reachable."""
+    parts = urlsplit(url)
+    port = parts.port or (80 if parts.scheme == "http" else 443)
     try:
-        with socket.create_connection((endpoint.hostname or "huggingface.co", endpoint.port or 443), timeout):
+        with socket.create_connection((parts.hostname or url, port), timeout):
             return False
     except OSError:
         return True
+
+
+def hub_unreachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub (``HF_ENDPOINT``, default https://huggingface.co) is
+    :func:`unreachable`."""
+    return unreachable(os.environ.get("HF_ENDPOINT") or "https://huggingface.co", timeout)
 
 
 def _load_text(path, name, config_name, split, text_column, separator, cache_dir) -> str:

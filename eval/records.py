@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from data.text import unreachable
 from models.checkpoint import atomic_write_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -519,13 +520,15 @@ def wandb_start_refused(option: str) -> Iterator[None]:
 
 
 def check_wandb_login(option: str) -> None:
-    """Refuse an online W&B run that has no API key before any work is done: ``wandb.login(prompt=False,
-    verify=False)`` looks for one (WANDB_API_KEY, ``wandb login``'s netrc entry) without a network call
-    (quiet under WANDB_SILENT, which train.py sets). A key W&B then refuses, or W&B unreachable, is still
-    found when the run starts (:func:`wandb_start_refused`). Nothing where wandb is not installed.
+    """Refuse an online W&B run before any work is done where it has no API key (``wandb.login(
+    prompt=False, verify=False)`` looks for one, WANDB_API_KEY or ``wandb login``'s netrc entry,
+    without a network call; quiet under WANDB_SILENT, which train.py sets) or where the W&B server
+    (``WANDB_BASE_URL``, default https://api.wandb.ai) is :func:`data.text.unreachable` (wandb.init
+    would wait 90 s). A key W&B refuses is found when the run starts (:func:`wandb_start_refused`).
+    Nothing where wandb is not installed.
 
     Raises:
-        WandbStartRefused: no API key; the message names ``wandb login`` and ``<option>=offline``.
+        WandbStartRefused: no API key, or no connection; the message names the fixes.
     """
     try:
         import wandb
@@ -535,6 +538,12 @@ def check_wandb_login(option: str) -> None:
         raise WandbStartRefused(
             f"W&B could not start an online run (no API key found); log in with `wandb login` (or set "
             f"WANDB_API_KEY), or log offline with {option}=offline and upload the run later with `wandb sync`"
+        )
+    server = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+    if unreachable(server):
+        raise WandbStartRefused(
+            f"W&B could not start an online run ({server} cannot be reached from this machine); log offline "
+            f"with {option}=offline and upload the run later with `wandb sync`"
         )
 
 

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -1583,7 +1584,16 @@ def test_online_wandb_without_an_api_key_is_refused_before_the_seeding(tmp_path,
     assert len(result.stderr.splitlines()) == 1 and "Seed set" not in result.stdout + result.stderr
     assert not run_dir.exists()
     monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
-    check_wandb_login("logger.wandb.mode")  # a key: the run goes on to start W&B
+    # A key and a server that answers: the run goes on to start W&B. With the server unreachable
+    # (a port nothing listens on) the refusal comes at once: wandb.init waited 90 s, after the seeding.
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+        check_wandb_login("logger.wandb.mode")
+    unreachable = r"W&B could not start an online run \(http://127.0.0.1:\d+ cannot be reached from this machine\); log"
+    with pytest.raises(ValueError, match=unreachable):
+        check_wandb_login("logger.wandb.mode")
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "32-true", "16", "32", "bf16"])
