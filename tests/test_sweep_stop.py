@@ -72,7 +72,7 @@ def test_an_aborted_sweep_waits_for_its_running_jobs(tmp_path):
     assert saved.read_text() == "saved"
 
 
-def test_idle_workers_ignore_stop_signals(tmp_path):
+def test_idle_workers_init_sweep_worker(tmp_path):
     # A signal to the process group (a terminal's Ctrl+C) killed an idle loky worker, which broke
     # the pool; the sweep's own process passes the stop on through the stop file instead.
     with graceful_joblib_sweeps():
@@ -89,7 +89,7 @@ def test_an_orphaned_worker_ends_on_sigterm(tmp_path):
     """A new-user check: after the sweep's process was SIGKILLed, its workers ignored SIGTERM, so
     ``kill -- -<group>`` left them running. The worker here is started by a process that then exits."""
     worker = (
-        "import time\nfrom training.sweep_stop import ignore_stop_signals\nignore_stop_signals()\n"
+        "import time\nfrom training.sweep_stop import init_sweep_worker\ninit_sweep_worker()\n"
         "print('ready', flush=True)\ntime.sleep(60)\n"
     )
     for orphaned in (False, True):

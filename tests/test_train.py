@@ -1754,7 +1754,9 @@ def test_sigterm_stops_a_ddp_run_at_once(tmp_path):
 
 def test_joblib_launcher_runs_a_sweep_in_parallel_processes(tmp_path):
     # Three jobs on two worker processes: one worker runs two jobs in turn, so state left over from
-    # a job (seeds, the Lightning trainer, the run dir's logging) must not leak into the next.
+    # a job (seeds, the Lightning trainer, the run dir's logging) must not leak into the next. With a
+    # loader worker each (a new-user check: "'Process' object has no attribute 'env'" in every job,
+    # loky's start method being the worker's default; training.sweep_stop.init_sweep_worker).
     sweep = tmp_path / "multirun"
     args = [
         str(REPO_ROOT / "train.py"),
@@ -1765,6 +1767,7 @@ def test_joblib_launcher_runs_a_sweep_in_parallel_processes(tmp_path):
         "mixer=attention,linear_attention,mamba",
         "trainer.max_steps=4",
         "trainer.val_check_interval=4",
+        "data.num_workers=1",
     ]
     result = cli(args + TINY[:1] + TINY[3:] + MQAR_TINY, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

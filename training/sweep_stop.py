@@ -9,7 +9,7 @@ group lost both jobs' last checkpoints and records; 2026-12-06, CPU).
 Here the stop goes through one channel, a file. train.py's own process, for the duration of its
 command line (:func:`graceful_joblib_sweeps`):
 
-- has loky start its workers with SIGINT and SIGTERM ignored (:func:`ignore_stop_signals`, the
+- has loky start its workers with SIGINT and SIGTERM ignored (:func:`init_sweep_worker`, the
   executor's ``initializer``; SIGTERM ends a worker orphaned by a SIGKILLed sweep), so a signal to
   the whole process group (a terminal's Ctrl+C, a scheduler) leaves the idle ones alone (a job still
   takes a SIGTERM of its own as Ctrl+C: :mod:`training.signals`);
@@ -27,6 +27,7 @@ its records marked ``interrupted``; before training (a queued job) at once, with
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import signal
 import sys
@@ -89,13 +90,19 @@ class StopWhenSweepStops(Callback):
             raise KeyboardInterrupt("the sweep was stopped")
 
 
-def ignore_stop_signals() -> None:
-    """A loky worker's initializer, so that an idle worker outlives a signal to the process group
-    (the sweep's own process tells the jobs to stop through the stop file): SIGINT ignored (train.py's
-    :func:`eval.cli.user_errors` leaves it ignored in the jobs too), and SIGTERM ignored while the
-    process that started the worker lives; once it is gone (SIGKILLed), a SIGTERM ends the orphaned
-    worker, status 143, so that ``kill -- -<group>`` still clears the sweep away. A job takes SIGTERM
-    as Ctrl+C meanwhile (:func:`eval.cli.user_errors`, :mod:`training.signals`)."""
+def init_sweep_worker() -> None:
+    """A loky worker's initializer.
+
+    - Stop signals, so that an idle worker outlives a signal to the process group (the sweep's own
+      process tells the jobs to stop through the stop file): SIGINT ignored (train.py's
+      :func:`eval.cli.user_errors` leaves it ignored in the jobs too), and SIGTERM ignored while the
+      process that started the worker lives; once it is gone (SIGKILLed), a SIGTERM ends the orphaned
+      worker, status 143, so that ``kill -- -<group>`` still clears the sweep away. A job takes
+      SIGTERM as Ctrl+C meanwhile (:func:`eval.cli.user_errors`, :mod:`training.signals`).
+    - multiprocessing's start method back to the platform's default: loky makes its own (``loky``)
+      the worker's default, whose processes the data loaders' workers cannot be started as
+      (``data.num_workers`` >= 1 failed in every job: "'Process' object has no attribute 'env'").
+    """
     parent = os.getppid()
 
     def exit_if_orphaned(signum: int, frame: Any) -> None:
@@ -104,10 +111,11 @@ def ignore_stop_signals() -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, exit_if_orphaned)
+    multiprocessing.set_start_method(None, force=True)
 
 
 class GracefulLokyBackend(LokyBackend):
-    """joblib's loky backend whose workers ignore SIGINT and SIGTERM (:func:`ignore_stop_signals`)
+    """joblib's loky backend whose workers ignore SIGINT and SIGTERM (:func:`init_sweep_worker`)
     and whose abort waits for the running jobs instead of killing them.
 
     joblib calls :meth:`abort_everything` when its ``Parallel`` call ends early: a KeyboardInterrupt
@@ -117,7 +125,7 @@ class GracefulLokyBackend(LokyBackend):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, initializer=ignore_stop_signals, **kwargs)
+        super().__init__(*args, initializer=init_sweep_worker, **kwargs)
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
         """Create the stop file, then wait until the workers have finished: running jobs stop at
