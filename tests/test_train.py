@@ -1662,7 +1662,10 @@ def test_a_stop_signal_during_the_final_evaluation_waits_for_it(capsys):
             finished.append(True)
     assert exc.value.code == 1 and finished == [True]
     assert signal.getsignal(signal.SIGTERM) is before
-    assert "SIGTERM: finishing the final save and evaluation first" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "SIGTERM: finishing the final save and evaluation first" in out
+    # and why the status is 1 (a new-user check found no word of it)
+    assert out.endswith("SIGTERM: the final save and evaluation are done; stopping (status 1)\n")
     with defer_stop_signals():  # no signal: nothing happens
         pass
     # A second signal stops at once: the block's remaining work does not run.

@@ -142,4 +142,6 @@ def defer_stop_signals(trainer: L.Trainer | None = None) -> Iterator[None]:
     with signal_handlers((signal.SIGINT, signal.SIGTERM), note):
         yield
     if received:
+        # A new-user check: a run stopped this way ended with status 1 and no word of why.
+        print(f"{received[0]}: the final save and evaluation are done; stopping (status 1)", flush=True)
         raise SystemExit(1)
