@@ -533,7 +533,8 @@ def run_from_command_line() -> None:
                             run_folders.RUN_FOLDERS_BEFORE, run_folders.JOBS_RUN_HERE
                         )
                     except OSError as err:  # the refusal above stays the run's one line of output
-                        print(f"warning: could not undo what Hydra wrote for this run: {err}", file=sys.stderr)
+                        message = f"warning: could not undo what Hydra wrote for this run: {err}"
+                        print(message, file=sys.stderr)
             raise
 
 

@@ -355,7 +355,8 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
         # Offline without a cached copy, or no such dataset: datasets' own traceback, 30 s of retries.
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         if offline:
-            reason = f"the Hub cannot be reached from this machine and {cache_dir or 'the cache'} holds no copy"
+            where = cache_dir or "the cache"
+            reason = f"the Hub cannot be reached from this machine and {where} holds no copy"
         raise ValueError(
             f"dataset_name={name!r} could not be loaded: {reason}; on a machine without network, load it "
             "once where there is one (into the same cache_dir or HF_DATASETS_CACHE), or give a local "

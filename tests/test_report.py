@@ -1119,7 +1119,8 @@ def test_a_setting_given_as_null_groups_with_it_unset():
     records = []
     for lr, settings in ((1e-3, {"seed": 0}), (2e-3, {"seed": 0, "trainer.max_time": None})):
         run = f"attention-lr{lr}"
-        records += [r | {"settings": settings} for r in sweep_records(run, "attention", 64, lr, {"T64_kv4": (64, 0.5)})]
+        one = sweep_records(run, "attention", 64, lr, {"T64_kv4": (64, 0.5)})
+        records += [r | {"settings": settings} for r in one]
     groups = lr_groups(run_scores(records, "mqar", "graph"))
     assert len(groups) == 1 and groups[0].lrs == [1e-3, 2e-3]
 
