@@ -13,7 +13,8 @@ command line (:func:`graceful_joblib_sweeps`):
   executor's ``initializer``; SIGTERM ends a worker orphaned by a SIGKILLed sweep), so a signal to
   the whole process group (a terminal's Ctrl+C, a scheduler) leaves the idle ones alone (a job still
   takes a SIGTERM of its own as Ctrl+C: :mod:`training.signals`);
-- when the sweep ends early (a Ctrl+C or SIGTERM of its own, or a job that failed or was refused),
+- when the sweep ends early (a Ctrl+C or SIGTERM of its own, or a refused job: an error inside a
+  job is kept by Hydra, which reports it once the other jobs have ended),
   creates the stop file named by ``MIXERLAB_SWEEP_STOP`` (its workers inherit the variable) and
   waits for the workers instead of killing them (:class:`GracefulLokyBackend`); a second Ctrl+C or
   SIGTERM during that wait kills them, as joblib did at once.
@@ -115,13 +116,13 @@ def init_sweep_worker() -> None:
 
 
 class GracefulLokyBackend(LokyBackend):
-    """joblib's loky backend whose workers ignore SIGINT and SIGTERM (:func:`init_sweep_worker`)
+    """joblib's loky backend whose idle workers outlive stop signals (:func:`init_sweep_worker`)
     and whose abort waits for the running jobs instead of killing them.
 
     joblib calls :meth:`abort_everything` when its ``Parallel`` call ends early: a KeyboardInterrupt
-    in this process (Ctrl+C, or SIGTERM made one by :func:`eval.cli.user_errors`) or a job's
-    exception (a refused or failed job). Registered as ``loky`` by :func:`graceful_joblib_sweeps`,
-    which is what Hydra's joblib launcher asks for.
+    in this process (Ctrl+C, or SIGTERM made one by :func:`eval.cli.user_errors`) or what a job
+    raised past Hydra (a refused job's SystemExit). Registered as ``loky`` by
+    :func:`graceful_joblib_sweeps`, which is what Hydra's joblib launcher asks for.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
