@@ -37,14 +37,20 @@ def test_stop_requested_reads_the_stop_file(tmp_path, monkeypatch):
         callback.on_train_batch_start(None, None, None, 0)
 
 
-def test_graceful_joblib_sweeps_puts_everything_back():
+def test_graceful_joblib_sweeps_puts_everything_back(monkeypatch):
+    monkeypatch.delenv(STOP_ENV, raising=False)
     before = BACKENDS["loky"]
-    outside = os.environ.get(STOP_ENV)
     with graceful_joblib_sweeps():
         assert BACKENDS["loky"] is GracefulLokyBackend
+        # No stop file's folder before a pool is made: a run that makes none (a DDP run stopped by
+        # SIGTERM leaves by os._exit) leaves no empty folder behind.
+        assert STOP_ENV not in os.environ
+        GracefulLokyBackend()
         folder = Path(os.environ[STOP_ENV]).parent
         assert folder.is_dir() and not stop_requested()
-    assert BACKENDS["loky"] is before and os.environ.get(STOP_ENV) == outside and not folder.exists()
+        GracefulLokyBackend()  # a second pool of the same sweep shares the stop file
+        assert Path(os.environ[STOP_ENV]).parent == folder
+    assert BACKENDS["loky"] is before and STOP_ENV not in os.environ and not folder.exists()
 
 
 def _job(kind: str, out: str) -> str:

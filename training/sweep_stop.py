@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -44,6 +45,8 @@ from lightning.pytorch.callbacks import Callback
 
 # The environment variable naming the stop file of the sweep this process's jobs belong to.
 STOP_ENV = "MIXERLAB_SWEEP_STOP"
+# The stop files' folders this process made (GracefulLokyBackend), removed by graceful_joblib_sweeps.
+_STOP_FOLDERS: list[str] = []
 
 
 def stop_requested() -> bool:
@@ -127,6 +130,12 @@ class GracefulLokyBackend(LokyBackend):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, initializer=init_sweep_worker, **kwargs)
+        if STOP_ENV not in os.environ:  # this process's first pool: a folder for its stop file
+            # Made here, not for every run: a DDP run stopped by SIGTERM leaves by os._exit, which
+            # would leave the folder behind (training.signals.StopDDPOnSigterm).
+            folder = tempfile.mkdtemp(prefix="mixerlab-sweep-")
+            _STOP_FOLDERS.append(folder)
+            os.environ[STOP_ENV] = os.path.join(folder, "stop")  # before the workers start
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
         """Create the stop file, then wait until the workers have finished: running jobs stop at
@@ -162,20 +171,21 @@ class GracefulLokyBackend(LokyBackend):
 
 @contextlib.contextmanager
 def graceful_joblib_sweeps() -> Iterator[None]:
-    """Within the block, this process's joblib ``loky`` backend is :class:`GracefulLokyBackend` and
-    ``MIXERLAB_SWEEP_STOP`` names a stop file in a new temporary folder (removed after the block),
-    for the workers a ``hydra/launcher=joblib`` sweep starts in it. Both are put back after it."""
+    """Within the block, this process's joblib ``loky`` backend is :class:`GracefulLokyBackend`,
+    whose first instance (a ``hydra/launcher=joblib`` sweep's) sets ``MIXERLAB_SWEEP_STOP`` to a stop
+    file in a new temporary folder, for the workers it starts. After the block the backend and the
+    variable are put back and the folder is removed."""
     previous_backend = BACKENDS.get("loky")
     previous_env = os.environ.get(STOP_ENV)
-    with tempfile.TemporaryDirectory(prefix="mixerlab-sweep-") as folder:
-        os.environ[STOP_ENV] = os.path.join(folder, "stop")
-        register_parallel_backend("loky", GracefulLokyBackend)
-        try:
-            yield
-        finally:
-            if previous_backend is not None:
-                BACKENDS["loky"] = previous_backend
-            if previous_env is None:
-                os.environ.pop(STOP_ENV, None)
-            else:
-                os.environ[STOP_ENV] = previous_env
+    register_parallel_backend("loky", GracefulLokyBackend)
+    try:
+        yield
+    finally:
+        if previous_backend is not None:
+            BACKENDS["loky"] = previous_backend
+        while _STOP_FOLDERS:
+            shutil.rmtree(_STOP_FOLDERS.pop(), ignore_errors=True)
+        if previous_env is None:
+            os.environ.pop(STOP_ENV, None)
+        else:
+            os.environ[STOP_ENV] = previous_env
