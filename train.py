@@ -11,7 +11,7 @@ disk) is one line naming the file. The rest of a run is in :mod:`training`:
 - :mod:`training.resume`: ``resume=<ckpt>``, an earlier run continued in a new run directory.
 - :mod:`training.signals`: Ctrl+C or SIGTERM during training stops gracefully and still saves
   ``last.ckpt`` and the records, marked ``interrupted`` (status 1; a DDP run stops at once).
-- :mod:`training.sweep_stop`: a ``hydra/launcher=joblib`` sweep that stops (Ctrl+C, SIGTERM, a failed
+- :mod:`training.sweep_stop`: a ``hydra/launcher=joblib`` sweep that stops (Ctrl+C, SIGTERM, a refused
   job) waits while its running jobs stop the same way; queued jobs do not start.
 - :mod:`training.run_folders`: a run refused, or stopped by Ctrl+C before training (one line,
   status 130), removes what Hydra made for it and puts back the files of Hydra's it overwrote.

@@ -56,14 +56,22 @@ def stop_requested() -> bool:
     return bool(path) and os.path.exists(path)
 
 
+def _stop_folder() -> Path | None:
+    """The folder of this sweep's stop file (``MIXERLAB_SWEEP_STOP``), None outside such a sweep or
+    once it is gone."""
+    path = os.environ.get(STOP_ENV)
+    folder = Path(path).parent if path else None
+    return folder if folder is not None and folder.is_dir() else None
+
+
 def note_trained_nothing(run_dir: Path) -> None:
     """In a joblib sweep's job, tell the sweep's own process that ``run_dir`` (resolved) trained
     nothing before it was stopped, so that its folder is undone there as a single run's is
     (:data:`training.run_folders.TRAINED_NOTHING`, a set of the process that holds it): a file in the
     stop file's folder holding the path. Nothing outside such a sweep."""
-    path = os.environ.get(STOP_ENV)
-    if path and os.path.isdir(os.path.dirname(path)):
-        handle, note = tempfile.mkstemp(prefix="trained-nothing-", dir=os.path.dirname(path))
+    folder = _stop_folder()
+    if folder is not None:
+        handle, _ = tempfile.mkstemp(prefix="trained-nothing-", dir=folder)
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.write(str(run_dir))
 
@@ -71,13 +79,10 @@ def note_trained_nothing(run_dir: Path) -> None:
 def trained_nothing_in_workers() -> set[Path]:
     """The run directories the jobs of this process's joblib sweep noted as having trained nothing
     (:func:`note_trained_nothing`); empty outside such a sweep."""
-    path = os.environ.get(STOP_ENV)
-    if not path or not os.path.isdir(os.path.dirname(path)):
+    folder = _stop_folder()
+    if folder is None:
         return set()
-    return {
-        Path(note.read_text(encoding="utf-8"))
-        for note in Path(os.path.dirname(path)).glob("trained-nothing-*")
-    }
+    return {Path(note.read_text(encoding="utf-8")) for note in folder.glob("trained-nothing-*")}
 
 
 class StopWhenSweepStops(Callback):
