@@ -351,17 +351,29 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
             return separator.join(ds["text"])
     try:
         ds = datasets.load_dataset(name, config_name, split=split, cache_dir=cache_dir)
-    except (ConnectionError, datasets.exceptions.DatasetNotFoundError) as err:
+    except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetNotFoundError) as err:
         # Offline without a cached copy, or no such dataset: datasets' own traceback, 30 s of retries.
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        remedy = (
+            "on a machine without network, load it once where there is one (into the same cache_dir or "
+            "HF_DATASETS_CACHE), or give a local text file with path=..."
+        )
+        where = cache_dir or "the cache"
         if offline:
-            where = cache_dir or "the cache"
             reason = f"the Hub cannot be reached from this machine and {where} holds no copy"
-        raise ValueError(
-            f"dataset_name={name!r} could not be loaded: {reason}; on a machine without network, load it "
-            "once where there is one (into the same cache_dir or HF_DATASETS_CACHE), or give a local "
-            "text file with path=..."
-        ) from err
+        elif os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no", "off"):
+            reason = f"HF_HUB_OFFLINE is set and {where} holds no copy"
+        elif not isinstance(err, ConnectionError):  # the Hub answered: no such dataset for us
+            if isinstance(err, FileNotFoundError):
+                # datasets looks for a local folder of that name first, and its message named that
+                # folder before the Hub (a new-user check: it read as a mistyped data.path).
+                endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+                reason = f"the Hub ({endpoint}) has no dataset of that name that this machine may read"
+            remedy = (
+                "check the name (owner/name, as in the dataset page's address; a private or gated "
+                "dataset needs `hf auth login`), or give a local text file with path=..."
+            )
+        raise ValueError(f"dataset_name={name!r} could not be loaded: {reason}; {remedy}") from err
     if text_column not in ds.column_names:
         raise ValueError(
             f"dataset {name!r} has no column {text_column!r} (columns: {ds.column_names}); set text_column"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import hashlib
+import http.server
 import inspect
 import json
 import logging
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 from collections.abc import Iterator
@@ -505,8 +507,10 @@ def test_atomic_checkpoint_write_keeps_the_old_file_on_failure(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o644  # as open() would create it, not mkstemp's 0600
 
 
-def cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+def cli(
+    args: list[str], cwd: Path, timeout: int = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
@@ -1598,6 +1602,46 @@ def test_online_wandb_without_an_api_key_is_refused_before_the_seeding(tmp_path,
     unreachable = r"online run \(http://127.0.0.1:\d+ cannot be reached from this machine\)"
     with pytest.raises(ValueError, match=unreachable):
         check_wandb_login("logger.wandb.mode")
+
+
+class _NotFound(http.server.BaseHTTPRequestHandler):
+    """A stand-in Hub that has no repository: 404 to every request, logging nothing."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.send_error(404)
+
+    do_HEAD = do_GET  # noqa: N815
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_dataset_the_hub_does_not_have_is_refused_in_one_line(tmp_path):
+    """Found by a new-user check: with the Hub reachable, data.dataset_name naming no dataset gave
+    datasets' message, which named a local folder first ("Couldn't find any data file at
+    <cwd>/nobody/nothing"), after the Hub client's INFO line per HTTP request; those lines in train.log
+    made the refused run look started, so its folder stayed."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    run_dir = tmp_path / "run"
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}", "HF_HOME": str(tmp_path / "hf")}
+    args = [str(REPO_ROOT / "train.py"), *TINY, "data=text", "data.dataset_name=nobody/nothing",
+            f"hydra.run.dir={run_dir}"]  # fmt: skip
+    try:
+        result = cli(args, cwd=tmp_path, env=env)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr == (
+        f"error: data.dataset_name='nobody/nothing' could not be loaded: the Hub ({env['HF_ENDPOINT']}) has "
+        "no dataset of that name that this machine may read; check the name (owner/name, as in the "
+        "dataset page's address; a private or gated dataset needs `hf auth login`), or give a local text "
+        "file with path=...\n"
+    ), result.stderr[-3000:]
+    assert result.stdout == ""
+    assert not run_dir.exists()
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "32-true", "16", "32", "bf16"])
