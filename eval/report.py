@@ -152,6 +152,9 @@ class Sources:
     ignored: list[Path] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     partial: list[str] = field(default_factory=list)
+    # the name of each run that records, a metrics.csv or a W&B summary came from, by (resolved run
+    # directory, the run's own name): qualify_rerun_names
+    run_names: dict[tuple[Path, str], str] = field(default_factory=dict)
 
 
 @dataclass
@@ -322,43 +325,76 @@ def load_records(sources: Sources, skip_invalid: bool) -> list[dict[str, Any]]:
             note = partial_note(str(path), found)
             if note is not None:
                 sources.partial.append(note)
-    return qualify_rerun_names(records)
+    return qualify_rerun_names(records, sources)
 
 
-def qualify_rerun_names(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def curve_dirs(sources: Sources) -> tuple[list[Path], list[Path]]:
+    """The run directories of ``sources``' metrics.csv files (the folder's parent when the folder is
+    train.py's ``csv/``, else the folder) and W&B summaries (the directory holding ``wandb/``)."""
+    csvs = [p.parent.parent if p.parent.name == "csv" else p.parent for p in sources.metrics_csvs]
+    return csvs, [p.parents[3] if len(p.parents) > 3 else p.parent for p in sources.wandb_summaries]
+
+
+def qualify_rerun_names(
+    records: list[dict[str, Any]], sources: Sources | None = None
+) -> list[dict[str, Any]]:
     """Tell apart runs of one name in different directories (a rerun in another session's folder):
-    the records of every directory after the first are renamed with their directory's parents,
-    ``<parent>/<run>`` (more levels where that is taken too), as their metrics.csv curves are in
-    :func:`val_loss_points`; every record gets ``run_dir``. A record's directory is its file's
+    their records are renamed with their directories' parents, ``<parent>/<run>`` for each (more
+    levels where that does not tell them apart; :func:`run_names`), as their metrics.csv curves are
+    in :func:`val_loss_points`; every record gets ``run_dir``. A record's directory is its file's
     nearest ancestor named after its run (``<run>/results/train.json``), else the folder holding
     the file's ``results/`` or ``checkpoints/`` folder (a run directory renamed after the run),
-    else the file's folder."""
-    taken: dict[str, Path] = {}
-    named: dict[tuple[Path, str], str] = {}
+    else the file's folder. With ``sources``, the run directories of its curves (:func:`curve_dirs`)
+    are named with them, by their folders' names where they have no records, into
+    ``sources.run_names``."""
+    keys: list[tuple[Path, str]] = []
     for r in records:
         path = Path(r["record_file"])
         run_dir = next((p for p in path.parents if p.name == r["run"]), None)
         if run_dir is None:
             run_dir = path.parent.parent if path.parent.name in ("results", "checkpoints") else path.parent
-        key = (run_dir.resolve(), r["run"])
-        if key not in named:
-            named[key] = unique_run_name(r["run"], key[0], taken)
+        keys.append((run_dir.resolve(), r["run"]))
+    runs = list(dict.fromkeys(keys))
+    if sources is not None:
+        csvs, summaries = curve_dirs(sources)
+        recorded = {run_dir for run_dir, _ in runs}
+        curves = [d.resolve() for d in [*csvs, *summaries] if d.resolve() not in recorded]
+        runs += list(dict.fromkeys((d, d.name) for d in curves))
+    named = run_names(runs)
+    if sources is not None:
+        sources.run_names.update(named)
+    for r, key in zip(records, keys, strict=True):
         r["run"], r["run_dir"] = named[key], str(key[0])
     return records
 
 
-def unique_run_name(run: str, run_dir: Path, taken: dict[str, Path]) -> str:
-    """``run``, or where another directory has that name in ``taken``, ``<parent>/<run>``, then
-    ``<grandparent>/<parent>/<run>``, ...: the first name free or already ``run_dir``'s (recorded
-    in ``taken``)."""
-    name, parents = run, list(run_dir.resolve().parents)
-    for parent in parents:
-        if taken.setdefault(name, run_dir) == run_dir:
-            return name
-        name = f"{parent.name}/{name}" if parent.name else name
-    name = str(run_dir)  # every level taken: the full path
-    taken[name] = run_dir
-    return name
+def run_names(
+    runs: list[tuple[Path, str]], taken: dict[str, Path] | None = None
+) -> dict[tuple[Path, str], str]:
+    """A name for each run ``(resolved run directory, the run's own name)`` of ``runs`` (distinct):
+    its own name where no other directory has a run of that name; else, for every directory of that
+    name alike, ``<parent>/<run>``, then ``<grandparent>/<parent>/<run>``, ...: the fewest levels of
+    their parents that tell them apart (``day1/run`` and ``day2/run``), else ``<directory>/<run>``
+    in full. ``taken`` holds names already given to other directories, which these avoid; it gets
+    theirs."""
+    taken = {} if taken is None else taken
+    by_name: dict[str, list[Path]] = defaultdict(list)
+    for run_dir, run in runs:
+        by_name[run].append(run_dir)
+    named: dict[tuple[Path, str], str] = {}
+    for run, dirs in by_name.items():
+        levels = 0 if len(dirs) == 1 else 1
+        while True:
+            names = {d: "/".join([*(p.name for p in reversed(d.parents[:levels])), run]) for d in dirs}
+            if levels > max(len(d.parents) for d in dirs):
+                names = {d: f"{d}/{run}" for d in dirs}  # every level taken
+            if len(set(names.values())) == len(dirs) and all(taken.get(n, d) == d for d, n in names.items()):
+                break
+            levels += 1
+        for run_dir, name in names.items():
+            named[(run_dir, run)] = name
+            taken[name] = run_dir
+    return named
 
 
 def _skip_or_raise(sources: Sources, err: ValueError, skip_invalid: bool) -> None:
@@ -670,7 +706,7 @@ def val_loss_points(
     A metrics.csv's run directory is its folder's parent when the folder is train.py's ``csv/``,
     else its folder; a W&B summary's is the directory holding ``wandb/``. The run is the one the
     directory's records name (see :func:`qualify_rerun_names`), else the directory's name
-    (``<parent>/<name>`` where another directory has that name). The mixer is the one of
+    (``<parent>/<name>`` where other directories have that name: :func:`run_names`). The mixer is the one of
     that run's records, else ``model.name`` of the CSV logger's ``hparams.yaml``, else ``unknown``.
 
     Returns:
@@ -683,24 +719,29 @@ def val_loss_points(
             and listed in ``sources.skipped``, which the report notes).
     """
     # a directory's run is the one its records name (qualify_rerun_names), else the folder's name,
-    # with its parents where another directory has that name
+    # with its parents where another directory has that name (run_names)
     by_dir: dict[Path, tuple[str, str]] = {}
     taken: dict[str, Path] = {}
     for r in records:
         run_dir = Path(r.get("run_dir") or Path(r["record_file"]).parent).resolve()
         by_dir.setdefault(run_dir, (r["run"], r["mixer"]))
         taken.setdefault(r["run"], run_dir)
+    csv_dirs, wandb_dirs = curve_dirs(sources)
+    # named with the records where load_records read them, else here, all at once, so that reruns
+    # of one name are named alike (day1/run and day2/run)
+    names = dict(sources.run_names)
+    unnamed = [(d.resolve(), d.resolve().name) for d in [*csv_dirs, *wandb_dirs]]
+    names |= run_names([k for k in dict.fromkeys(unnamed) if k[0] not in by_dir and k not in names], taken)
 
     def run_of(run_dir: Path, hparams: Path) -> tuple[str, str]:
         run_dir = run_dir.resolve()
         if run_dir not in by_dir:
-            by_dir[run_dir] = (unique_run_name(run_dir.name, run_dir, taken), _hparams_mixer(hparams))
+            by_dir[run_dir] = (names[(run_dir, run_dir.name)], _hparams_mixer(hparams))
         return by_dir[run_dir]
 
     curves: dict[str, tuple[str, list[tuple[float, float]], str]] = {}
     notes = []
-    for path in sources.metrics_csvs:
-        run_dir = path.parent.parent if path.parent.name == "csv" else path.parent
+    for path, run_dir in zip(sources.metrics_csvs, csv_dirs, strict=True):
         try:
             curve = read_val_loss_curve(path, _was_interrupted(run_dir))
         except ValueError as err:
@@ -714,8 +755,7 @@ def val_loss_points(
     for r in records:
         if r["metric"] == VAL_LOSS and r.get("train_tokens") is not None and r["run"] not in curves:
             curves[r["run"]] = (r["mixer"], [(float(r["train_tokens"]), r["value"])], r["record_file"])
-    for path in sources.wandb_summaries:
-        run_dir = path.parents[3] if len(path.parents) > 3 else path.parent
+    for path, run_dir in zip(sources.wandb_summaries, wandb_dirs, strict=True):
         try:
             summary = read_wandb_summary(path)
         except ValueError as err:

@@ -285,8 +285,9 @@ def test_val_loss_curve_of_an_interrupted_run_ends_at_its_last_validation(tmp_pa
 
 
 def test_val_loss_of_reruns_with_one_name(tmp_path):
-    # The same run name in two session folders (a rerun) gives two curves, the second named with
-    # its folder; one curve used to be dropped silently.
+    # The same run name in two session folders (a rerun) gives two curves, each named with its
+    # folder; one curve used to be dropped silently, and then the first kept the bare name (a
+    # new-user check: "[nanogpt-run]" beside "[day2/nanogpt-run]" read as two different runs).
     paths = []
     for session in ("day1", "day2"):
         path = tmp_path / session / "nanogpt-run" / "csv" / "metrics.csv"
@@ -296,10 +297,10 @@ def test_val_loss_of_reruns_with_one_name(tmp_path):
         paths.append(path)
     points, notes = val_loss_points([], Sources(searched=[tmp_path], metrics_csvs=paths), skip_invalid=False)
     assert not notes
-    assert sorted({p["run"] for p in points}) == ["day2/nanogpt-run", "nanogpt-run"]
+    assert sorted({p["run"] for p in points}) == ["day1/nanogpt-run", "day2/nanogpt-run"]
     assert sorted({p["series"] for p in points}) == [
+        "linear_attention [day1/nanogpt-run]",
         "linear_attention [day2/nanogpt-run]",
-        "linear_attention [nanogpt-run]",
     ]
 
 
@@ -332,13 +333,34 @@ def test_reruns_with_one_name_stay_apart_in_records(tmp_path):
         )
     rep = make_report(f"[{tmp_path}/day1/run,{tmp_path}/day2/run]", tmp_path / "out")
     runs = next(t for t in rep.tables if t.title == "Runs")
-    assert [row[0] for row in runs.rows] == ["day2/run", "run"]
+    assert [row[0] for row in runs.rows] == ["day1/run", "day2/run"]
     series = {p["series"]: p["accuracy"] for p in rep.points["accuracy_vs_length"] if p["seqlen"] == 64}
-    assert series == {"mamba [run] (val)": 0.5, "mamba [day2/run] (val)": 0.9}
+    assert series == {"mamba [day1/run] (val)": 0.5, "mamba [day2/run] (val)": 0.9}
+
+
+def test_a_rerun_with_records_and_one_with_a_curve_only_are_named_alike(tmp_path):
+    # A new-user check: the run with records kept its bare name and the other was named with its
+    # folder, so the legend read "[run]" beside "[day2/run]". Two runs' records in one flat folder
+    # stay two runs.
+    records = train_records("run", "mamba", [0.5, 0.4], 1.0)
+    write_json(tmp_path / "day1" / "run" / "results" / "train.json", records)
+    (tmp_path / "day1" / "run" / "csv").mkdir()
+    (tmp_path / "day1" / "run" / "csv" / "metrics.csv").write_text(METRICS_CSV)
+    (tmp_path / "day2" / "run" / "csv").mkdir(parents=True)
+    (tmp_path / "day2" / "run" / "csv" / "metrics.csv").write_text(METRICS_CSV)
+    flat = tmp_path / "flat"
+    write_json(flat / "a.json", train_records("x", "attention", [0.7, 0.6], 2.0))
+    write_json(flat / "b.json", train_records("y", "attention", [0.3, 0.2], 2.0))
+    rep = make_report(f"[{tmp_path}/day1/run,{tmp_path}/day2/run,{flat}]", tmp_path / "out")
+    runs = next(t for t in rep.tables if t.title == "Runs")
+    assert sorted(row[0] for row in runs.rows) == ["day1/run", "x", "y"]
+    curves = {p["series"] for p in rep.points["val_loss_vs_tokens"]}
+    assert curves == {"mamba [day1/run]", "unknown [day2/run]"}
 
 
 def test_run_names_across_folders_and_renamed_run_folders(tmp_path):
-    # Three folders whose parents share a name stay three runs; a run folder renamed after the run
+    # Three folders whose parents share a name stay three runs, named alike by the fewest parents
+    # that tell them apart (they were runx, same/runx and r/same/runx); a run folder renamed after the run
     # (records name "x-run", the folder is "renamed-x-run") gives one curve under the records' name,
     # not a second one under the folder's; a curve without records in its folder takes the name the
     # tables give that folder.
@@ -352,10 +374,10 @@ def test_run_names_across_folders_and_renamed_run_folders(tmp_path):
     rep = make_report(f"[{tmp_path}/p/same/runx,{tmp_path}/q/same/runx,{tmp_path}/r/same/runx,{renamed}]",
                       tmp_path / "out")  # fmt: skip
     runs = next(t for t in rep.tables if t.title == "Runs")
-    assert sorted(row[0] for row in runs.rows) == ["r/same/runx", "runx", "same/runx", "x-run"]
+    assert sorted(row[0] for row in runs.rows) == ["p/same/runx", "q/same/runx", "r/same/runx", "x-run"]
     curves = {p["series"] for p in rep.points["val_loss_vs_tokens"]}
     assert curves == {
-        "attention [x-run]", "mamba [runx]", "mamba [same/runx]", "mamba [r/same/runx]",
+        "attention [x-run]", "mamba [p/same/runx]", "mamba [q/same/runx]", "mamba [r/same/runx]",
     }  # fmt: skip
 
 
