@@ -843,6 +843,9 @@ def _composition_problem(
             continue
         found = max(i for i in range(len(path)) if _node(raw, path[:i])[0])
         _, node = _node(raw, path[:found])
+        unused = _unused_mixer_problem(raw, path, found, line)
+        if unused:
+            return unused
         if hints and key in hints:
             meant = [hints[key]]
         else:
@@ -858,6 +861,28 @@ def _composition_problem(
             + f": {shown} and its groups have no such key to change; {listing}"
         )
     return None
+
+
+def _unused_mixer_problem(raw: Mapping[str, Any], path: list[str], found: int, line: str) -> str | None:
+    """For ``mixer.settings.<kind>.<key>=...`` where the chosen mixer has no ``<kind>`` layer but
+    other mixer configs (``conf/mixer/*.yaml``) do: a message naming them (a new-user check: with
+    ``mixer=mamba``, ``mixer.settings.attention.num_kv_heads=3`` was answered "did you mean
+    model.num_heads?"). None for any other unknown key."""
+    if path[:2] != ["mixer", "settings"] or found != 2 or len(path) < 3:
+        return None
+    having = sorted(
+        config.stem for config in (CONF_DIR / "mixer").glob("*.yaml")
+        if path[2] in (OmegaConf.load(config).get("settings") or {})
+    )  # fmt: skip
+    if not having:
+        return None
+    mixer = raw.get("mixer") or {}
+    kinds = ", ".join(sorted(map(str, mixer.get("settings") or {}))) or "none"
+    choices = having[0] if len(having) == 1 else f"{', '.join(having[:-1])} or {having[-1]}"
+    return (
+        f"{line}: mixer={mixer.get('name')} has no {path[2]} layer (its settings are {kinds}), so nothing "
+        f"would read it; choose a mixer that has one ({choices}), or write ++{line} to keep it unused"
+    )
 
 
 @contextmanager

@@ -102,7 +102,9 @@ def check_setting_values(
 
     Raises:
         ValueError, TypeError: the constructor's, e.g. ``mamba: d_state must be > 0, got 0``, for the
-            first choice of the missing settings, which the message names.
+            first choice of the missing settings, which the message names (as the place the refusal
+            was met where it names that choice: ``num_kv_heads=3`` divides no head count of
+            ``d_model=64``).
     """
     fill = fill or {}
     known = _settings_of(MIXERS[name])
@@ -122,6 +124,14 @@ def check_setting_values(
     if not tried:
         raise err
     first_try = ", ".join(f"{s}={v}" for s, v in zip(required, values, strict=True) if s in tried)
+    if any(f"{s}={v}" in str(err) for s, v in zip(required, values, strict=True) if s in tried):
+        # The refusal names the value tried (num_kv_heads=3 "must divide num_heads=1"): said as the
+        # first try's, not as if that value had been given (a new-user check).
+        reason = str(err).removeprefix(f"{name}: ")
+        raise type(err)(
+            f"{name}: these settings build it at no {' and '.join(tried)} (not given for {name}; tried at "
+            f"each divisor of d_model={d_model}); at {first_try}: {reason}"
+        ) from None
     raise type(err)(
         f"{err} ({' and '.join(tried)} not given for {name}: tried at each divisor of d_model={d_model}, "
         f"from {first_try})"

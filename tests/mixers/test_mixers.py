@@ -453,6 +453,14 @@ def test_values_of_a_mixer_missing_its_required_settings_are_checked():
         check_setting_values("sliding_window", 64, {"pos_emb": "bogus"})
     with pytest.raises(ValueError, match=re.escape("sliding_window: window must be > 0, got 0 (num_heads")):
         check_setting_values("sliding_window", 64, {"window": 0})
+    # A refusal that depends on the value tried is said as the try's (a new-user check: "num_kv_heads=3
+    # must divide num_heads=1", with num_heads not given at all).
+    with pytest.raises(ValueError, match=re.escape(
+        "attention: these settings build it at no num_heads (not given for attention; tried at each divisor "
+        "of d_model=64); at num_heads=1: num_kv_heads=3 must divide num_heads=1 (each KV head serves"
+    )):
+        check_setting_values("attention", 64, {"num_kv_heads": 3})
+    check_setting_values("attention", 64, {"num_kv_heads": 2})  # num_heads=2 builds it
     # Valid for some choice: 2 KV heads divide num_heads=2, 4, ... (not the first choice, 1).
     check_setting_values("attention", 64, {"num_kv_heads": 2})
     # A value the model gives (another mixer's num_heads) is the only choice: no note about it.
