@@ -490,7 +490,8 @@ def _hydra_key_problem(hydra_cfg: Any, key: str, line: str) -> str | None:
     # hydra.run.dirr: hydra.run.dir, not also hydra.sweep.dir (both end in "dir").
     guesses = [guess for guess in guesses if guess.startswith(f"{where}.")] or guesses
     return (
-        f"unknown setting '{key}' in {line}" + (f" (did you mean {' or '.join(guesses)}?)" if guesses else "")
+        f"unknown setting '{key}' in {line}"
+        + (f" (did you mean {' or '.join(guesses)}?)" if guesses else "")
         + f": Hydra's settings have no such key; the settings under {where} are "
         + ", ".join(sorted(map(str, parent)))
     )
@@ -857,7 +858,8 @@ def _composition_problem(
         listing = (f"the {where} are {', '.join(sorted(map(str, node)))}" if isinstance(node, Mapping)
                    else f"{'.'.join(path[:found])} is a value, not a group of settings")  # fmt: skip
         return (
-            f"unknown setting '{key}' in {line}" + (f" (did you mean {' or '.join(meant)}?)" if meant else "")
+            f"unknown setting '{key}' in {line}"
+            + (f" (did you mean {' or '.join(meant)}?)" if meant else "")
             + f": {shown} and its groups have no such key to change; {listing}"
         )
     return None

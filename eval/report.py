@@ -410,7 +410,9 @@ def _was_interrupted(run_dir: Path) -> bool:
         records = json.loads((run_dir / "results" / "train.json").read_text())
     except (OSError, UnicodeDecodeError, ValueError):
         return False
-    return isinstance(records, list) and any(isinstance(r, dict) and r.get("interrupted") is True for r in records)
+    return isinstance(records, list) and any(
+        isinstance(r, dict) and r.get("interrupted") is True for r in records
+    )
 
 
 def read_val_loss_curve(path: Path, interrupted: bool = False) -> list[tuple[float, float]]:

@@ -482,8 +482,7 @@ def check_sweep_subdir(sweep_dir: str, subdir: str | None, written: str | None =
         raise ValueError(f"{named} leads outside hydra.sweep.dir={sweep_dir}{outside}; {fix}")
     if not Path(subdir).parts:
         raise ValueError(
-            f"{named} leads to hydra.sweep.dir={sweep_dir} itself, not to a folder "
-            f"inside it; {fix}"
+            f"{named} leads to hydra.sweep.dir={sweep_dir} itself, not to a folder inside it; {fix}"
         )
 
 
