@@ -215,7 +215,8 @@ class EvalContext:
         lit: the :class:`models.lit.LitLM`, in eval mode on ``device``.
         data: the data config it was trained on (``data.name`` is the task).
         device: where the model runs.
-        run_dir: ``<run_dir>`` of ``<run_dir>/checkpoints/<name>.ckpt`` (train.py's layout).
+        run_dir: ``<run_dir>`` of ``<run_dir>/checkpoints/<name>.ckpt`` (train.py's layout), else
+            the checkpoint's folder (a checkpoint kept elsewhere: its W&B run is written there).
         sha: the mixerlab commit (:func:`eval.records.git_sha`).
     """
 
@@ -233,7 +234,11 @@ class EvalContext:
 
     @property
     def run(self) -> str:
-        """The run's name (its directory's name), shared with train.py's records."""
+        """The run's name: its directory's name, shared with train.py's records; for a checkpoint
+        kept outside a ``checkpoints/`` folder, the checkpoint's file name without ``.ckpt`` (a
+        new-user check: ``/tmp/ck/att.ckpt`` and ``/tmp/ck/mamba.ckpt`` were one run, ``tmp``)."""
+        if self.ckpt.resolve().parent.name != "checkpoints":
+            return self.ckpt.resolve().stem
         return self.run_dir.name
 
     @property
@@ -325,7 +330,9 @@ def load_checkpoint(
                 f"edited? pass ckpt=<a .ckpt file written by train.py>"
             ) from err
     # train.py writes <run_dir>/checkpoints/<name>.ckpt: records and W&B runs belong to that run.
-    return EvalContext(ckpt, lit, data_cfg, device, ckpt.resolve().parent.parent, git_sha())
+    folder = ckpt.resolve().parent
+    run_dir = folder.parent if folder.name == "checkpoints" else folder
+    return EvalContext(ckpt, lit, data_cfg, device, run_dir, git_sha())
 
 
 def build_datamodule(data_cfg: Mapping[str, Any], **overrides: Any):

@@ -10,6 +10,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +27,13 @@ import eval.copying as copying_module
 import eval.long_context as long_context
 import train as train_module
 from data.synthetic import generated_to_predictions
-from eval.common import decode_predictions, hydra_override, is_out_of_memory, wrong_task_error
+from eval.common import (
+    decode_predictions,
+    hydra_override,
+    is_out_of_memory,
+    load_checkpoint,
+    wrong_task_error,
+)
 from eval.copying import copying_eval
 from eval.long_context import long_context_eval
 from eval.perplexity import perplexity_eval
@@ -200,6 +207,23 @@ def test_copying_eval_test_lengths_override_and_default_output(copy_run):
         copying_eval(compose_eval("copying", overrides[:-1] + ["test_configs=[{min_len:9,max_len:3}]"]))
     with pytest.raises(ValueError, match=r"test_configs must be a list of slice configs, e.g. .*got 5"):
         copying_eval(compose_eval("copying", overrides[:-1] + ["test_configs=5"]))
+
+
+def test_checkpoints_kept_outside_a_run_folder_are_runs_of_their_own(copy_run, tmp_path):
+    """A new-user check: /tmp/ck/att.ckpt and /tmp/ck/mam.ckpt were both recorded as run "tmp" (the
+    checkpoint's grandparent), which the report merged into one run, and /tmp/top.ckpt as run "".
+    A checkpoint outside a checkpoints/ folder is now the run named by its file."""
+    loose = tmp_path / "ck"
+    loose.mkdir()
+    runs = {}
+    for name in ("att", "mam"):
+        shutil.copy(copy_run["last_ckpt"], loose / f"{name}.ckpt")
+        ctx = load_checkpoint(loose / f"{name}.ckpt", torch.device("cpu"), None, "eval/copying.py")
+        runs[name] = (ctx.run, ctx.run_dir)
+    assert runs == {"att": ("att", loose), "mam": ("mam", loose)}
+    # train.py's layout: <run_dir>/checkpoints/last.ckpt
+    ctx = load_checkpoint(copy_run["last_ckpt"], torch.device("cpu"), None, "eval/copying.py")
+    assert ctx.run_dir == Path(copy_run["last_ckpt"]).parents[1] and ctx.run == ctx.run_dir.name
 
 
 def test_copying_eval_checks_a_learned_position_table_first(copy_run, monkeypatch):
