@@ -335,6 +335,31 @@ def load_checkpoint(
     return EvalContext(ckpt, lit, data_cfg, device, run_dir, git_sha())
 
 
+def checkpoint_sweep_check(
+    tasks: Sequence[str] | None, script: str, check: Callable[[EvalContext, DictConfig], Any] | None = None
+) -> Callable[[DictConfig], None]:
+    """An evaluation's ``check_job`` for :func:`eval.cli.run_command_line`: each job of a ``-m``
+    sweep has its checkpoint loaded on the CPU (:func:`load_checkpoint`: missing, corrupt, trained
+    on another task) and ``check(ctx, cfg)`` run, before the first job evaluates anything (a new-user
+    check: ``-m ckpt=a.ckpt,broken.ckpt,c.ckpt`` evaluated ``a``, stopped at ``broken`` with status 2,
+    and never said that ``c`` was not evaluated). A job whose ``ckpt`` is not one path is left to
+    its own check.
+
+    Raises (from the returned function):
+        FileNotFoundError, ValueError: :func:`load_checkpoint`'s or ``check``'s; :func:`eval.cli`
+            names the job (``the sweep's job with ckpt=...: ...``).
+    """
+
+    def check_job(cfg: DictConfig) -> None:
+        if not isinstance(cfg.get("ckpt"), str):
+            return
+        ctx = load_checkpoint(cfg.ckpt, torch.device("cpu"), tasks, script)
+        if check is not None:
+            check(ctx, cfg)
+
+    return check_job
+
+
 def build_datamodule(data_cfg: Mapping[str, Any], **overrides: Any):
     """The data module of a run's data config (``data.build_datamodule``) with ``overrides`` applied.
 

@@ -54,6 +54,7 @@ from eval.common import (
     check_default_output,
     check_position_limit,
     check_settings,
+    checkpoint_sweep_check,
     evaluate,
     finish,
     load_checkpoint,
@@ -153,4 +154,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_command_line(main, "copying", CONF_DIR / "eval")
+    run_command_line(
+        main, "copying", CONF_DIR / "eval", check_job=checkpoint_sweep_check(TASKS, "eval/copying.py")
+    )

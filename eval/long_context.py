@@ -63,6 +63,7 @@ from eval.common import (
     check_default_output,
     check_position_limit,
     check_settings,
+    checkpoint_sweep_check,
     evaluate,
     finish,
     is_out_of_memory,
@@ -274,4 +275,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_command_line(main, "long_context", CONF_DIR / "eval")
+    # Each job's task too (task=auto for a text checkpoint) before the first runs.
+    check_job = checkpoint_sweep_check(
+        None, "eval/long_context.py", lambda ctx, cfg: choose_task(ctx, cfg.task)
+    )
+    run_command_line(main, "long_context", CONF_DIR / "eval", check_job=check_job)

@@ -44,6 +44,7 @@ from eval.common import (
     check_default_output,
     check_position_limit,
     check_settings,
+    checkpoint_sweep_check,
     finish,
     load_checkpoint,
     print_table,
@@ -288,4 +289,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_command_line(main, "perplexity", CONF_DIR / "eval")
+    run_command_line(
+        main, "perplexity", CONF_DIR / "eval", check_job=checkpoint_sweep_check(TASKS, "eval/perplexity.py")
+    )

@@ -46,6 +46,7 @@ from eval.common import (
     check_default_output,
     check_position_limit,
     check_settings,
+    checkpoint_sweep_check,
     evaluate,
     finish,
     length_settings,
@@ -202,4 +203,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_command_line(main, "recall", CONF_DIR / "eval")
+    run_command_line(
+        main, "recall", CONF_DIR / "eval", check_job=checkpoint_sweep_check(TASKS, "eval/recall.py")
+    )

@@ -631,6 +631,32 @@ def test_long_context_rejects_bad_lengths_and_task(passkey_run):
         long_context_eval(compose_eval("long_context", [ckpt, "task=mqar"]))
 
 
+def test_a_sweep_checks_every_checkpoint_before_the_first_job(copy_run, passkey_run, tmp_path):
+    """A new-user check: ``-m ckpt=good,truncated,good2`` evaluated the first, stopped at the second
+    with status 2, and never said that the third was not evaluated. Each job's checkpoint (and, in
+    long_context, its task) is now read before any job runs."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    good = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    good.parent.mkdir(parents=True)
+    shutil.copy(copy_run["last_ckpt"], good)
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(good.read_bytes()[:1000])
+    unreadable = f"error: the sweep's job with ckpt={truncated}: could not read checkpoint "
+    wrong_task = f"error: the sweep's job with ckpt={good}: {good} was trained on 'copy' data, which "
+    for script, ckpts, message in [
+        ("copying.py", [good, truncated], unreadable),
+        ("long_context.py", [passkey_run["last_ckpt"], good], wrong_task + "eval/long_context.py does not"),
+    ]:
+        args = [str(REPO_ROOT / "eval" / script), "-m", f"ckpt={','.join(map(str, ckpts))}", "device=cpu"]
+        result = subprocess.run(
+            [sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert result.stderr.startswith(message), result.stderr[-3000:]
+        assert "results:" not in result.stdout and not list(tmp_path.rglob("*.json")), result.stdout
+
+
 def test_cli_reports_a_missing_checkpoint_in_one_line(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
