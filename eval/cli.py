@@ -311,7 +311,7 @@ def _command_line_overrides(argv: list[str]) -> list[Override] | None:
             lines = [line.strip() for line in str(err).splitlines()]
             reason = [line for line in lines if line and not line.startswith(("Error parsing", "See ", "^"))]
             grammar = [line[4:].removesuffix(" for details") for line in lines if line.startswith("See ")]
-            quoted = _quoted_override(text)
+            quoted = _quoted_override(text, sweep=bool(args.multirun))
             raise ValueError(
                 f"cannot parse the override {text!r}: {' '.join(reason) or 'not key=value'}"
                 + (f"; to give the value as a string, quote it for Hydra: {quoted}" if quoted else "")
@@ -339,16 +339,19 @@ def is_group(override: Override, config_dir: Path = CONF_DIR) -> bool:
     return "/" in group or (config_dir / group).is_dir()
 
 
-def _quoted_override(text: str) -> str | None:
+def _quoted_override(text: str, sweep: bool = False) -> str | None:
     """``key=value`` with the value in Hydra's quotes, ready to paste (:func:`pasteable`), where that
     parses and the text as given did not (a path holding ``~``, a new-user check: only the grammar's
-    link was given); None where the key itself is at fault, the value opens a list, mapping or
-    function call (a typo there, not a string), or quoting does not help."""
+    link was given); with ``sweep`` (``-m``), each comma-separated value quoted on its own. None
+    where the key itself is at fault, the value opens a list, mapping or function call (a typo
+    there, not a string), or quoting does not help."""
     key, sep, value = text.partition("=")
     if not sep or not value or value[0] in "'\"[{(" or not re.fullmatch(r"[+~]{0,2}[\w.@/-]+", key):
         return None
-    # Each value of a sweep on its own (a,b quoted whole would be one value: a new-user check).
-    parts = value.split(",")
+    # Each value of a sweep on its own (a,b quoted whole would be one value: a new-user check);
+    # without -m a comma is the value's own (ckpt=runs/lr=1e-3,wd=0/best.ckpt, another new-user
+    # check: quoted in parts, the suggestion was refused as a sweep).
+    parts = value.split(",") if sweep else [value]
     quoted = f"{key}=" + ",".join(QuotedString(text=part, quote=Quote.single).with_quotes() for part in parts)
     try:
         OverridesParser.create().parse_overrides([quoted])

@@ -292,7 +292,7 @@ def check_position_limit(model: LanguageModel, longest: int, option: str) -> Non
         raise ValueError(
             f"{name}: the checkpoint's learned position table has max_position={size} rows, but the "
             f"longest test sequence has {longest} tokens; lower {option} so no length passes {size} "
-            f"(or train with a larger mixer.settings.{name}.max_position)"
+            f"(or train with ++mixer.settings.{name}.max_position={longest} or more)"
         )
 
 

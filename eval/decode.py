@@ -258,8 +258,8 @@ def check_positions(model: LanguageModel, lengths: list[int], decode_steps: int)
         raise ValueError(
             f"{name}: the learned position table has max_position={size} rows, but context_lengths "
             f"{too_long} with decode_steps={decode_steps} need up to {max(too_long) + decode_steps} "
-            f"positions; keep every context length + decode_steps at most {size} (or raise "
-            f"mixer.settings.{name}.max_position)"
+            f"positions; keep every context length + decode_steps at most {size} (or raise it: "
+            f"++mixer.settings.{name}.max_position={max(too_long) + decode_steps})"
         )
 
 

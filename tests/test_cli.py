@@ -685,6 +685,11 @@ TRAIN_CHECK = dict(
         (["-m", "ckpt=x.ckpt", "output=a~1.json,a~2.json"], "recall", "cannot parse the override "
          "'output=a~1.json,a~2.json': LexerNoViableAltException: output=a~1.json,a~2.json; to give the value "
          "as a string, quote it for Hydra: \"output='a~1.json','a~2.json'\""),
+        # Without -m the comma is the value's own: quoted whole (a new-user check: quoted in parts, the
+        # suggestion was refused as a sweep).
+        (["ckpt=/runs/lr=1e-3,wd=0/best.ckpt"], "recall", "cannot parse the override "
+         "'ckpt=/runs/lr=1e-3,wd=0/best.ckpt': mismatched input '=' expecting <EOF>; to give the value as a "
+         "string, quote it for Hydra: \"ckpt='/runs/lr=1e-3,wd=0/best.ckpt'\"; see Hydra's"),
         # A sweep without -m (a new user's finding): Hydra's five lines of "Ambiguous value".
         (["mixer=attention,mamba"], "train",
          "mixer=attention,mamba gives several values, a sweep: add -m to run one job per value"),
@@ -776,7 +781,8 @@ TRAIN_CHECK = dict(
         # A carried new-user note: a later job's learned table was refused only when that job started.
         (["-m", "mixer.settings.attention.pos_emb=rope,learned", "++mixer.settings.attention.max_position=64"],
          "train", "the sweep's job with mixer.settings.attention.pos_emb=learned: attention: pos_emb=learned has "
-         "max_position=64 rows, but the run trains or validates sequences of 256 tokens; set "),
+         "max_position=64 rows, but the run trains or validates sequences of 256 tokens; set "
+         "++mixer.settings.attention.max_position=256 (rows past "),
     ],
 )  # fmt: skip
 def test_a_command_line_hydra_would_refuse_is_one_line(argv, config, message):

@@ -214,7 +214,7 @@ def test_decode_eval_refuses_a_model_that_does_not_fit_in_memory(tmp_path):
           "context_lengths=[8,32]"],
          "attention: the learned position table has max_position=16 rows, but context_lengths [32] with "
          "decode_steps=2 need up to 34 positions; keep every context length + decode_steps at most 16 (or "
-         "raise mixer.settings.attention.max_position)"),
+         "raise it: ++mixer.settings.attention.max_position=34)"),
         # The last decode step's position counts: 15 + 2 tokens need position 16.
         (["mixer.settings.attention.pos_emb=learned", "+mixer.settings.attention.max_position=16",
           "context_lengths=[15]"], "context_lengths [15] with decode_steps=2 need up to 17 positions"),

@@ -811,6 +811,11 @@ def test_test_lengths_beyond_a_learned_position_table_are_refused_up_front(copy_
         ValueError, match=r"attention: .*max_position=64 rows.*65 tokens; lower length_multipliers"
     ):
         check_position_limit(Learned(), 65, "length_multipliers")
+    # The override as it must be typed (a new-user check: without ++ it was refused as unknown, the
+    # attention config having no max_position key).
+    typed = "(or train with ++mixer.settings.attention.max_position=65 or more)"
+    with pytest.raises(ValueError, match=re.escape(typed)):
+        check_position_limit(Learned(), 65, "length_multipliers")
     model = load_model(copy_run["last_ckpt"]).model
     assert model.position_limit() is None  # RoPE: no table
     check_position_limit(model, 10**6, "seqlens")

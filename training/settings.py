@@ -431,9 +431,10 @@ def check_learned_positions(model, longest: int) -> None:
         name, size = limit
         raise ValueError(
             f"{name}: pos_emb=learned has max_position={size} rows, but the run trains or validates "
-            f"sequences of {longest} tokens; set mixer.settings.{name}.max_position={longest} (rows past "
-            "the training length stay untrained, which is what a length-extrapolation test of learned "
-            "positions measures) or drop the longer slices from data.test_configs"
+            f"sequences of {longest} tokens; set ++mixer.settings.{name}.max_position={longest} (rows "
+            "past the training length stay untrained, which is what a length-extrapolation test of learned "
+            "positions measures; ++ sets the key whether or not the config has it) or drop the longer slices "
+            "from data.test_configs"
         )
 
 
