@@ -131,9 +131,15 @@ def check_settings(
     if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
         raise ValueError("no checkpoint given: pass ckpt=<a .ckpt file written by train.py>")
     if not isinstance(cfg.ckpt, str):
-        raise ValueError(
-            f"ckpt must be one checkpoint path, got {cfg.ckpt!r}; evaluate several with -m ckpt=A,B"
+        # A list is several checkpoints; anything else Hydra parsed as a number, a bool or a mapping
+        # (a new-user check: ckpt=123 was told to evaluate several with -m).
+        quoted = f"\"ckpt='{cfg.ckpt}'\""
+        fix = (
+            "evaluate several with -m ckpt=A,B"
+            if _is_list(cfg.ckpt)
+            else f"give the .ckpt file's path (a path Hydra reads as another type: quote it, {quoted})"
         )
+        raise ValueError(f"ckpt must be one checkpoint path, got {cfg.ckpt!r}; {fix}")
     for key in positive:
         if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:
             raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")

@@ -586,6 +586,10 @@ def test_missing_corrupt_checkpoints_and_bad_settings(name, tmp_path):
         fn(compose_eval(name, []))
     with pytest.raises(ValueError, match=r"ckpt must be one checkpoint path, got \[1, 2\]; evaluate several with -m"):
         fn(compose_eval(name, ["ckpt=[1,2]"]))
+    # One value Hydra reads as a number (a new-user check: it was told to evaluate several with -m).
+    number = "ckpt must be one checkpoint path, got 123; give the .ckpt file's path (a path Hydra reads as"
+    with pytest.raises(ValueError, match=re.escape(number) + r".*quote it, \"ckpt='123'\"\)$"):
+        fn(compose_eval(name, ["ckpt=123"]))
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         fn(compose_eval(name, [f"ckpt={tmp_path / 'nope.ckpt'}"]))
     corrupt = tmp_path / "corrupt.ckpt"
