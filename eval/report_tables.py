@@ -137,8 +137,10 @@ def _timestamp(text: Any) -> float:
     return (when if when.tzinfo else when.replace(tzinfo=_dt.timezone.utc)).timestamp()
 
 
-# Record fields that tell apart measurements of one run, mixer and length (see summary_tables).
-_SETTINGS = ("dtype", "batch")
+# Record fields that tell apart measurements of one run, mixer and length (see summary_tables):
+# eval/decode.py's dtype and batch, and eval/perplexity.py's max_batches (a new-user check: a loss
+# over the first 2 batches of the split read as the held-out loss).
+_SETTINGS = ("dtype", "batch", "max_batches")
 
 
 def _task_title(r: dict[str, Any]) -> str:
@@ -149,7 +151,8 @@ def _task_title(r: dict[str, Any]) -> str:
 def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
     """The report's tables: ``Runs`` (one row per run and mixer: layout, params, tasks, record files)
     and one table per task and split with a row per run, mixer, seqlen, slice, dtype and batch (the
-    last two where the task's records carry them: eval/decode.py's) and record file: params,
+    last two where the task's records carry them: eval/decode.py's; ``max_batches`` where a record
+    of eval/perplexity.py covers only that many batches of the split) and record file: params,
     state bytes (per sequence) and one column per metric (``accuracy [decode]``, ``decode_tokens_per_s
     [eager]``, ``decode_bandwidth (GB/s) [eager]``: a unit of :data:`METRIC_UNITS` is named; train.py's
     per-slice ``val/acc_<slice>`` folded into ``val/acc`` at the slice's seqlen).

@@ -974,6 +974,18 @@ def test_slices_of_one_length_get_their_own_rows(tmp_path):
     assert [(r["slice"], r["loss [parallel]"], r["perplexity [parallel]"]) for r in rows] == [
         ("val", 4.771, 118.0), ("val_prefix64", 4.753, None)
     ]  # fmt: skip
+    assert "max_batches" not in table.columns  # the full split: no column
+    # A loss over the first batches of the split stays apart and says so (a new-user check: it read as
+    # the held-out loss).
+    write_json(run / "checkpoints" / "last.ckpt.perplexity.json", [
+        rec("text-run", "attention", "loss", 4.5, 64, slice="val", max_batches=2, **common),
+    ])  # fmt: skip
+    rep = make_report(f"[{run}]", tmp_path / "out2")
+    table = {t.title: t for t in rep.tables}["Results: text (val)"]
+    rows = [dict(zip(table.columns, row, strict=True)) for row in table.rows]
+    assert [(r["slice"], r["max_batches"], r["loss [parallel]"]) for r in rows] == [
+        ("val", 2, 4.5), ("val", None, 4.771), ("val_prefix64", None, 4.753)
+    ]  # fmt: skip
 
 
 def test_text_task_draws_no_recall_plot(tmp_path):
