@@ -54,6 +54,13 @@ from models.lit import scored_metrics
 from training.settings import name_data_setting
 
 TASKS = ("text",)
+# Data settings of the checkpoint that an evaluation does not change, and why.
+REFUSED_DATA_SETTINGS = {
+    "train_fraction": "the held-out split is the part of the corpus the checkpoint did not train on (its "
+    "train_fraction), and another fraction would score text it trained on or leave held-out text out",
+    "batch_size": "give batch_size=<n>",
+    "seed": "the validation split is read in order, so no seed draws anything",
+}
 CORPUS_KEYS = ("path", "dataset_name")
 
 
@@ -194,6 +201,12 @@ def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             "decode_prefix=1 leaves no token for a decode step: give 0 (no decode check) or a length >= 2 "
             "(its first half is prefilled, the rest decoded one token at a time)"
         )
+    # Data settings that would change nothing or the wrong thing (a new-user check: +data.train_fraction
+    # =0.5 put training text into the "held-out" split; +data.batch_size=0 and +data.seed=5 were
+    # ignored without a word).
+    for key, reason in REFUSED_DATA_SETTINGS.items():
+        if key in cfg.data:
+            raise ValueError(f"data.{key}: eval/perplexity.py takes no such setting: {reason}")
     tolerance = cfg.tolerance
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0:
         raise ValueError(f"tolerance must be a number >= 0 (nats), got {tolerance!r}")

@@ -491,6 +491,16 @@ def test_perplexity_on_another_corpus_and_length(text_run, tmp_path):
     # A carried new-user note: a hub dataset's split beside a local file was ignored without a word.
     with pytest.raises(ValueError, match=r"^data.split='test' is read from a hub dataset \(dataset_name\) only"):
         evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "data.split=test")
+    # A new-user check: +data.train_fraction=0.5 scored training text as held-out; +data.batch_size and
+    # +data.seed were ignored without a word.
+    for override, reason in [
+        ("+data.train_fraction=0.5", "the held-out split is the part of the corpus the checkpoint did not"),
+        ("+data.batch_size=0", "give batch_size=<n>"),
+        ("+data.seed=5", "the validation split is read in order"),
+    ]:
+        message = f"{override[1:].split('=')[0]}: eval/perplexity.py takes no such setting: {reason}"
+        with pytest.raises(ValueError, match=re.escape(message)):
+            evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, override)
 
 
 def test_perplexity_refuses_the_training_corpus_edited_since(text_run, tmp_path):
