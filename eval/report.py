@@ -100,9 +100,11 @@ from eval.records import (
 from eval.report_plots import PLOTS, plot_points
 from eval.report_tables import (
     COUNT_FIELDS,
+    LrGroup,
     Table,
     best_lr_tables,
     drop_worse_lrs,
+    format_lr,
     format_value,
     lr_groups,
     measurement_rank,
@@ -1002,6 +1004,7 @@ def build_report(cfg: DictConfig) -> Report:
             "Best over learning rates: a run with eval/recall.py records is scored on them, in the "
             "(test) table only; the (val) table holds the runs without any (train.py's validation)"
         )
+    notes += split_sweep_notes(groups)
     if any(g.by_loss for g in groups):
         lossless = sorted(s.run for g in groups if g.by_loss for s in g.runs if s.loss is None)
         missing = f"; runs without a val/loss record rank last: {', '.join(lossless)}" if lossless else ""
@@ -1108,6 +1111,29 @@ def build_report(cfg: DictConfig) -> Report:
         name=f"report-{out.resolve().name}",
     )
     return report
+
+
+def split_sweep_notes(groups: list[LrGroup]) -> list[str]:
+    """A note per learning-rate sweep whose runs fell into both the (test) and the (val) table, some
+    evaluated with eval/recall.py and some not: each table then picks the best of a part of the
+    sweep (a new-user check: the (test) table showed the lr that lost on validation as the best,
+    with "1 lr")."""
+    by_key: dict[tuple, dict[str, LrGroup]] = defaultdict(dict)
+    for g in groups:
+        key = g.best.group_key()
+        by_key[key[:1] + key[2:]][g.best.split] = g
+    notes = []
+    for parts in by_key.values():
+        if {"test", "val"} <= set(parts):
+            best = parts["test"].best
+            lrs = {split: ", ".join(format_lr(lr) for lr in parts[split].lrs) for split in ("test", "val")}
+            notes.append(
+                f"Best over learning rates: the sweep of {best.mixer} (d_model {best.d_model}) is split between "
+                f"the (test) table (lr {lrs['test']}, evaluated with eval/recall.py) and the (val) table (lr "
+                f"{lrs['val']}): each picks the best of its part only; evaluate every lr of it with "
+                "eval/recall.py to compare them on one split"
+            )
+    return notes
 
 
 def accuracy_tasks(records: list[dict[str, Any]]) -> list[str]:

@@ -1284,6 +1284,15 @@ def test_runs_scored_on_recall_records_leave_the_val_table_with_a_note(grid, tmp
         "Best over learning rates: mqar (val) at T64_kv4, 2 layers",
     ]
     assert any("is scored on them, in the (test) table only" in n for n in rep.notes)
+    # The sweep it belongs to is split between the tables, each picking the best of its part (a
+    # new-user check: the (test) table's "1 lr" read as the sweep's best).
+    (split,) = [n for n in rep.notes if "is split between" in n]
+    assert split.startswith(
+        "Best over learning rates: the sweep of mamba (d_model 64) is split between the (test) table (lr "
+        "2.2e-3, evaluated with eval/recall.py) and the (val) table (lr "
+    ), split
+    assert split.endswith("each picks the best of its part only; evaluate every lr of it with eval/recall.py "
+                          "to compare them on one split")  # fmt: skip
 
 
 def test_length_plot_needs_more_than_one_length(grid, tmp_path):
