@@ -1062,6 +1062,9 @@ def build_report(cfg: DictConfig) -> Report:
     }
     notes += sources.partial + csv_notes + [f"skipped invalid file: {s}" for s in sources.skipped]
     figures, pngs, png_bytes = {}, {}, {}
+    # An earlier report in out= is replaced, and said so (a new-user check: it went without a word).
+    earlier = [name for name in ("report.html", "report.md") if (out / name).exists()]
+    removed = []
     for spec in PLOTS:
         fig = figures[spec.name] = plot_points(points[spec.name], spec)
         if fig is None:
@@ -1069,7 +1072,9 @@ def build_report(cfg: DictConfig) -> Report:
                 skipped[spec.name] = f"No data: needs {spec.missing}."
                 notes.append(f"{spec.title}: not drawn, no data (needs {spec.missing})")
             png_bytes[spec.name] = None
-            (out / f"{spec.name}.png").unlink(missing_ok=True)  # an earlier report's, now stale
+            if (out / f"{spec.name}.png").is_file():  # an earlier report's, now stale
+                (out / f"{spec.name}.png").unlink()
+                removed.append(f"{spec.name}.png")
             continue
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=110)
@@ -1100,7 +1105,10 @@ def build_report(cfg: DictConfig) -> Report:
     print(
         f"{len(records)} records from {len(sources.record_files)} files, {len(sources.metrics_csvs)} metrics.csv; "
         f"wrote {report.html}, {report.markdown} and {len(pngs)} plots"
+        + (f" (replacing the earlier report in {out})" if earlier else "")
     )
+    if removed:
+        print(f"removed {', '.join(removed)} of the earlier report in {out}: no data for that plot now")
     for note in notes:
         print(f"note: {note}")
     log_report_to_wandb(

@@ -685,11 +685,17 @@ def test_plots_without_data_are_noted_not_errors(runs, tmp_path):
     assert "*No data: needs eval/decode.py records (metric decode_tokens_per_s).*" in rep.markdown.read_text()
 
 
-def test_a_plot_not_drawn_again_leaves_no_stale_png(runs, tmp_path):
+def test_a_plot_not_drawn_again_leaves_no_stale_png(runs, tmp_path, capsys):
     make_report(f"[{runs}]", tmp_path)  # with the decode records: the decode plot is drawn
     assert (tmp_path / "decode_tokens_per_s.png").exists()
+    assert "replacing" not in capsys.readouterr().out
     make_report(f"[{runs}/*-run]", tmp_path)  # the same folder, no decode records
     assert not (tmp_path / "decode_tokens_per_s.png").exists()
+    # Said (a new-user check: the earlier report and its plot went without a word).
+    printed = capsys.readouterr().out
+    assert f"plots (replacing the earlier report in {tmp_path})\n" in printed
+    removed = f"removed decode_tokens_per_s.png of the earlier report in {tmp_path}: no data for that plot now"
+    assert removed in printed
 
 
 def test_seqlen_picks_the_quality_vs_memory_length(runs, tmp_path):
