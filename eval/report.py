@@ -617,7 +617,8 @@ def recall_vs_state_points(
     ``[<run>]`` before the ``@`` where several points would otherwise share a label.
 
     Returns:
-        ``(points with a "label" for annotation, notes on series left out)``.
+        ``(points with a "label" for annotation, notes on series left out or drawn at a length other
+        than their training length)``.
     """
     by_series: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in accuracy:
@@ -630,6 +631,13 @@ def recall_vs_state_points(
         else:
             trained = [p for p in pts if p["seqlen"] == p.get("train_seqlen")]
             at = trained or [min(pts, key=lambda p: p["seqlen"])]
+            if not trained and at[0].get("train_seqlen") is not None:
+                # said (a new-user check: a run trained at 64 was drawn "@ 65" without a word)
+                notes.append(
+                    f"{series}: no recall accuracy at its training length {at[0]['train_seqlen']}; the "
+                    f"quality-vs-memory plot shows its shortest length evaluated, {at[0]['seqlen']} (seqlen= "
+                    "picks one length for every run)"
+                )
         if not at:
             notes.append(f"{series}: no recall accuracy at seqlen {seqlen} for the quality-vs-memory plot")
             continue

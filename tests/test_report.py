@@ -461,6 +461,24 @@ def test_marker_labels_name_the_width_and_tell_alike_runs_apart():
     ]  # fmt: skip
 
 
+def test_a_point_drawn_away_from_its_training_length_is_noted():
+    # A new-user check: an induction run trained at 64 and evaluated from 65 on was drawn "@ 65"
+    # without a word.
+    accuracy = [
+        {"series": "attention [r]", "mixer": "attention", "run": "r", "seqlen": n, "train_seqlen": 64,
+         "state_bytes": 100 * n, "accuracy": a}
+        for n, a in ((65, 0.5), (128, 0.2))
+    ]  # fmt: skip
+    points, notes = recall_vs_state_points(accuracy, None)
+    assert [p["label"] for p in points] == ["attention @ 65"]
+    assert notes == [
+        "attention [r]: no recall accuracy at its training length 64; the quality-vs-memory plot shows its "
+        "shortest length evaluated, 65 (seqlen= picks one length for every run)"
+    ]
+    points, notes = recall_vs_state_points([p | {"train_seqlen": 65} for p in accuracy], None)
+    assert [p["label"] for p in points] == ["attention @ 65"] and not notes
+
+
 def label_box(annotation, renderer):
     """The box of a marker label's text (an annotation's own extent also spans its leader line's
     bounding rectangle)."""
