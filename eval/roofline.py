@@ -332,7 +332,7 @@ def load_records(paths: list[str], notes: list[str] | None = None) -> list[dict[
     """Concatenate the JSON record lists at ``paths`` (glob patterns expanded: :func:`record_paths`),
     checking every item (:func:`check_record`) so that a bad file is refused before anything is
     printed. To ``notes``, where given, one line per file written before its sweep finished
-    (:func:`eval.records.partial_note`, naming the file).
+    (:func:`eval.records.partial_note`, naming the file) and per file without a throughput record.
 
     Raises:
         FileNotFoundError: a path does not exist, or a pattern matches no ``.json`` file (named).
@@ -359,11 +359,17 @@ def load_records(paths: list[str], notes: list[str] | None = None) -> list[dict[
             ) from err
         if not isinstance(data, list):
             raise ValueError(f"{path} must hold a JSON list of result records")
-        for i, rec in enumerate(data):
-            check_record(rec, f"{path}: record {i}")
+        used = [check_record(rec, f"{path}: record {i}") for i, rec in enumerate(data)]
         note = partial_note(str(path), data)
         if notes is not None and note is not None:
             notes.append(note)
+        if notes is not None and not any(used):
+            # a new-user check: a recall.json passed here was left out without a word
+            metrics = sorted({str(rec.get("metric")) for rec in data})
+            notes.append(
+                f"{path} holds no {PREFILL_METRIC} or {DECODE_METRIC} record (eval/decode.py's)"
+                + (f"; its metrics are {', '.join(metrics)}" if metrics else ": it is empty")
+            )
         records.extend(data)
     return records
 

@@ -232,6 +232,27 @@ def test_records_take_glob_patterns(cfg, tmp_path):
         rl.load_records([str(tmp_path / "nothing-*.json")])
 
 
+def test_a_records_file_without_throughput_records_is_noted(tmp_path):
+    # A new-user check: records=[<a recall .json>] printed "(no prefill / decode throughput records)"
+    # without naming the file that held none.
+    recall = tmp_path / "best.ckpt.recall.json"
+    recall.write_text(json.dumps([{"run": "r", "mixer": "attention", "metric": "accuracy", "value": 0.5}]))
+    (tmp_path / "empty.json").write_text("[]")
+    notes: list[str] = []
+    records = rl.load_records([str(recall), str(tmp_path / "empty.json")], notes)
+    assert records == json.loads(recall.read_text())
+    assert notes == [
+        f"{recall} holds no prefill_tokens_per_s or decode_tokens_per_s record (eval/decode.py's); its "
+        "metrics are accuracy",
+        f"{tmp_path / 'empty.json'} holds no prefill_tokens_per_s or decode_tokens_per_s record "
+        "(eval/decode.py's): it is empty",
+    ]
+    (tmp_path / "decode.json").write_text(json.dumps([DECODE_RECORD]))
+    notes = []
+    rl.load_records([str(tmp_path / "decode.json")], notes)
+    assert notes == []
+
+
 def test_a_sweep_leaves_no_multirun_yaml_and_refuses_an_unwritable_folder_in_one_line(tmp_path):
     """A new-user check: ``eval/*.py -m`` left Hydra's multirun.yaml in the working folder (the
     evaluations make no Hydra folder), and failed in an OSError traceback in a read-only one."""
