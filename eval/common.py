@@ -356,12 +356,16 @@ def checkpoint_sweep_check(
             names the job (``the sweep's job with ckpt=...: ...``).
     """
 
+    last: dict[str, EvalContext] = {}  # the latest checkpoint read: a sweep over other settings reads it once
+
     def check_job(cfg: DictConfig) -> None:
         if not isinstance(cfg.get("ckpt"), str):
             return
-        ctx = load_checkpoint(cfg.ckpt, torch.device("cpu"), tasks, script)
+        if cfg.ckpt not in last:
+            last.clear()
+            last[cfg.ckpt] = load_checkpoint(cfg.ckpt, torch.device("cpu"), tasks, script)
         if check is not None:
-            check(ctx, cfg)
+            check(last[cfg.ckpt], cfg)
 
     return check_job
 

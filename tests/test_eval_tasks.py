@@ -671,6 +671,23 @@ def test_a_sweep_checks_every_checkpoint_before_the_first_job(copy_run, passkey_
         assert "results:" not in result.stdout and not list(tmp_path.rglob("*.json")), result.stdout
 
 
+def test_the_sweep_check_reads_a_checkpoint_shared_by_consecutive_jobs_once(monkeypatch):
+    import eval.common as common
+
+    reads = []
+    monkeypatch.setattr(common, "load_checkpoint", lambda ckpt, *args: reads.append(ckpt) or ckpt)
+    tasks_seen = []
+    check_job = common.checkpoint_sweep_check(
+        None, "eval/long_context.py", lambda ctx, cfg: tasks_seen.append(cfg.task)
+    )
+    jobs = [("a.ckpt", "passkey"), ("a.ckpt", "multikey_needle"), ("b.ckpt", "passkey"), ("a.ckpt", "x")]
+    for ckpt, task in jobs:
+        check_job(OmegaConf.create({"ckpt": ckpt, "task": task}))
+    check_job(OmegaConf.create({"ckpt": None, "task": "passkey"}))  # left to the job's own check
+    assert reads == ["a.ckpt", "b.ckpt", "a.ckpt"]
+    assert tasks_seen == ["passkey", "multikey_needle", "passkey", "x"]
+
+
 def test_cli_reports_a_missing_checkpoint_in_one_line(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
