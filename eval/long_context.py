@@ -54,6 +54,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from data.mqar import MAX_SLICES
 from data.synthetic import TaskSlice, exact_match
 from eval.cli import CONF_DIR, run_command_line, user_errors
 from eval.common import (
@@ -171,6 +172,14 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         buckets = int(ctx.data.get("num_depth_buckets") or 4)
     if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
         raise ValueError(f"num_depth_buckets must be null or an integer >= 1, got {buckets!r}")
+    if len(lengths) * buckets > MAX_SLICES:
+        # Each cell is a test slice with examples of its own (a new-user check: the data module's
+        # words about test_configs advised longer lengths, which cannot help).
+        raise ValueError(
+            f"eval/long_context.py: {len(lengths)} lengths (from {length_option}) x num_depth_buckets="
+            f"{buckets} make {len(lengths) * buckets} cells, more than the {MAX_SLICES} test slices a task "
+            "holds; lower num_depth_buckets or give fewer lengths"
+        )
     # The task's settings: the checkpoint's when it trained on this task, else the task's defaults.
     data_cfg = ctx.data if ctx.task == task else {"name": task, "seqlen": lengths[0]}
     try:

@@ -641,6 +641,13 @@ def test_long_context_rejects_bad_lengths_and_task(passkey_run):
             long_context_eval(compose_eval("long_context", [ckpt, *overrides]))
     with pytest.raises(ValueError, match="num_depth_buckets must be null or an integer >= 1"):
         long_context_eval(compose_eval("long_context", [ckpt, "num_depth_buckets=0"]))
+    # More cells than test slices (a new-user check: the data module's message advised longer lengths).
+    too_many = (
+        "eval/long_context.py: 5 lengths (from length_multipliers) x num_depth_buckets=200 make 1000 cells, "
+        "more than the 498 test slices a task holds; lower num_depth_buckets or give fewer lengths"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(too_many) + "$"):
+        long_context_eval(compose_eval("long_context", [ckpt, "num_depth_buckets=200"]))
     with pytest.raises(ValueError, match="task must be auto, passkey or multikey_needle"):
         long_context_eval(compose_eval("long_context", [ckpt, "task=mqar"]))
 
