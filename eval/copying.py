@@ -107,6 +107,12 @@ def copying_eval(cfg: DictConfig) -> list[dict[str, Any]]:
                 f"test_configs must be a list of slice configs, e.g. 'test_configs=[{{min_len:41,max_len:80}}]' "
                 f"(copy) or 'test_configs=[{{seqlen:256}}]' (selective copying), got {cfg.test_configs!r}"
             )
+        if not cfg.test_configs:  # the data module's words were training's ("val/acc and val/loss")
+            raise ValueError(
+                "test_configs is empty: give at least one slice, e.g. "
+                "'test_configs=[{min_len:41,max_len:80}]' (copy) or 'test_configs=[{seqlen:256}]' (selective "
+                "copying), or leave it out for the default"
+            )
         overrides["test_configs"] = OmegaConf.to_container(cfg.test_configs, resolve=True)
     dm = build_datamodule(ctx.data, **overrides)
     dm.setup("test")

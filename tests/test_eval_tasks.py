@@ -207,6 +207,8 @@ def test_copying_eval_test_lengths_override_and_default_output(copy_run):
         copying_eval(compose_eval("copying", overrides[:-1] + ["test_configs=[{min_len:9,max_len:3}]"]))
     with pytest.raises(ValueError, match=r"test_configs must be a list of slice configs, e.g. .*got 5"):
         copying_eval(compose_eval("copying", overrides[:-1] + ["test_configs=5"]))
+    with pytest.raises(ValueError, match=r"^test_configs is empty: give at least one slice, e.g. "):
+        copying_eval(compose_eval("copying", overrides[:-1] + ["test_configs=[]"]))
 
 
 def test_checkpoints_kept_outside_a_run_folder_are_runs_of_their_own(copy_run, tmp_path):
