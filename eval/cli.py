@@ -784,6 +784,9 @@ def _check_sweep_jobs(
         job = _job_overrides(overrides, chosen)
         try:
             cfg = _compose(config_dir, config_name, job, with_hydra=True)
+            # A sweep folder that does not resolve is the whole command line's problem, which
+            # OutputDirCheck names before any job (not a job's checkpoint that is missing too).
+            OmegaConf.select(cfg, "hydra.sweep.dir", throw_on_resolution_failure=True)
             check_job(cfg)
         except OmegaConfBaseException:  # a ${...} only the job resolves (${hydra:...}): its own check
             continue
