@@ -306,6 +306,51 @@ def hub_unreachable(timeout: float = 3.0) -> bool:
     return unreachable(os.environ.get("HF_ENDPOINT") or "https://huggingface.co", timeout)
 
 
+def _http_status(err: BaseException) -> int | None:
+    """The HTTP status of the first response in ``err``'s chain of causes (huggingface_hub's
+    HfHubHTTPError and httpx's errors carry one), None where none does."""
+    seen = 0
+    while err is not None and seen < 10:
+        status = getattr(getattr(err, "response", None), "status_code", None)
+        if isinstance(status, int):
+            return status
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
+
+
+def _hub_failure(err: BaseException, offline: bool, cache_dir) -> str:
+    """Why a hub dataset could not be loaded, and what to do, for :func:`_load_text`'s message."""
+    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+    local = "or give a local text file with data.path=..."
+    where = cache_dir or "the cache"
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    status = _http_status(err)
+    if offline:
+        reason = f"the Hub cannot be reached from this machine and {where} holds no copy"
+    elif os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no", "off"):
+        reason = f"HF_HUB_OFFLINE is set and {where} holds no copy"
+    elif status is not None and status >= 500:  # a new-user check: it was called "no such dataset"
+        return f"the Hub ({endpoint}) answered with a server error (HTTP {status}); try again later, {local}"
+    elif status in (401, 403):
+        return (
+            f"the Hub ({endpoint}) refused access (HTTP {status}): a private or gated dataset needs "
+            f"`hf auth login` (and the dataset's terms accepted on its page); check the name, {local}"
+        )
+    elif not isinstance(err, ConnectionError):  # the Hub answered: no such dataset for us
+        if isinstance(err, FileNotFoundError):
+            # datasets looks for a local folder of that name first, and its message named that folder
+            # before the Hub (a new-user check: it read as a mistyped data.path).
+            reason = f"the Hub ({endpoint}) has no dataset of that name that this machine may read"
+        return (
+            f"{reason}; check the name (owner/name, as in the dataset page's address; a private or gated "
+            f"dataset needs `hf auth login`), {local}"
+        )
+    return (
+        f"{reason}; on a machine without network, load it once where there is one (into the same cache_dir "
+        f"or HF_DATASETS_CACHE), {local}"
+    )
+
+
 def _load_text(path, name, config_name, split, text_column, separator, cache_dir) -> str:
     """The corpus as one string: local text file(s) or a Hugging Face hub dataset, via ``datasets``.
     A hub dataset on a machine that cannot reach the Hub (:func:`hub_unreachable`) is read from the
@@ -349,31 +394,20 @@ def _load_text(path, name, config_name, split, text_column, separator, cache_dir
                 if not bars_were_off:
                     datasets.enable_progress_bars()
             return separator.join(ds["text"])
+    from huggingface_hub.errors import HfHubHTTPError
+
     try:
         ds = datasets.load_dataset(name, config_name, split=split, cache_dir=cache_dir)
-    except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetNotFoundError) as err:
-        # Offline without a cached copy, or no such dataset: datasets' own traceback, 30 s of retries.
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        remedy = (
-            "on a machine without network, load it once where there is one (into the same cache_dir or "
-            "HF_DATASETS_CACHE), or give a local text file with path=..."
-        )
-        where = cache_dir or "the cache"
-        if offline:
-            reason = f"the Hub cannot be reached from this machine and {where} holds no copy"
-        elif os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no", "off"):
-            reason = f"HF_HUB_OFFLINE is set and {where} holds no copy"
-        elif not isinstance(err, ConnectionError):  # the Hub answered: no such dataset for us
-            if isinstance(err, FileNotFoundError):
-                # datasets looks for a local folder of that name first, and its message named that
-                # folder before the Hub (a new-user check: it read as a mistyped data.path).
-                endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
-                reason = f"the Hub ({endpoint}) has no dataset of that name that this machine may read"
-            remedy = (
-                "check the name (owner/name, as in the dataset page's address; a private or gated "
-                "dataset needs `hf auth login`), or give a local text file with path=..."
-            )
-        raise ValueError(f"dataset_name={name!r} could not be loaded: {reason}; {remedy}") from err
+    except (
+        ConnectionError,
+        FileNotFoundError,
+        HfHubHTTPError,
+        datasets.exceptions.DatasetNotFoundError,
+    ) as err:
+        # Offline without a cached copy, no such dataset, or the Hub failing: datasets' own traceback.
+        raise ValueError(
+            f"dataset_name={name!r} could not be loaded: {_hub_failure(err, offline, cache_dir)}"
+        ) from err
     if text_column not in ds.column_names:
         raise ValueError(
             f"dataset {name!r} has no column {text_column!r} (columns: {ds.column_names}); set text_column"

@@ -932,6 +932,34 @@ def log_report_to_wandb(report: Report, *, enabled: bool, project: str, mode: st
     return True
 
 
+def check_earlier_report(out: Path) -> bool:
+    """Whether ``out`` holds an earlier report of this script (``report.md`` opening with ``# mixerlab
+    report``, ``report.html`` titled so), which the new one replaces, stale plots included.
+
+    Raises:
+        ValueError: ``out`` holds a ``report.md`` or ``report.html`` this script did not write (a
+            new-user check: a hand-written report.md was overwritten, and a plot of the same name as
+            one not drawn deleted, as if both were an earlier report's).
+    """
+    marks = {"report.md": "# mixerlab report (", "report.html": "<title>mixerlab report ("}
+    found = False
+    for name, mark in marks.items():
+        path = out / name
+        if not path.exists():
+            continue
+        try:
+            head = path.read_bytes()[:4096].decode("utf-8", errors="replace")
+        except OSError as err:
+            raise ValueError(f"out={out}: cannot read its {name} ({err.strerror or err})") from err
+        if mark not in head:
+            raise ValueError(
+                f"out={out} holds a {name} that eval/report.py did not write, which the report would "
+                "replace; pass another out= folder (or move that file)"
+            )
+        found = True
+    return found
+
+
 def build_report(cfg: DictConfig) -> Report:
     """Build the report ``cfg`` (``conf/eval/report.yaml``) describes and write it under ``cfg.out``.
 
@@ -945,7 +973,8 @@ def build_report(cfg: DictConfig) -> Report:
             first, :func:`eval.cli.check_known_settings`); ``wandb.enabled``, ``skip_invalid`` or
             ``best_over_lr`` not true / false (checked next, with a ``wandb.mode`` other than online / offline
             with W&B enabled); empty ``runs`` or an empty entry; an ``out`` that is not one folder path, is
-            (inside) a file or cannot be written; a bad ``recall_path`` or ``seqlen``; a ``task`` that is
+            (inside) a file, cannot be written or holds a report file this script did not write
+            (:func:`check_earlier_report`); a bad ``recall_path`` or ``seqlen``; a ``task`` that is
             neither a known task nor in the records; or an invalid record file, metrics.csv or W&B summary
             (named; unless ``skip_invalid=true``).
     """
@@ -965,6 +994,7 @@ def build_report(cfg: DictConfig) -> Report:
                         file_fix="pass out=<folder>")  # fmt: skip
     # A new-user check: -m task=mqar,copy out=rep left the last job's report only, without a word.
     check_sweep_output(out, option="out", folder=True)
+    earlier = check_earlier_report(out)
     if cfg.recall_path not in ("decode", "parallel"):
         raise ValueError(f"recall_path must be decode or parallel, got {cfg.recall_path!r}")
     if cfg.seqlen is not None and (
@@ -1070,8 +1100,6 @@ def build_report(cfg: DictConfig) -> Report:
     }
     notes += sources.partial + csv_notes + [f"skipped invalid file: {s}" for s in sources.skipped]
     figures, pngs, png_bytes = {}, {}, {}
-    # An earlier report in out= is replaced, and said so (a new-user check: it went without a word).
-    earlier = [name for name in ("report.html", "report.md") if (out / name).exists()]
     removed = []
     for spec in PLOTS:
         fig = figures[spec.name] = plot_points(points[spec.name], spec)
@@ -1080,7 +1108,7 @@ def build_report(cfg: DictConfig) -> Report:
                 skipped[spec.name] = f"No data: needs {spec.missing}."
                 notes.append(f"{spec.title}: not drawn, no data (needs {spec.missing})")
             png_bytes[spec.name] = None
-            if (out / f"{spec.name}.png").is_file():  # an earlier report's, now stale
+            if earlier and (out / f"{spec.name}.png").is_file():  # an earlier report's, now stale
                 (out / f"{spec.name}.png").unlink()
                 removed.append(f"{spec.name}.png")
             continue

@@ -716,6 +716,26 @@ def test_a_plot_not_drawn_again_leaves_no_stale_png(runs, tmp_path, capsys):
     assert removed in printed
 
 
+def test_an_out_folder_holding_report_files_of_its_own_is_refused(runs, tmp_path):
+    # A second new-user check: a hand-written report.md was overwritten and the user's PNG of a plot's
+    # name deleted, both called "the earlier report".
+    for name, text in (("report.md", "# my notes\n"), ("report.html", "<html><title>mine</title></html>")):
+        out = tmp_path / name.replace(".", "-")
+        out.mkdir()
+        (out / name).write_text(text)
+        (out / "decode_tokens_per_s.png").write_bytes(b"mine")
+        message = f"out={out} holds a {name} that eval/report.py did not write, which the report would "
+        with pytest.raises(ValueError, match="^" + re.escape(message)):
+            make_report(f"[{runs}/*-run]", out)
+        assert (out / name).read_text() == text and (out / "decode_tokens_per_s.png").read_bytes() == b"mine"
+    # A folder without a report: a PNG of a plot's name that is not drawn is left alone.
+    out = tmp_path / "plain"
+    out.mkdir()
+    (out / "decode_tokens_per_s.png").write_bytes(b"mine")
+    make_report(f"[{runs}/*-run]", out)
+    assert (out / "decode_tokens_per_s.png").read_bytes() == b"mine"
+
+
 def test_seqlen_picks_the_quality_vs_memory_length(runs, tmp_path):
     rep = make_report(f"[{runs}/*-run]", tmp_path, "seqlen=256")
     points = {p["series"]: (p["state_bytes"], p["accuracy"]) for p in rep.points["recall_vs_state_bytes"]}
