@@ -175,10 +175,12 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     if len(lengths) * buckets > MAX_SLICES:
         # Each cell is a test slice with examples of its own (a new-user check: the data module's
         # words about test_configs advised longer lengths, which cannot help).
+        given = cfg.seqlens is not None or cfg.length_multipliers is not None
+        source = f"from {length_option}" if given else f"the default length_multipliers={values}"
         raise ValueError(
-            f"eval/long_context.py: {len(lengths)} lengths (from {length_option}) x num_depth_buckets="
-            f"{buckets} make {len(lengths) * buckets} cells, more than the {MAX_SLICES} test slices a task "
-            "holds; lower num_depth_buckets or give fewer lengths"
+            f"eval/long_context.py: {len(lengths)} length{'s' if len(lengths) > 1 else ''} ({source}) x "
+            f"num_depth_buckets={buckets} make {len(lengths) * buckets} cells, more than the {MAX_SLICES} "
+            "test slices a task holds; lower num_depth_buckets or give fewer lengths"
         )
     # The task's settings: the checkpoint's when it trained on this task, else the task's defaults.
     data_cfg = ctx.data if ctx.task == task else {"name": task, "seqlen": lengths[0]}

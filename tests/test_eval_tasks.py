@@ -446,7 +446,8 @@ def test_long_context_on_byte_level_text(text_run, tmp_path):
     with pytest.raises(ValueError, match=message):
         evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=passkey",
                       "seqlens=[512,255]")  # fmt: skip
-    with pytest.raises(ValueError, match=r"num_depth_buckets=600 do not fit.*lower num_depth_buckets"):
+    cells = r"1 length \(from seqlens\) x num_depth_buckets=600 make 600 cells, more than the 498 test slices"
+    with pytest.raises(ValueError, match=cells):
         evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=passkey", "seqlens=[512]",
                       "num_depth_buckets=600")  # fmt: skip
 
@@ -645,8 +646,9 @@ def test_long_context_rejects_bad_lengths_and_task(passkey_run):
         long_context_eval(compose_eval("long_context", [ckpt, "num_depth_buckets=0"]))
     # More cells than test slices (a new-user check: the data module's message advised longer lengths).
     too_many = (
-        "eval/long_context.py: 5 lengths (from length_multipliers) x num_depth_buckets=200 make 1000 cells, "
-        "more than the 498 test slices a task holds; lower num_depth_buckets or give fewer lengths"
+        "eval/long_context.py: 5 lengths (the default length_multipliers=[1, 2, 4, 8, 16]) x "
+        "num_depth_buckets=200 make 1000 cells, more than the 498 test slices a task holds; lower "
+        "num_depth_buckets or give fewer lengths"
     )
     with pytest.raises(ValueError, match="^" + re.escape(too_many) + "$"):
         long_context_eval(compose_eval("long_context", [ckpt, "num_depth_buckets=200"]))
