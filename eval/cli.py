@@ -889,7 +889,7 @@ def _unused_mixer_problem(raw: Mapping[str, Any], path: list[str], found: int, l
     choices = having[0] if len(having) == 1 else f"{', '.join(having[:-1])} or {having[-1]}"
     return (
         f"{line}: mixer={mixer.get('name')} has no {path[2]} layer (its settings are {kinds}), so nothing "
-        f"would read it; choose a mixer that has one ({choices}), or write ++{line} to keep it unused"
+        f"would read it; choose a mixer that has one ({choices}), or remove it"
     )
 
 

@@ -631,18 +631,17 @@ TRAIN_CHECK = dict(
         (["-m", "mixer=attention,mamba", "mixer.settings.attention.pos_emb=learned"], "train",
          "the sweep's job with mixer=mamba: mixer.settings.attention.pos_emb=learned: mixer=mamba has no "
          "attention layer (its settings are mamba), so nothing would read it; choose a mixer that has one "
-         "(attention, hybrid_jamba or hybrid_zamba), or write ++mixer.settings.attention.pos_emb=learned to "
-         "keep it unused (to set a key in the jobs that have it and add it to those that lack it, write "
-         "++key=value)"),
+         "(attention, hybrid_jamba or hybrid_zamba), or remove it (to set a key in the jobs that have it and "
+         "add it to those that lack it, write ++key=value)"),
         # Another mixer's settings (a new-user check: "did you mean model.num_heads?").
         (["mixer=mamba", "mixer.settings.attention.num_kv_heads=3"], "train",
          "mixer.settings.attention.num_kv_heads=3: mixer=mamba has no attention layer (its settings are "
          "mamba), so nothing would read it; choose a mixer that has one (attention, hybrid_jamba or "
-         "hybrid_zamba), or write ++mixer.settings.attention.num_kv_heads=3 to keep it unused"),
+         "hybrid_zamba), or remove it"),
         (["mixer=attention", "mixer.settings.mamba.d_state=8"], "train",
          "mixer.settings.mamba.d_state=8: mixer=attention has no mamba layer (its settings are attention), "
          "so nothing would read it; choose a mixer that has one (hybrid_jamba, hybrid_samba, hybrid_zamba "
-         "or mamba), or write ++mixer.settings.mamba.d_state=8 to keep it unused"),
+         "or mamba), or remove it"),
         (["+experiment=zoology_mqar"], "train",  # found by a new-user check: Hydra's "Multiple values"
          "+experiment=zoology_mqar adds experiment, which conf/train.yaml already chooses in its defaults; "
          "write experiment=zoology_mqar to choose it"),
