@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import data as data_lib
@@ -93,6 +94,20 @@ def _is_list(value: Any) -> bool:
     return isinstance(value, Sequence) and not isinstance(value, str)
 
 
+def _typed_value(key: str) -> str | None:
+    """The text given for ``key`` on the command line (``1e3`` where Hydra parsed the float 1000.0),
+    from Hydra's record of the overrides; None outside a Hydra run or where ``key`` was not given."""
+    try:
+        overrides = HydraConfig.get().overrides.task
+    except ValueError:  # composed in Python (tests, notebooks): no command line
+        return None
+    for text in overrides:
+        name, sep, value = text.partition("=")
+        if sep and name.lstrip("+~") == key:
+            return value
+    return None
+
+
 def check_settings(
     cfg: DictConfig, name: str, positive: Sequence[str] = ("num_examples", "batch_size")
 ) -> None:
@@ -128,12 +143,14 @@ def check_settings(
             raise ValueError(f"decode_paths lists a path twice: {list(paths)}; give each path once")
     if "wandb" in cfg:
         check_wandb_settings(cfg.wandb)
-    if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
+    # ckpt=0 (a file named 0) is a number, not "no checkpoint": refused below with the fix
+    if OmegaConf.is_missing(cfg, "ckpt") or cfg.ckpt is None or cfg.ckpt == "":
         raise ValueError("no checkpoint given: pass ckpt=<a .ckpt file written by train.py>")
     if not isinstance(cfg.ckpt, str):
         # A list is several checkpoints; anything else Hydra parsed as a number, a bool or a mapping
-        # (a new-user check: ckpt=123 was told to evaluate several with -m).
-        quoted = f"\"ckpt='{cfg.ckpt}'\""
+        # (a new-user check: ckpt=123 was told to evaluate several with -m), quoted as typed (ckpt=1e3
+        # is the float 1000.0, and "ckpt='1000.0'" names another file).
+        quoted = f"\"ckpt='{_typed_value('ckpt') or cfg.ckpt}'\""
         fix = (
             "evaluate several with -m ckpt=A,B"
             if _is_list(cfg.ckpt)

@@ -603,6 +603,8 @@ def test_missing_corrupt_checkpoints_and_bad_settings(name, tmp_path):
     number = "ckpt must be one checkpoint path, got 123; give the .ckpt file's path (a path Hydra reads as"
     with pytest.raises(ValueError, match=re.escape(number) + r".*quote it, \"ckpt='123'\"\)$"):
         fn(compose_eval(name, ["ckpt=123"]))
+    with pytest.raises(ValueError, match=r"got 0; give the .ckpt file's path .*quote it, \"ckpt='0'\"\)$"):
+        fn(compose_eval(name, ["ckpt=0"]))  # a file named 0: it was "no checkpoint given"
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         fn(compose_eval(name, [f"ckpt={tmp_path / 'nope.ckpt'}"]))
     corrupt = tmp_path / "corrupt.ckpt"
@@ -697,6 +699,19 @@ def test_the_sweep_check_reads_a_checkpoint_shared_by_consecutive_jobs_once(monk
     check_job(OmegaConf.create({"ckpt": None, "task": "passkey"}))  # left to the job's own check
     assert reads == ["a.ckpt", "b.ckpt", "a.ckpt"]
     assert tasks_seen == ["passkey", "multikey_needle", "passkey", "x"]
+
+
+def test_a_checkpoint_path_hydra_reads_as_a_number_is_quoted_as_typed(tmp_path):
+    """A second new-user check: ckpt=1e3 was told to quote "ckpt='1000.0'", another file's name."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    for typed, parsed in (("1e3", "1000.0"), ("true", "True")):
+        args = [sys.executable, str(REPO_ROOT / "eval" / "recall.py"), f"ckpt={typed}"]
+        result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and result.stderr == (
+            f"error: ckpt must be one checkpoint path, got {parsed}; give the .ckpt file's path (a path "
+            f"Hydra reads as another type: quote it, \"ckpt='{typed}'\")\n"
+        ), result.stderr
 
 
 def test_cli_reports_a_missing_checkpoint_in_one_line(tmp_path):
