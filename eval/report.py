@@ -376,8 +376,9 @@ def run_names(
     """A name for each run ``(resolved run directory, the run's own name)`` of ``runs`` (distinct):
     its own name where no other directory has a run of that name; else, for every directory of that
     name alike, ``<parent>/<run>``, then ``<grandparent>/<parent>/<run>``, ...: the fewest levels of
-    their parents that tell them apart (``day1/run`` and ``day2/run``), else ``<directory>/<run>``
-    in full. ``taken`` holds names already given to other directories, which these avoid; it gets
+    the folders above the run that tell them apart (``day1/run`` and ``day2/run``; a run not named
+    after its directory, a loose checkpoint's, starts from the directory: ``ck/run``), else
+    ``<directory>/<run>`` in full. ``taken`` holds names already given to other directories, which these avoid; it gets
     theirs."""
     taken = {} if taken is None else taken
     by_name: dict[str, list[Path]] = defaultdict(list)
@@ -385,10 +386,13 @@ def run_names(
         by_name[run].append(run_dir)
     named: dict[tuple[Path, str], str] = {}
     for run, dirs in by_name.items():
+        # The folders above a run: its directory's parents, from the directory itself where the run
+        # is not named after it (a checkpoint kept outside a run folder, ck/att.ckpt: ck/att).
+        above = {d: ([] if d.name == run else [d]) + list(d.parents) for d in dirs}
         levels = 0 if len(dirs) == 1 else 1
         while True:
-            names = {d: "/".join([*(p.name for p in reversed(d.parents[:levels])), run]) for d in dirs}
-            if levels > max(len(d.parents) for d in dirs):
+            names = {d: "/".join([*(p.name for p in reversed(above[d][:levels])), run]) for d in dirs}
+            if levels > max(len(folders) for folders in above.values()):
                 names = {d: f"{d}/{run}" for d in dirs}  # every level taken
             if len(set(names.values())) == len(dirs) and all(taken.get(n, d) == d for d, n in names.items()):
                 break

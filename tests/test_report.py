@@ -358,6 +358,20 @@ def test_a_rerun_with_records_and_one_with_a_curve_only_are_named_alike(tmp_path
     assert curves == {"mamba [day1/run]", "unknown [day2/run]"}
 
 
+def test_loose_checkpoints_of_one_name_are_named_by_their_folders(tmp_path):
+    # A second new-user check: ck/run.ckpt and ck2/run.ckpt (eval records of checkpoints kept outside
+    # a run folder, named by their files) were /tmp/.../ck/run and /tmp/.../ck2/run in full, and
+    # ck/run.ckpt beside day1/run/ was "<tmp>/run", a folder that does not exist.
+    for folder in ("ck", "ck2"):
+        records = recall_records("run", "mamba", [0.5, 0.4, 0.1], ["decode"])
+        write_json(tmp_path / folder / "run.ckpt.recall.json", records)
+    records = train_records("run", "mamba", [0.5, 0.4], 1.0)
+    write_json(tmp_path / "day1" / "run" / "results" / "train.json", records)
+    rep = make_report(f"[{tmp_path}/ck,{tmp_path}/ck2,{tmp_path}/day1]", tmp_path / "out")
+    runs = next(t for t in rep.tables if t.title == "Runs")
+    assert sorted(row[0] for row in runs.rows) == ["ck/run", "ck2/run", "day1/run"]
+
+
 def test_run_names_across_folders_and_renamed_run_folders(tmp_path):
     # Three folders whose parents share a name stay three runs, named alike by the fewest parents
     # that tell them apart (they were runx, same/runx and r/same/runx); a run folder renamed after the run
