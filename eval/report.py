@@ -378,8 +378,8 @@ def run_names(
     name alike, ``<parent>/<run>``, then ``<grandparent>/<parent>/<run>``, ...: the fewest levels of
     the folders above the run that tell them apart (``day1/run`` and ``day2/run``; a run not named
     after its directory, a loose checkpoint's, starts from the directory: ``ck/run``), else
-    ``<directory>/<run>`` in full. ``taken`` holds names already given to other directories, which these avoid; it gets
-    theirs."""
+    ``<directory>/<run>`` in full. ``taken`` holds names already given to other directories, which
+    these avoid; it gets theirs."""
     taken = {} if taken is None else taken
     by_name: dict[str, list[Path]] = defaultdict(list)
     for run_dir, run in runs:
