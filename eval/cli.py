@@ -342,22 +342,32 @@ def is_group(override: Override, config_dir: Path = CONF_DIR) -> bool:
 def _quoted_override(text: str, sweep: bool = False) -> str | None:
     """``key=value`` with the value in Hydra's quotes, ready to paste (:func:`pasteable`), where that
     parses and the text as given did not (a path holding ``~``, a new-user check: only the grammar's
-    link was given); with ``sweep`` (``-m``), each comma-separated value quoted on its own. None
-    where the key itself is at fault, the value opens a list, mapping or function call (a typo
-    there, not a string), or quoting does not help."""
+    link was given); with ``sweep`` (``-m``) and a comma in the value, each comma-separated value
+    quoted on its own, and the whole value quoted as the alternative. None where the key itself is
+    at fault, the value opens a list, mapping or function call (a typo there, not a string), or
+    quoting does not help."""
     key, sep, value = text.partition("=")
     if not sep or not value or value[0] in "'\"[{(" or not re.fullmatch(r"[+~]{0,2}[\w.@/-]+", key):
         return None
+
+    def quoted(parts: list[str]) -> str | None:
+        line = f"{key}=" + ",".join(QuotedString(text=p, quote=Quote.single).with_quotes() for p in parts)
+        try:
+            OverridesParser.create().parse_overrides([line])
+        except HydraException:
+            return None
+        return pasteable(line)
+
     # Each value of a sweep on its own (a,b quoted whole would be one value: a new-user check);
     # without -m a comma is the value's own (ckpt=runs/lr=1e-3,wd=0/best.ckpt, another new-user
-    # check: quoted in parts, the suggestion was refused as a sweep).
-    parts = value.split(",") if sweep else [value]
-    quoted = f"{key}=" + ",".join(QuotedString(text=part, quote=Quote.single).with_quotes() for part in parts)
-    try:
-        OverridesParser.create().parse_overrides([quoted])
-    except HydraException:
-        return None
-    return pasteable(quoted)
+    # check: quoted in parts, the suggestion was refused as a sweep), and with -m it may be too.
+    whole = quoted([value])
+    if not sweep or "," not in value:
+        return whole
+    each = quoted(value.split(","))
+    if each is None or whole is None:
+        return each or whole
+    return f"{each} (each value of the sweep on its own; {whole} if the commas belong to one value)"
 
 
 def check_group_options(argv: list[str], config_dir: Path = CONF_DIR) -> None:

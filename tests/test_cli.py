@@ -683,7 +683,8 @@ TRAIN_CHECK = dict(
         # Each value of a sweep quoted on its own (quoted whole, it was one value: another new-user check).
         (["-m", "ckpt=x.ckpt", "output=a~1.json,a~2.json"], "recall", "cannot parse the override "
          "'output=a~1.json,a~2.json': LexerNoViableAltException: output=a~1.json,a~2.json; to give the value "
-         "as a string, quote it for Hydra: \"output='a~1.json','a~2.json'\""),
+         "as a string, quote it for Hydra: \"output='a~1.json','a~2.json'\" (each value of the sweep on its "
+         "own; \"output='a~1.json,a~2.json'\" if the commas belong to one value); see Hydra's"),
         # Without -m the comma is the value's own: quoted whole (a new-user check: quoted in parts, the
         # suggestion was refused as a sweep).
         (["ckpt=/runs/lr=1e-3,wd=0/best.ckpt"], "recall", "cannot parse the override "
