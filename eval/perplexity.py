@@ -225,8 +225,9 @@ def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         "max_batches": cfg.max_batches,
     }
 
+    part = f"the first {cfg.max_batches} batches of " if cfg.max_batches is not None else ""
     print(
-        f"evaluating the validation split ({dm.val_tokens.numel()} tokens, blocks of {seqlen}) ...",
+        f"evaluating {part}the validation split ({dm.val_tokens.numel()} tokens, blocks of {seqlen}) ...",
         flush=True,
     )
     loss, tokens, tokens_per_s = split_loss(model, dm.val_dataloader(), device, cfg.max_batches)
@@ -236,7 +237,9 @@ def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
                    tokens_per_s=tokens_per_s, **common)
         for metric, value in (("loss", loss), ("perplexity", ppl))
     ]  # fmt: skip
-    rows = [{"slice": "val", "path": "parallel", "loss": loss, "perplexity": ppl}]
+    # a loss over the first batches only is labelled so (a new-user check: it read as the split's)
+    shown = "val" if cfg.max_batches is None else f"val (first {cfg.max_batches} batches, {tokens} tokens)"
+    rows = [{"slice": shown, "path": "parallel", "loss": loss, "perplexity": ppl}]
 
     prefix = min(cfg.decode_prefix or 0, seqlen)
     if (cfg.decode_prefix or 0) > seqlen:

@@ -478,13 +478,17 @@ def test_perplexity_eval(text_run, tmp_path):
     assert decode["tokens"] == 3 * 16 and decode["agrees"]
 
 
-def test_perplexity_on_another_corpus_and_length(text_run, tmp_path):
+def test_perplexity_on_another_corpus_and_length(text_run, tmp_path, capsys):
     other = tmp_path / "other.txt"
     other.write_text("all the world's a stage, and all the men and women merely players.\n" * 30)
     records, _ = evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, f"data.path={other}",
                                "data.seqlen=64", "decode_prefix=0", "max_batches=1")  # fmt: skip
     assert [(r["metric"], r["seqlen"]) for r in records] == [("loss", 64), ("perplexity", 64)]
     assert records[0]["tokens"] <= 8 * 64  # one batch of blocks
+    # A part of the split is said to be one (a new-user check: it was printed as the split's loss).
+    printed = capsys.readouterr().out
+    assert "evaluating the first 1 batches of the validation split (" in printed
+    assert f"val (first 1 batches, {records[0]['tokens']} tokens)" in printed
     assert all(r["corpus"] == str(other) and r["max_batches"] == 1 for r in records)
     with pytest.raises(FileNotFoundError, match="text corpus file not found"):
         evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, f"data.path={tmp_path / 'nope.txt'}")
