@@ -1177,9 +1177,9 @@ def split_sweep_notes(groups: list[LrGroup]) -> list[str]:
             lrs = {split: ", ".join(format_lr(lr) for lr in parts[split].lrs) for split in ("test", "val")}
             notes.append(
                 f"Best over learning rates: the sweep of {best.mixer} (d_model {best.d_model}) is split "
-                f"between the (test) table (lr {lrs['test']}, evaluated with eval/recall.py) and the (val) table (lr "
-                f"{lrs['val']}): each picks the best of its part only; evaluate every lr of it with "
-                "eval/recall.py to compare them on one split"
+                f"between the (test) table (lr {lrs['test']}, evaluated with eval/recall.py) and the (val) "
+                f"table (lr {lrs['val']}): each picks the best of its part only; evaluate every lr of it "
+                "with eval/recall.py to compare them on one split"
             )
     return notes
 

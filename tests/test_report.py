@@ -726,7 +726,7 @@ def test_a_plot_not_drawn_again_leaves_no_stale_png(runs, tmp_path, capsys):
     # Said (a new-user check: the earlier report and its plot went without a word).
     printed = capsys.readouterr().out
     assert f"plots (replacing the earlier report in {tmp_path})\n" in printed
-    removed = f"removed decode_tokens_per_s.png of the earlier report in {tmp_path}: no data for that plot now"
+    removed = f"removed decode_tokens_per_s.png of the earlier report in {tmp_path}: no data for that plot"
     assert removed in printed
 
 
