@@ -72,7 +72,7 @@ import math
 import os
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -1168,8 +1168,8 @@ def split_sweep_notes(groups: list[LrGroup]) -> list[str]:
     with "1 lr")."""
     by_key: dict[tuple, dict[str, LrGroup]] = defaultdict(dict)
     for g in groups:
-        key = g.best.group_key()
-        by_key[key[:1] + key[2:]][g.best.split] = g
+        # the group's key with the split left out: its (test) and (val) parts share it
+        by_key[replace(g.best, split="").group_key()][g.best.split] = g
     notes = []
     for parts in by_key.values():
         if {"test", "val"} <= set(parts):
