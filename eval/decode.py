@@ -38,7 +38,8 @@ a plot of state bytes and decode tokens/s versus context length beside them (``<
 both written atomically after each context length, and to W&B when ``wandb.enabled=true`` at the
 end. Until the last length is done every record carries ``partial``: ``{"seqlens_done": [...],
 "seqlens_planned": [...]}`` (:func:`eval.records.write_sweep_records`; the plot's title says so too),
-which ``eval/report.py`` and ``eval/roofline.py`` note. It runs on CPU too (tiny sizes, for tests).
+which ``eval/report.py`` and ``eval/roofline.py`` note; the files of an earlier run that this one
+replaces are kept as ``<name>.earlier`` until then. It runs on CPU too (tiny sizes, for tests).
 """
 
 from __future__ import annotations
@@ -65,7 +66,6 @@ from eval.records import (
     git_sha,
     log_records_to_wandb,
     make_record,
-    note_partial,
     write_sweep_records,
 )
 from models import LanguageModel
@@ -409,15 +409,22 @@ def write_results(
 ) -> None:
     """Write the records of the context lengths ``done`` (tokens) of ``planned`` to ``output``, marked
     partial until all are done (:func:`eval.records.write_sweep_records`), and their plot beside them
-    (:func:`plot`, ``<stem>.png``), each atomically.
+    (:func:`plot`, ``<stem>.png``), each atomically; an earlier file of each is kept as
+    ``<name>.earlier`` until the last length is written (:func:`eval.records.earlier_copy`).
 
     Raises:
         models.checkpoint.WriteError: a file cannot be written (an earlier one there is left as it was).
     """
-    write_sweep_records(output, records, done, planned, output_given=output_given)
     title = None if done == planned else f"partial: context lengths {done} of {planned}"
-    plot(records, output.with_suffix(".png"), title=title)
-    note_partial(output.with_suffix(".png"), done, planned)  # an interruption says what the plot holds
+    png = output.with_suffix(".png")
+    write_sweep_records(
+        output,
+        records,
+        done,
+        planned,
+        output_given=output_given,
+        beside=[(png, lambda: plot(records, png, title))],
+    )
 
 
 def plot(records: list[dict[str, Any]], path: Path, title: str | None = None) -> None:

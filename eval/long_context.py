@@ -37,7 +37,8 @@ tasks of a text checkpoint keep their own files; and to W&B when ``wandb.enabled
 task=passkey`` plots), and ``skipped`` per skipped length and path (``value`` the examples not
 evaluated, ``reason``). The file is rewritten atomically after each length; until the last one is
 done every record carries ``partial``: ``{"seqlens_done": [...], "seqlens_planned": [...]}``
-(:func:`eval.records.write_sweep_records`), which ``eval/report.py`` notes.
+(:func:`eval.records.write_sweep_records`), which ``eval/report.py`` notes; an earlier run's file
+that it replaces is kept as ``<name>.earlier`` until then.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -326,12 +326,14 @@ def note_sweep_output(path: str | os.PathLike) -> None:
         _SWEEP_OUTPUTS.add(Path(path).resolve())
 
 
-def say_if_replacing(path: Path, output_given: bool) -> None:
+def say_if_replacing(path: Path, output_given: bool, kept_in: Path | None = None) -> None:
     """Print that ``path`` already holds records which this run replaces (a quick check with fewer
-    examples would otherwise silently replace a full run), with how to keep both."""
+    examples would otherwise silently replace a full run), with how to keep both, and where a length
+    sweep keeps them until its last length is written (``kept_in``, :func:`earlier_copy`)."""
     if path.exists():
         keep = "give output= another path" if output_given else "pass output=PATH"
-        print(f"replacing the earlier results in {path} ({keep} to keep both)")
+        until = f"kept in {kept_in} until the last length is done; " if kept_in is not None else ""
+        print(f"replacing the earlier results in {path} ({until}{keep} to keep both)")
 
 
 def finite_or_none(value: Any) -> Any:
@@ -376,6 +378,23 @@ def partial_files() -> dict[Path, str]:
     return dict(_partial)
 
 
+def earlier_copy(path: str | os.PathLike) -> Path:
+    """Where a sweep over lengths keeps the file ``path`` it replaces until its last length is written:
+    ``<path>.earlier`` (a suffix eval/report.py and eval/roofline.py do not read; rename it back to
+    use it). See :func:`write_sweep_records`."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.earlier")
+
+
+def _is_partial(path: Path) -> bool:
+    """Whether the record file at ``path`` was written before its sweep finished (unreadable: no)."""
+    try:
+        records = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(records, list) and any(isinstance(r, dict) and r.get("partial") for r in records)
+
+
 def write_sweep_records(
     path: str | os.PathLike,
     records: list[dict[str, Any]],
@@ -383,6 +402,7 @@ def write_sweep_records(
     planned: Sequence[int],
     *,
     output_given: bool,
+    beside: Sequence[tuple[Path, Callable[[], None]]] = (),
 ) -> Path:
     """Write the records of a sweep over lengths (eval/long_context.py, eval/decode.py) after each
     finished length, so that a process killed at a later one (out of memory on CPU) keeps them.
@@ -390,7 +410,12 @@ def write_sweep_records(
     While ``done`` is not all of ``planned`` every record gets ``partial``: ``{"seqlens_done": done,
     "seqlens_planned": planned}`` (lengths in tokens, in the sweep's order); the write of the last
     length leaves it out, as records written before it was added do. The first write of a run
-    (``done`` of at most one length) says when it replaces an earlier file (:func:`say_if_replacing`).
+    (``done`` of at most one length) says when it replaces an earlier file (:func:`say_if_replacing`)
+    and, unless it is also the last, first copies that file (and the files ``beside`` it) to
+    :func:`earlier_copy`, so that a run cut short does not lose an earlier complete one: a rerun killed
+    at its second length left one length where the earlier file held all. The last write removes
+    those copies. A copy already there is kept when ``path`` is itself partial: it holds what an
+    earlier cut-short run replaced.
 
     Args:
         path: the record file.
@@ -398,46 +423,72 @@ def write_sweep_records(
         done: the lengths finished (measured or recorded as skipped), a prefix of ``planned``.
         planned: every length of the sweep.
         output_given: whether ``path`` is the user's ``output=`` (for the replacing message).
+        beside: files drawn from the records (eval/decode.py's plot), each with a function writing it
+            atomically, called after the records are written; copied, noted partial
+            (:func:`note_partial`) and cleaned up with them.
 
     Returns:
         ``path``.
 
     Raises:
-        models.checkpoint.WriteError: as :func:`write_records`.
+        models.checkpoint.WriteError: as :func:`write_records`, also for a copy :func:`earlier_copy`.
     """
     path = Path(path)
+    files = [path, *(file for file, _ in beside)]
+    last = list(done) == list(planned)
     if len(done) <= 1:
-        say_if_replacing(path, output_given)
+        keep = not last and path.exists()
+        say_if_replacing(path, output_given, earlier_copy(path) if keep else None)
+        if keep and not (_is_partial(path) and earlier_copy(path).exists()):
+            for file in files:
+                if file.exists():
+                    earlier = file.read_bytes()
+                    atomic_write_bytes(earlier_copy(file), lambda f, data=earlier: f.write(data))
     partial = None
-    if list(done) != list(planned):
+    if not last:
         partial = {"seqlens_done": list(done), "seqlens_planned": list(planned)}
         records = [{**r, "partial": partial} for r in records]
     written = write_records(path, records)
-    note_partial(path, done, planned)
+    for _, write in beside:
+        write()
+    for file in files:
+        note_partial(file, done, planned)
+        if last:
+            earlier_copy(file).unlink(missing_ok=True)
     return written
 
 
 def note_partial(path: str | os.PathLike, done: Sequence[int], planned: Sequence[int]) -> None:
     """Record that the file just written at ``path`` holds the lengths ``done`` (tokens) of a sweep
-    over ``planned`` (:func:`partial_files`; none while they are all done): the records of
-    :func:`write_sweep_records`, and a plot of them (eval/decode.py's, beside its records)."""
+    over ``planned`` (:func:`partial_files`; none while they are all done), and where the earlier
+    file it replaced is kept (:func:`earlier_copy`): the records of :func:`write_sweep_records`, and
+    a plot of them (eval/decode.py's, beside its records)."""
     _partial.pop(Path(path), None)
     if list(done) != list(planned):
-        _partial[Path(path)] = f"context lengths {list(done)} of {list(planned)}"
+        earlier = earlier_copy(path)
+        kept = f", the earlier file it replaces kept in {earlier}" if earlier.exists() else ""
+        _partial[Path(path)] = f"context lengths {list(done)} of {list(planned)}{kept}"
 
 
-def partial_note(where: str, records: list[Any]) -> str | None:
-    """One line saying that ``records`` (one file's, named by ``where``) are those of a sweep that had
-    not finished when they were written (:func:`write_sweep_records`), or None when none is marked."""
+def partial_note(path: str | os.PathLike, records: list[Any]) -> str | None:
+    """One line saying that ``records`` (those of the file at ``path``) are those of a sweep that had
+    not finished when they were written (:func:`write_sweep_records`), and where the earlier file it
+    replaced is kept, if it is (:func:`earlier_copy`); None when none is marked."""
     mark = next((r["partial"] for r in records if isinstance(r, dict) and r.get("partial")), None)
     if mark is None:
         return None
     if not isinstance(mark, dict):  # not written by write_sweep_records
         mark = {}
+    earlier = earlier_copy(path)
+    kept = (
+        f"; the earlier results it replaced are in {earlier} (rename it to {Path(path).name} to use them)"
+        if earlier.exists()
+        else ""
+    )
     return (
-        f"{where}: partial results, seqlens {mark.get('seqlens_done', '?')} of "
+        f"{path}: partial results, seqlens {mark.get('seqlens_done', '?')} of "
         f"{mark.get('seqlens_planned', '?')} only (its sweep was cut short, e.g. killed out of memory on "
-        "CPU, or is still running)"
+        f"CPU, or is still running){kept}"
     )
 
 

@@ -275,7 +275,13 @@ def test_val_loss_curve_of_an_interrupted_run_ends_at_its_last_validation(tmp_pa
     expected = [(40960.0, 6.0), (81920.0, 5.6)]
     assert read_val_loss_curve(path, interrupted=True) == expected
     (run_dir / "results").mkdir()
-    record = {"run": "intr-run", "mixer": "attention", "metric": "val/loss", "value": 5.6, "interrupted": True}
+    record = {
+        "run": "intr-run",
+        "mixer": "attention",
+        "metric": "val/loss",
+        "value": 5.6,
+        "interrupted": True,
+    }
     (run_dir / "results" / "train.json").write_text(json.dumps([record]))
     points, _ = val_loss_points([], Sources(searched=[tmp_path], metrics_csvs=[path]), skip_invalid=False)
     assert [(p["train_tokens"], p["val_loss"]) for p in points] == expected
@@ -307,6 +313,7 @@ def test_val_loss_of_reruns_with_one_name(tmp_path):
 def test_val_loss_plot_notes_runs_whose_losses_are_not_on_one_scale(tmp_path):
     """Found by a new-user check: char-level and byte-level runs (and runs on other corpora) shared
     the nats-per-token axis without a word. The records' settings tell them apart now."""
+
     def record(run: str, tokenizer: str) -> dict:
         settings = {"data.name": "text", "data.path": "/c/a.txt", "data.tokenizer": tokenizer, "seed": 0}
         return {"run": run, "mixer": "attention", "metric": "val/loss", "value": 1.5, "train_tokens": 1000,
@@ -621,6 +628,50 @@ def test_a_partial_record_file_is_read_with_a_note(tmp_path):
     assert not any("partial" in n for n in rep.notes)
 
 
+def test_a_rerun_cut_short_keeps_the_earlier_file(tmp_path, capsys):
+    """A rerun of eval/decode.py or eval/long_context.py replaces the earlier file at its first length:
+    one killed at its second length left one length where the earlier complete file held all (a
+    carried finding). The earlier file (and decode's plot) is kept as ``<name>.earlier`` until the
+    rerun's last length is written; the report reads only the rerun's file and names the copy."""
+    from eval.decode import write_results
+    from eval.records import earlier_copy, partial_files
+
+    path = tmp_path / "decode" / "decode-attention-tiny.json"
+    planned = [1024, 4096]
+    write_results(path, decode_records("attention", [500.0, 200.0]), planned, planned, output_given=True)
+    complete, plot = path.read_bytes(), path.with_suffix(".png").read_bytes()
+    assert not earlier_copy(path).exists() and "replacing" not in capsys.readouterr().out
+    rerun = [r for r in decode_records("attention", [400.0, 300.0]) if r["seqlen"] == 1024]
+    write_results(path, rerun, [1024], planned, output_given=True)  # cut short after its first length
+    assert capsys.readouterr().out == (
+        f"replacing the earlier results in {path} (kept in {earlier_copy(path)} until the last length is "
+        "done; give output= another path to keep both)\n"
+    )
+    assert earlier_copy(path).read_bytes() == complete
+    assert earlier_copy(path.with_suffix(".png")).read_bytes() == plot
+    assert partial_files()[
+        path
+    ] == f"context lengths [1024] of {planned}, the earlier file it replaces kept in " + str(
+        earlier_copy(path)
+    )
+    rep = make_report(str(tmp_path / "decode"), tmp_path / "out")
+    assert len(rep.records) == len(rerun)
+    assert (
+        f"{path}: partial results, seqlens [1024] of {planned} only (its sweep was cut short, e.g. killed out "
+        f"of memory on CPU, or is still running); the earlier results it replaced are in "
+        f"{earlier_copy(path)} (rename it to {path.name} to use them)"
+    ) in rep.notes
+    # A second rerun cut short keeps the complete copy, not the first rerun's partial file.
+    write_results(path, rerun, [1024], planned, output_given=True)
+    assert earlier_copy(path).read_bytes() == complete
+    # The rerun that finishes removes the copies; a sweep of one length never makes one.
+    write_results(path, rerun, planned, planned, output_given=True)
+    assert not earlier_copy(path).exists() and not earlier_copy(path.with_suffix(".png")).exists()
+    assert path not in partial_files()
+    write_results(path, rerun, [1024], [1024], output_given=True)
+    assert not earlier_copy(path).exists()
+
+
 def test_tables(report):
     tables = {t.title: t for t in report.tables}
     runs = tables["Runs"]
@@ -639,7 +690,16 @@ def test_tables(report):
     decode = tables["Results: decode"]
     assert "state_bytes" not in decode.columns and "decode_tokens_per_s [cuda_graph]" in decode.columns
     assert len(decode.rows) == 4  # two mixers x two context lengths
-    assert decode.columns[:8] == ["run", "mixer", "params", "seqlen", "slice", "dtype", "batch", "state bytes"]
+    assert decode.columns[:8] == [
+        "run",
+        "mixer",
+        "params",
+        "seqlen",
+        "slice",
+        "dtype",
+        "batch",
+        "state bytes",
+    ]
     assert [row[5:7] for row in decode.rows] == [["float32", 1]] * 4
     assert "dtype" not in test.columns and "batch" not in test.columns  # no record there has them
     val = tables["Results: mqar (val)"]
@@ -809,6 +869,7 @@ def test_loss_scale_note_counts_only_the_runs_plotted(tmp_path):
     """Found by a new-user check: with task=mqar one note said the text run was left out of the
     validation-loss plot, and the next still listed it among runs "not on one scale" (the scale
     was judged before the task filter)."""
+
     def write_run(run: str, task: str, settings: dict) -> Path:
         record = rec(run, "mamba", "val/loss", 1.5, 64, task=task, split="val", train_tokens=10**6,
                      settings={"data.name": task, **settings})  # fmt: skip
@@ -860,18 +921,23 @@ def test_unwritable_out_is_refused_before_the_report_is_built(runs, tmp_path, mo
     refuse_files_in(monkeypatch, read_only)
     folder = re.escape(str(read_only))
     created_in = rf"its missing folders would be created in {folder}, where creating a file failed"
-    for out, detail in ((read_only, rf"creating a file in {folder} failed"), (read_only / "report", created_in)):
+    for out, detail in (
+        (read_only, rf"creating a file in {folder} failed"),
+        (read_only / "report", created_in),
+    ):
         with pytest.raises(ValueError, match=rf"cannot be written: {detail}: Permission denied; "
                            r"pass out=<a writable folder>"):  # fmt: skip
             make_report(f"[{runs / 'mamba-run'}]", out)
     assert list(read_only.iterdir()) == []
 
 
-
 def test_runs_that_are_not_folders_or_globs_are_refused(tmp_path):
     for value, shown in (("null", "None"), ("5", "5"), ("[]", r"\[\]")):
-        with pytest.raises(ValueError, match=rf"runs must be a folder, a glob or a list of them, got {shown}; "):
+        with pytest.raises(
+            ValueError, match=rf"runs must be a folder, a glob or a list of them, got {shown}; "
+        ):
             make_report(value, tmp_path / "out")
+
 
 def test_corrupt_record_file_errors_or_is_skipped(runs, tmp_path, capsys):
     bad = tmp_path / "bad-run" / "results" / "train.json"
@@ -1221,6 +1287,7 @@ def test_best_over_lr_keeps_runs_of_other_settings_apart(grid, tmp_path):
     """Found by a new-user check: sliding windows of 1 and 1000 tokens (same params, same batch)
     were one group, its cell the better window's score with "2 runs". train.py now records its
     other settings; groups that share a cell are led by the settings that tell them apart."""
+
     def settings(window: int, seed: int) -> dict:
         return {"mixer.settings.mamba.d_state": window, "seed": seed, "optim.weight_decay": 0.1}
 
