@@ -477,15 +477,19 @@ def differing_settings(settings: list[dict[str, str]]) -> list[str]:
     values of the settings that differ among them, as ``name=value`` joined by spaces (a name by its
     last part where that is unambiguous: ``window=1000``), ``name=unset`` where a group's records
     lack a setting that others record (``+trainer.max_time=...`` given to some runs only); "" for a
-    group where none differs, ``settings not recorded`` for a group whose records predate them
-    (beside groups that have them)."""
+    group where none differs, ``settings not recorded`` for a group whose records predate them or
+    come from a checkpoint outside a train.py run (beside groups that have them, which are then
+    ``settings recorded`` where no setting differs among them: an empty label read as the second
+    half of the first)."""
     recorded = [one for one in settings if one]
     names = sorted(set().union(*recorded))
     differ = [name for name in names if len({one.get(name) for one in recorded}) > 1]
     last = [name.rsplit(".", 1)[-1] for name in differ]
     shown = [short if last.count(short) == 1 else name for name, short in zip(differ, last, strict=True)]
+    some_missing = len(recorded) < len(settings)
     return [
         " ".join(f"{label}={one.get(name, 'unset')}" for name, label in zip(differ, shown, strict=True))
+        or ("settings recorded" if some_missing else "")
         if one
         else ("settings not recorded" if recorded else "")
         for one in settings

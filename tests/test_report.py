@@ -1323,6 +1323,9 @@ def test_best_over_lr_keeps_runs_of_other_settings_apart(grid, tmp_path):
     timed = [{"trainer.max_steps": "100"}, {"trainer.max_steps": "100", "trainer.max_time": '"00:00:01:00"'}]
     assert differing_settings(timed) == ["max_time=unset", 'max_time="00:00:01:00"']
     assert differing_settings([{}, {}]) == ["", ""]
+    # A loose checkpoint's group (no settings) beside one train.py group: both labelled (the second
+    # label was empty, so its figure read as part of the first's).
+    assert differing_settings([{}, {"x": "1"}]) == ["settings not recorded", "settings recorded"]
 
 
 def test_best_over_lr_with_bad_or_missing_learning_rates(grid, tmp_path):
