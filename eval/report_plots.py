@@ -186,8 +186,11 @@ def plot_points(points: list[dict[str, Any]], spec: PlotSpec) -> Figure | None:
         ax.legend(fontsize="small")
     if spec.ylim is not None:
         low, high = spec.ylim
-        # labelled markers get room above the top bound for their labels; no tick is labelled there
-        ax.set_ylim(low, high + (0.0 if spec.lines else 0.12 * (high - low)))
+        # labelled markers get room above the top bound for their labels, and a little below the
+        # bottom one, so that a marker at accuracy 0 is drawn whole rather than cut in half by the
+        # axes; no tick is labelled there
+        room = (0.0, 0.0) if spec.lines else (0.03 * (high - low), 0.12 * (high - low))
+        ax.set_ylim(low - room[0], high + room[1])
         ax.yaxis.set_major_locator(FixedLocator(np.linspace(low, high, 6)))
     elif not spec.lines:
         ax.margins(y=0.12)  # room above the top markers and below the bottom ones for their labels
@@ -232,7 +235,8 @@ def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpe
     :data:`_LABEL_OFFSETS` whose text stays inside the axes, overlaps no label placed before it and
     keeps :data:`_NEAR_MARKER_PT` clear of other markers, measured on the rendered
     figure; where none is free, at the offset that overlaps least (area outside the axes counted
-    as overlap) among those whose text covers no label's text and stays inside the figure. Where
+    as overlap) among those whose text covers no label's text, stays inside the figure and keeps off
+    the tick labels (not below or left of the axes). Where
     every offset would cover a label or leave the figure, as in a crowded cluster, the label is left
     out (the legend names every series) rather than drawn over another or cut. Far offsets draw a
     leader line to the marker. Markers are labelled left to right."""
@@ -274,8 +278,10 @@ def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpe
             cost += sum(_area(Bbox.intersection(box, other)) for other in obstacles)
             own = Text.get_window_extent(text, renderer)  # the text alone (positions updated above)
             # Never past the figure's edge, where the saved picture cuts it (a new-user check saw
-            # "linear" of "linear_attention" at the right-most marker).
+            # "linear" of "linear_attention" at the right-most marker), nor below or left of the
+            # axes, where the tick labels are (a label below a marker at accuracy 0 sat on them).
             inside = _area(Bbox.intersection(own, fig.bbox)) == _area(own)
+            inside = inside and own.y0 >= frame.y0 and own.x0 >= frame.x0
             if inside and not any(_area(Bbox.intersection(own, other)) for other in texts):
                 costs.append((cost, k, box, own))
             if cost == 0:
