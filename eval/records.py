@@ -326,14 +326,13 @@ def note_sweep_output(path: str | os.PathLike) -> None:
         _SWEEP_OUTPUTS.add(Path(path).resolve())
 
 
-def say_if_replacing(path: Path, output_given: bool, kept_in: Path | None = None) -> None:
+def say_if_replacing(path: Path, output_given: bool, kept: str = "") -> None:
     """Print that ``path`` already holds records which this run replaces (a quick check with fewer
-    examples would otherwise silently replace a full run), with how to keep both, and where a length
-    sweep keeps them until its last length is written (``kept_in``, :func:`earlier_copy`)."""
+    examples would otherwise silently replace a full run), with how to keep both, and ``kept``: where
+    a length sweep keeps them until its last length is written (:func:`write_sweep_records`)."""
     if path.exists():
         keep = "give output= another path" if output_given else "pass output=PATH"
-        until = f"kept in {kept_in} until the last length is done; " if kept_in is not None else ""
-        print(f"replacing the earlier results in {path} ({until}{keep} to keep both)")
+        print(f"replacing the earlier results in {path} ({kept + '; ' if kept else ''}{keep} to keep both)")
 
 
 def finite_or_none(value: Any) -> Any:
@@ -437,13 +436,18 @@ def write_sweep_records(
     files = [path, *(file for file, _ in beside)]
     last = list(done) == list(planned)
     if len(done) <= 1:
-        keep = not last and path.exists()
-        say_if_replacing(path, output_given, earlier_copy(path) if keep else None)
-        if keep and not (_is_partial(path) and earlier_copy(path).exists()):
-            for file in files:
-                if file.exists():
-                    earlier = file.read_bytes()
-                    atomic_write_bytes(earlier_copy(file), lambda f, data=earlier: f.write(data))
+        kept = ""
+        if not last and path.exists():
+            until = "until the last length is done"
+            if _is_partial(path) and earlier_copy(path).exists():
+                kept = f"a partial file; the one it replaced stays in {earlier_copy(path)} {until}"
+            else:
+                kept = f"kept in {earlier_copy(path)} {until}"
+                for file in files:
+                    if file.exists():
+                        earlier = file.read_bytes()
+                        atomic_write_bytes(earlier_copy(file), lambda f, data=earlier: f.write(data))
+        say_if_replacing(path, output_given, kept)
     partial = None
     if not last:
         partial = {"seqlens_done": list(done), "seqlens_planned": list(planned)}

@@ -689,8 +689,13 @@ def test_a_rerun_cut_short_keeps_the_earlier_file(tmp_path, capsys):
         f"{earlier_copy(path)} (rename it to {path.name} to use them)"
     ) in rep.notes
     # A second rerun cut short keeps the complete copy, not the first rerun's partial file.
+    capsys.readouterr()
     write_results(path, rerun, [1024], planned, output_given=True)
     assert earlier_copy(path).read_bytes() == complete
+    assert capsys.readouterr().out == (
+        f"replacing the earlier results in {path} (a partial file; the one it replaced stays in "
+        f"{earlier_copy(path)} until the last length is done; give output= another path to keep both)\n"
+    )
     # The rerun that finishes removes the copies; a sweep of one length never makes one.
     write_results(path, rerun, planned, planned, output_given=True)
     assert not earlier_copy(path).exists() and not earlier_copy(path.with_suffix(".png")).exists()
