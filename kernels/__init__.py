@@ -124,8 +124,10 @@ def flash_attention(q, k, v, *, causal=True, window=None, scale=None, return_lse
     ``backend``: None (the Triton FlashAttention-2 kernel, :mod:`kernels.flash_attention`, for CUDA
     tensors; the reference for CPU tensors), "reference", "triton" (CUDA tensors, or CPU tensors
     under ``TRITON_INTERPRET=1``); anything else is a ValueError.
-    The Triton kernel is differentiable once: no double backward (a gradient taken through it with
-    ``torch.autograd.grad(..., create_graph=True)`` cannot be differentiated again).
+    Differentiable once, on both backends: no double backward (a gradient taken through it with
+    ``torch.autograd.grad(..., create_graph=True)`` cannot be differentiated again; the reference
+    calls PyTorch's fused attention, whose CPU backward has no derivative of its own, except where
+    the lse is asked for).
     """
     impl = _dispatch("flash_attention", backend, q)
     return impl(q, k, v, causal=causal, window=window, scale=scale, return_lse=return_lse)

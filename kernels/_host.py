@@ -141,7 +141,7 @@ def check_no_grad(op: str, **tensors: torch.Tensor | None) -> None:
     if needing:
         raise RuntimeError(
             f"the Triton {op} is not differentiable (it is the decode path), but {', '.join(needing)} "
-            "require grad; call it under torch.no_grad() or torch.inference_mode(), detach the inputs, "
+            f"require{'s' if len(needing) == 1 else ''} grad; call it under torch.no_grad() or torch.inference_mode(), detach the inputs, "
             "or use backend='reference'"
         )
 
@@ -152,13 +152,13 @@ def check_fp32_scalars(op: str, factor: float = 1.0, **scalars: float) -> None:
 
     Raises:
         ValueError: ``|value * factor| > FP32_MAX`` (~3.4e38); the message names the argument and
-            its value and says to use backend='reference'.
+            its value and says to use backend='reference' with float64 inputs.
     """
     for name, value in scalars.items():
         if abs(value) * factor > FP32_MAX:
             raise ValueError(
                 f"{op}: {name} {value:g} overflows float32, the Triton kernels' scalar type; "
-                "use backend='reference'"
+                "use backend='reference' with float64 inputs"
             )
 
 

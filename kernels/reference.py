@@ -229,13 +229,20 @@ def _check_window(window, causal: bool = True) -> None:
         raise ValueError("window requires causal=True: a sliding window is only defined for causal attention")
 
 
-def _check_scale(scale) -> None:
+def _check_scale(scale, dtype: torch.dtype) -> None:
+    """Refuse a scale that is not a finite Python number, or (inputs of ``dtype`` other than float64)
+    one beyond float32's range, their compute dtype: it would become inf there, and every score and
+    output NaN (a new-user check), where float64 inputs give the answer."""
     if scale is None:
         return
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a Python float or None, got {scale!r}; pass float(scale)")
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
+    if _compute_dtype(dtype) == torch.float32 and abs(scale) > torch.finfo(torch.float32).max:
+        raise ValueError(
+            f"scale {scale:g} overflows float32, in which {dtype} inputs are computed; pass float64 inputs"
+        )
 
 
 def _check_eps(eps) -> None:
@@ -390,7 +397,7 @@ def _check_attention_args(q, k, v, causal: bool, window, scale, return_lse=False
     _check_bool("return_lse", return_lse)
     _check_heads(num_heads, num_kv_heads)
     _check_window(window, causal)
-    _check_scale(scale)
+    _check_scale(scale, q.dtype)
     if scale is None:
         scale = _default_scale(head_dim, "head_dim")
     return batch, seqlen_q, seqlen_k, num_heads, num_kv_heads, head_dim, scale
@@ -493,8 +500,10 @@ def flash_attention(
     # lse path) build one (Tq, Tk) mask, broadcast over batch and heads.
     # Not for a scale <= 0 (legal: 0 gives a uniform average over the visible keys): PyTorch's fused
     # is_causal path returns NaN in every row but the last then (torch 2.13 on CPU, float64 too; a
-    # new-user check), while its boolean attn_mask path stays right.
-    is_causal = fused and causal and window is None and seqlen_q == seqlen_k and scale > 0
+    # new-user check), while its boolean attn_mask path stays right. Nor for a positive scale that
+    # is 0 in the compute dtype (1e-46 in float32; a denormal one where denormals are flushed).
+    positive = scale >= torch.finfo(dtype).tiny
+    is_causal = fused and causal and window is None and seqlen_q == seqlen_k and positive
     visible = None
     if causal and not is_causal:
         j = torch.arange(seqlen_k, device=q.device)[None, :]
@@ -595,7 +604,7 @@ def _check_decode_args(q, k_cache, v_cache, block_table, seqlens, window, scale,
         )
     _check_heads(num_heads, num_kv_heads)
     _check_window(window)
-    _check_scale(scale)
+    _check_scale(scale, q.dtype)
     if num_splits is not None:
         if isinstance(num_splits, bool) or not isinstance(num_splits, int):
             raise TypeError(f"num_splits must be a positive int or None, got {num_splits!r}")
@@ -1285,7 +1294,7 @@ def _check_linear_attention_args(q, k, v, scale, normalize=True, eps=1e-10, outp
     _check_tensor("v", v, 4)
     _check_same_dtype(q=q, k=k, v=v)
     _check_same_device("linear_attention", q=q, k=k, v=v)
-    _check_scale(scale)
+    _check_scale(scale, q.dtype)
     _check_bool("normalize", normalize)
     _check_bool("output_final_state", output_final_state)
     _check_eps(eps)
@@ -1327,7 +1336,7 @@ def _check_linear_attention_step_args(q, k, v, state, z_state, scale, eps=1e-10)
         )
     _check_tensor("state", state, 4)
     _check_same_dtype(q=q, k=k, v=v)
-    _check_scale(scale)
+    _check_scale(scale, q.dtype)
     _check_eps(eps)
     if k.shape != q.shape or v.shape[:2] != q.shape[:2]:
         raise ValueError(

@@ -263,8 +263,9 @@ class LanguageModel(nn.Module):
         Raises:
             TypeError: ``input_ids`` not a tensor; a cache that is not this model's kind
                 (:meth:`_check_cache`, :func:`mixers.common.check_cache`).
-            ValueError: ``input_ids`` not 2-D integer (bool is not), or token ids out of range; a
-                cache of another model or of other mixer settings, or one that is full.
+            ValueError: ``input_ids`` not 2-D integer (bool is not), on another device than the
+                model, or token ids out of range; a cache of another model or of other mixer
+                settings, or one that is full.
         """
         if cache is not None and torch.is_grad_enabled():
             with torch.no_grad():
@@ -305,10 +306,17 @@ class LanguageModel(nn.Module):
             )
 
     def _token_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``input_ids`` checked (2-D integer, ids in ``[0, vocab_size)``) and in an index dtype the
-        embedding takes: int16 / uint8 ids (a byte tokenizer's) become int64, int32 / int64 pass.
-        Sequences of no tokens are refused here, with the ids' shape (a mixer would name its own x)."""
+        """``input_ids`` checked (2-D integer, on the model's device, ids in ``[0, vocab_size)``) and
+        in an index dtype the embedding takes: int16 / uint8 ids (a byte tokenizer's) become int64,
+        int32 / int64 pass. Sequences of no tokens are refused here, with the ids' shape (a mixer
+        would name its own x)."""
         _check_input_ids(input_ids)
+        device = self.embedding.weight.device
+        if input_ids.device != device:  # read back below (meta ids: a deep "item() on meta" error)
+            raise ValueError(
+                f"input_ids are on {input_ids.device}, the model on {device}; move them with "
+                f"input_ids.to('{device}')"
+            )
         if input_ids.shape[1] == 0:
             raise ValueError(
                 f"input_ids has no tokens (shape {tuple(input_ids.shape)}); "
@@ -447,10 +455,10 @@ class LanguageModel(nn.Module):
         Raises:
             TypeError: ``input_ids`` not a tensor, ``max_new_tokens`` / ``top_k`` not ints,
                 ``stop_tokens`` not a list of ints, ``greedy`` / ``cuda_graph`` not bools,
+                ``temperature`` a tensor,
                 ``generator`` not a ``torch.Generator``.
-            ValueError: ``input_ids`` not 2-D integer or outside ``[0, vocab_size)``, no prompt or an
-                empty one,
-                negative ``max_new_tokens``, ``temperature`` not a finite number > 0, ``top_k < 1``,
+            ValueError: ``input_ids`` not 2-D integer, on another device than the model or
+                outside ``[0, vocab_size)``, no prompt or an empty one, negative ``max_new_tokens``, ``temperature`` not a finite number > 0, ``top_k < 1``,
                 a stop token outside ``[0, vocab_size)`` (it could never stop), a learned position
                 table (``pos_emb="learned"``) with fewer than ``T + max_new_tokens - 1`` rows
                 (checked before the prefill), or caches for ``T + max_new_tokens`` tokens that do not
@@ -476,6 +484,8 @@ class LanguageModel(nn.Module):
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         # The chained comparison is False for NaN; inf would sample uniformly, ignoring the model.
         real = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
+        if not greedy and isinstance(temperature, torch.Tensor):  # "got tensor(0.7)" read as wrong value
+            raise TypeError("temperature must be a Python number, got a tensor; pass float(temperature)")
         if not greedy and not (real and 0 < temperature < math.inf):
             raise ValueError(
                 f"temperature must be a finite number > 0 (or pass greedy=True), got {temperature!r}"

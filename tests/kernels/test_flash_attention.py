@@ -598,8 +598,15 @@ def test_errors_identical_to_reference(args, kwargs):
 def test_backend_specific_errors():
     with pytest.raises(ValueError, match=r"head_dim in \[1, 256\].*backend='reference'"):
         kernels.flash_attention(_t(1, 4, 2, 264), _t(1, 4, 2, 264), _t(1, 4, 2, 264), backend="triton")
-    with pytest.raises(ValueError, match="overflows float32.*backend='reference'"):
-        kernels.flash_attention(_t(1, 4, 2, 8), _t(1, 4, 2, 8), _t(1, 4, 2, 8), scale=1e39, backend="triton")
+    # Triton's scale is an fp32 scalar: beyond its range only the reference with float64 inputs
+    # computes (float32 inputs compute in float32 on both backends, and are refused alike).
+    x64 = _t(1, 4, 2, 8).double()
+    with pytest.raises(ValueError, match="overflows float32.*backend='reference' with float64 inputs"):
+        kernels.flash_attention(x64, x64, x64, scale=1e39, backend="triton")
+    assert torch.isfinite(kernels.flash_attention(x64, x64, x64, scale=1e39, backend="reference")).all()
+    for backend in ("triton", "reference"):
+        with pytest.raises(ValueError, match="overflows float32, in which torch.float32 inputs .*pass float64"):
+            kernels.flash_attention(_t(1, 4, 2, 8), _t(1, 4, 2, 8), _t(1, 4, 2, 8), scale=1e39, backend=backend)
     meta = torch.empty(1, 4, 2, 8, device="meta")
     with pytest.raises(ValueError, match="runs on CUDA"):
         kernels.flash_attention(meta, meta, meta, backend="triton")

@@ -440,7 +440,7 @@ def test_backend_specific_errors():
                              backend="triton")  # fmt: skip
     # No backward: an output that silently stopped the gradient.
     q = _Q.clone().requires_grad_()
-    with pytest.raises(RuntimeError, match="not differentiable .*, but q require grad.*torch.no_grad"):
+    with pytest.raises(RuntimeError, match="not differentiable .*, but q requires grad.*torch.no_grad"):
         kernels.flash_decode(q, _CACHE, _CACHE, _TABLE, _LENS, backend="triton")
     with torch.no_grad():  # as decoding runs it
         got = kernels.flash_decode(q, _CACHE, _CACHE, _TABLE, _LENS, backend="triton")

@@ -1001,7 +1001,7 @@ def test_mixed_devices_name_each_tensor(backend):
 def test_triton_step_refuses_inputs_that_require_grad():
     # No backward: the output would not require grad and the gradient would stop there silently.
     q = STEP_ARGS[0].clone().requires_grad_()
-    with pytest.raises(RuntimeError, match="not differentiable .*, but q require grad.*torch.no_grad"):
+    with pytest.raises(RuntimeError, match="not differentiable .*, but q requires grad.*torch.no_grad"):
         kernels.linear_attention_step(q, *STEP_ARGS[1:3], STEP_ARGS[3].clone(), backend="triton")
     with torch.no_grad():  # as decoding runs it
         got = kernels.linear_attention_step(q, *STEP_ARGS[1:3], STEP_ARGS[3].clone(), backend="triton")

@@ -94,6 +94,29 @@ def test_flash_attention_scale_zero_or_negative(scale, causal, window):
     torch.testing.assert_close(o, o_loop, rtol=1e-12, atol=1e-12)
 
 
+def test_flash_attention_scales_float32_cannot_hold():
+    """A new-user check: scale=1e-46 is positive but 0 in float32, the compute dtype of float32 and
+    16-bit inputs, and took the fused is_causal path, which returned NaN in every row but the last;
+    now the uniform average over the visible keys. A scale beyond float32 (1e39) made every score
+    inf and every output NaN: it is refused for such inputs, and float64 inputs give the answer."""
+    q, k, v = rand(1, 6, 2, 16), rand(1, 6, 2, 16), rand(1, 6, 2, 16)
+    for dtype in (torch.float32, torch.float16):
+        o = reference.flash_attention(q.to(dtype), k.to(dtype), v.to(dtype), scale=1e-46)
+        # the float64 answer of the inputs as given (rounded to dtype), rounded to dtype
+        rounded = [t.to(dtype).double() for t in (q, k, v)]
+        want = attention_loop(*rounded, causal=True, scale=0.0)[0].to(dtype)
+        torch.testing.assert_close(o, want)
+        with pytest.raises(
+            ValueError, match=rf"scale 1e\+39 overflows float32, in which {dtype} inputs .*float64"
+        ):
+            reference.flash_attention(q.to(dtype), k.to(dtype), v.to(dtype), scale=1e39)
+        with pytest.raises(ValueError, match=r"scale 1e\+39 overflows float32"):
+            reference.linear_attention(q.to(dtype).abs(), k.to(dtype).abs(), v.to(dtype), scale=1e39)
+    o = reference.flash_attention(q, k, v, scale=1e39)
+    torch.testing.assert_close(o, attention_loop(q, k, v, causal=True, scale=1e39)[0], rtol=1e-12, atol=1e-12)
+    assert torch.isfinite(o).all()
+
+
 def test_flash_attention_non_contiguous_inputs():
     base = rand(2, 3, 7, 16)  # (B, H, T, D) transposed into (B, T, H, D) views
     q, k, v = (base.transpose(1, 2) for _ in range(3))
@@ -742,7 +765,9 @@ def test_linear_attention_state_form_errors():
         kernels.linear_attention_step(q[:, 0], k[:, 0], v[:, 0], rand(2, 3, 5, 4))
     # Found by a fresh-clone check: the pair linear_attention returns, handed back whole.
     _, (kv, z) = kernels.linear_attention(q, k, v, output_final_state=True)
-    with pytest.raises(TypeError, match=r"got a pair: .* pass linear_attention_step\(q, k, v, kv, z_state=z\)"):
+    with pytest.raises(
+        TypeError, match=r"got a pair: .* pass linear_attention_step\(q, k, v, kv, z_state=z\)"
+    ):
         kernels.linear_attention_step(q[:, 0], k[:, 0], v[:, 0], (kv, z))
 
 
@@ -751,18 +776,26 @@ def test_every_op_refuses_tensors_on_two_devices():
     # with a meta state, returned uninitialised memory), where the Triton backend named the tensors.
     meta = torch.empty(1, 4, 2, 8, dtype=F64, device="meta")
     q = rand(1, 4, 2, 8)
-    with pytest.raises(ValueError, match="flash_attention: all tensors must be on one device, got q on cpu, k on meta"):
+    with pytest.raises(
+        ValueError, match="flash_attention: all tensors must be on one device, got q on cpu, k on meta"
+    ):
         kernels.flash_attention(q, meta, q)
     inputs = scan_inputs()
     with pytest.raises(ValueError, match="selective_scan: all tensors must be on one device.*A on meta"):
         kernels.selective_scan(**(inputs | {"A": inputs["A"].to("meta")}))
     state, x = rand(2, 4, 3), rand(2, 4)
-    with pytest.raises(ValueError, match="selective_state_update: all tensors must be on one device.*B on meta"):
-        kernels.selective_state_update(state, x, x.abs(), -rand(4, 3).abs(), rand(2, 3).to("meta"), rand(2, 3))
+    with pytest.raises(
+        ValueError, match="selective_state_update: all tensors must be on one device.*B on meta"
+    ):
+        kernels.selective_state_update(
+            state, x, x.abs(), -rand(4, 3).abs(), rand(2, 3).to("meta"), rand(2, 3)
+        )
     weight = rand(4, 3)
     with pytest.raises(ValueError, match="causal_conv1d: all tensors must be on one device.*weight on meta"):
         kernels.causal_conv1d(rand(2, 4, 5), weight.to("meta"))
-    with pytest.raises(ValueError, match="causal_conv1d_update: all tensors must be on one device.*conv_state on meta"):
+    with pytest.raises(
+        ValueError, match="causal_conv1d_update: all tensors must be on one device.*conv_state on meta"
+    ):
         kernels.causal_conv1d_update(x, torch.zeros(2, 4, 3, dtype=F64, device="meta"), weight)
 
 
@@ -785,10 +818,14 @@ def test_sparse_inputs_are_refused_by_name(backend):
         ("block_table", (q, k, k, table.to_sparse(), seqlens)),
         ("seqlens", (q, k, k, table, seqlens.to_sparse())),
     ):
-        with pytest.raises(TypeError, match=rf"{name} must be a dense \(strided\) tensor, got layout torch.sparse_coo"):
+        with pytest.raises(
+            TypeError, match=rf"{name} must be a dense \(strided\) tensor, got layout torch.sparse_coo"
+        ):
             kernels.flash_decode(*args, backend=backend)
     with pytest.raises(TypeError, match=r"k must be a dense \(strided\) tensor, got layout torch.sparse_coo"):
-        kernels.flash_attention(rand(1, 4, 2, 16), rand(1, 4, 2, 16).to_sparse(), rand(1, 4, 2, 16), backend=backend)
+        kernels.flash_attention(
+            rand(1, 4, 2, 16), rand(1, 4, 2, 16).to_sparse(), rand(1, 4, 2, 16), backend=backend
+        )
 
 
 def _decode_steps():
@@ -916,7 +953,8 @@ def test_window_beyond_int64_is_refused_clearly():
     with pytest.raises(ValueError, match=r"window must be at most 2\*\*63 - 1.*pass window=None"):
         kernels.flash_attention(q, q, q, causal=True, window=10**20)
     torch.testing.assert_close(
-        kernels.flash_attention(q, q, q, causal=True, window=2**63 - 1), kernels.flash_attention(q, q, q, causal=True)
+        kernels.flash_attention(q, q, q, causal=True, window=2**63 - 1),
+        kernels.flash_attention(q, q, q, causal=True),
     )
 
 

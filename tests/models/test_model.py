@@ -143,9 +143,10 @@ def test_generate_sampling_and_stop_tokens():
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.generate(prompt, -1)
     vocab = model.config.vocab_size
-    with pytest.raises(ValueError, match=rf"stop_tokens \[{vocab}, -1\] lie outside the vocabulary \[0, {vocab}\)"):
+    with pytest.raises(
+        ValueError, match=rf"stop_tokens \[{vocab}, -1\] lie outside the vocabulary \[0, {vocab}\)"
+    ):
         model.generate(prompt, 2, stop_tokens=[3, vocab, -1])
-
 
 
 def test_generate_refuses_bad_arguments_with_clear_errors():
@@ -153,14 +154,34 @@ def test_generate_refuses_bad_arguments_with_clear_errors():
     model = model_from_config("attention")
     prompt = torch.randint(0, 37, (2, 4))
     cases = [
-        ((prompt.tolist(), 2), {}, TypeError, r"input_ids must be a \(batch, seqlen\) integer tensor, got list"),
+        (
+            (prompt.tolist(), 2),
+            {},
+            TypeError,
+            r"input_ids must be a \(batch, seqlen\) integer tensor, got list",
+        ),
         ((prompt.bool(), 2), {}, ValueError, r"integer tensor, got shape \(2, 4\) and dtype torch.bool"),
         ((prompt[0], 2), {}, ValueError, r"got shape \(4,\)"),
         ((prompt, 2.5), {}, TypeError, r"max_new_tokens must be an int, got 2.5"),
-        ((prompt, 2), {"temperature": float("nan")}, ValueError, r"temperature must be a finite number > 0.*nan"),
-        ((prompt, 2), {"temperature": float("inf")}, ValueError, r"temperature must be a finite number > 0.*inf"),
+        (
+            (prompt, 2),
+            {"temperature": float("nan")},
+            ValueError,
+            r"temperature must be a finite number > 0.*nan",
+        ),
+        (
+            (prompt, 2),
+            {"temperature": float("inf")},
+            ValueError,
+            r"temperature must be a finite number > 0.*inf",
+        ),
         ((prompt, 2), {"top_k": 2.5}, TypeError, r"top_k must be an int, got 2.5"),
-        ((prompt, 2), {"stop_tokens": 5}, TypeError, r"stop_tokens must be a list of token ids \(ints\), got 5"),
+        (
+            (prompt, 2),
+            {"stop_tokens": 5},
+            TypeError,
+            r"stop_tokens must be a list of token ids \(ints\), got 5",
+        ),
         ((prompt, 2), {"stop_tokens": [1.0]}, TypeError, r"stop_tokens must be a list"),
         # A new user's findings: a batch of 0 named a mixer's batch_size, a generator that is not one
         # failed in torch.multinomial after the prefill, and greedy="yes" sampled greedily.
@@ -200,6 +221,16 @@ def test_generate_takes_numpy_scalars_small_int_prompts_and_tiny_temperatures():
     assert none.dtype == torch.int64 and torch.equal(none, prompt) and none.data_ptr() != prompt.data_ptr()
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 37\), got range \[70, 70\]"):
         model.generate(torch.tensor([[70]]), 0)
+    # A new-user check: a tensor temperature was "must be a finite number > 0, got tensor(0.7000)",
+    # and ids on another device failed inside torch ("item() cannot be called on meta tensors").
+    with pytest.raises(TypeError, match=r"temperature must be a Python number, got a tensor; pass float"):
+        model.generate(prompt, 3, temperature=torch.tensor(0.7))
+    with pytest.raises(
+        ValueError, match=r"input_ids are on meta, the model on cpu; move them with input_ids.to"
+    ):
+        model.generate(prompt.to("meta"), 3)
+    with pytest.raises(ValueError, match=r"input_ids are on meta, the model on cpu"):
+        model(prompt.to("meta"))
 
 
 def test_generate_says_when_the_caches_do_not_fit():
