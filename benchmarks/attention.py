@@ -384,6 +384,7 @@ def run_config(
 
 
 def table_header(providers: Sequence[str]) -> list[str]:
+    """The printed table's column names for ``providers`` (ratios ours / each baseline timed)."""
     ratios = [f"ours/{p}" for p in BASELINES if "ours" in providers and p in providers]
     return ["mode", "hd", "seqlen", "dir", *providers, *ratios, "err ours", "err best base"]
 
@@ -428,6 +429,7 @@ def failure_summary(rows: Sequence[dict[str, Any]], providers: Sequence[str]) ->
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (``--help`` lists them)."""
     parser = argparse.ArgumentParser(
         description="Time mixerlab's Triton FlashAttention against SDPA (flash, cuDNN) and compiled FlexAttention.",
     )
@@ -464,6 +466,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark, print its table and write its JSON; returns the exit status."""
     args = parse_args(argv)
     require_cuda("benchmarks/attention.py")
     dtype = DTYPES[args.dtype]

@@ -181,6 +181,7 @@ def fmt_ms(value: float | None) -> str:
 
 
 def table_header() -> list[str]:
+    """The printed table's column names (times in ms, ratios, max abs errors)."""
     return [
         "part", "shape", "dir", *(f"{p} ms" for p in PROVIDERS), "x fla", "x flash", "norm/raw",
         "err ours", "err fla",
@@ -583,6 +584,7 @@ def run_decode(shape: tuple[int, int, int, int], dtype: torch.dtype) -> dict[str
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's options (``--help`` lists them)."""
     parser = argparse.ArgumentParser(
         description="Time mixerlab's Triton linear attention against fla-core and causal FlashAttention.",
     )
@@ -643,6 +645,7 @@ def _fla_version() -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark, print its table and write its JSON; returns the exit status."""
     args = parse_args(argv)
     require_cuda("benchmarks/linear_attention.py")
     dtype = DTYPES[args.dtype]

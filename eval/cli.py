@@ -1031,9 +1031,11 @@ class OutputDirCheck(Callback):
         self.probe = probe
 
     def on_run_start(self, config, **kwargs) -> None:
+        """Check the single run's folder (Hydra callback)."""
         self._check(config.hydra.run, "hydra.run.dir", self.probe)
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        """Check the sweep's folder and remember a launcher whose jobs run in other processes."""
         global _WORKER_LAUNCHER
         sweep_dir = self._check(config.hydra.sweep, "hydra.sweep.dir", True)
         launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")

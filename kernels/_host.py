@@ -336,6 +336,7 @@ class LaunchPlans:
         self._plans[key] = plan
 
     def clear(self) -> None:
+        """Forget every remembered launch (the next call of each signature takes the ordinary path)."""
         self._plans.clear()
 
     def __len__(self) -> int:

@@ -153,6 +153,8 @@ class LitLM(L.LightningModule):
         return self.model(input_ids, cache=cache)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        """Mean cross-entropy over the batch's scored tokens (``labels`` != -100), a scalar; logs
+        train/loss, train/acc and train/tokens (tokens trained on so far)."""
         logits = self.model(batch["input_ids"])
         loss_sum, correct, count = scored_metrics(logits, batch["labels"])
         loss = loss_sum / count.clamp_min(1)
@@ -165,19 +167,23 @@ class LitLM(L.LightningModule):
         return batch["input_ids"].numel() * self.trainer.world_size
 
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Any], batch_idx: int) -> None:
+        """Count the batch's tokens as trained on."""
         # Counted once the step is done, not in training_step: a run interrupted between the two
         # (Ctrl+C during the backward or the optimizer step) saved one batch more than it trained on.
         self.tokens_seen += self._batch_tokens(batch)
 
     def on_validation_epoch_start(self) -> None:
+        """Start the per-slice sums of the validation pass."""
         self._val_sums = {}
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Add the batch's loss sum, correct and scored token counts to its slice's sums (float64)."""
         logits = self.model(batch["input_ids"])
         sums = torch.stack(scored_metrics(logits, batch["labels"])).double()
         self._val_sums[dataloader_idx] = self._val_sums.get(dataloader_idx, torch.zeros_like(sums)) + sums
 
     def on_validation_epoch_end(self) -> None:
+        """Log val/loss_<slice> and val/acc_<slice> from the sums reduced over processes, token-weighted."""
         metrics = {}
         for idx, name in enumerate(self.slice_names):
             sums = self._val_sums.get(idx, torch.zeros(3, dtype=torch.float64, device=self.device))
@@ -216,6 +222,14 @@ class LitLM(L.LightningModule):
                     group["lr"] = base_lr * fn(sched.last_epoch)
 
     def configure_optimizers(self):
+        """AdamW (Loshchilov & Hutter 2019) over two parameter groups, weight decay on matrices only,
+        and a linear warmup over ``warmup_steps`` then a cosine decay to ``min_lr_ratio * lr`` over the
+        run's steps (or epochs: ``schedule_interval``).
+
+        Raises:
+            ValueError: a schedule over epochs without a positive ``trainer.max_epochs``, or over steps
+                with neither ``trainer.max_steps`` nor ``trainer.max_epochs`` set.
+        """
         decay, no_decay = [], []
         for p in self.model.parameters():
             if not p.requires_grad:

@@ -41,6 +41,7 @@ class SwiGLU(nn.Module):
         self.w_down = nn.Linear(d_intermediate, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., d_model) -> (..., d_model), in x's (or autocast) dtype."""
         gate, up = self.w_gate_up(x).chunk(2, dim=-1)
         return self.w_down(F.silu(gate) * up)
 
@@ -75,6 +76,7 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(resid_dropout)
 
     def forward(self, h: torch.Tensor, cache=None) -> torch.Tensor:
+        """(B, T, d_model) -> (B, T, d_model); ``cache``: the mixer's (advanced in place), or None."""
         h = h + self.dropout(self.mixer(self.norm1(h), cache=cache))
         if self.mlp is not None:
             h = h + self.dropout(self.mlp(self.norm2(h)))
@@ -119,6 +121,8 @@ class SharedBlock(nn.Module):
         )
 
     def forward(self, h: torch.Tensor, emb: torch.Tensor, invocation: int, cache=None) -> torch.Tensor:
+        """The shared block's output for call number ``invocation`` (its own output projection):
+        h, emb (B, T, d_model) -> (B, T, d_model); ``cache``: this invocation's mixer cache, or None."""
         x = self.in_proj(self.norm_in(torch.cat([h, emb], dim=-1)))  # (B, T, d_model)
         return self.out_projs[invocation](self.block(x, cache=cache))
 
