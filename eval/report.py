@@ -71,7 +71,7 @@ import json
 import math
 import os
 import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -537,11 +537,11 @@ def accuracy_points(
 
     Returns:
         ``(points, notes)``. Points ``{series, run, mixer, split, seqlen (tokens), accuracy in [0,
-        1], state_bytes (bytes per sequence, or None), params, d_model (from any record of the run
-        and mixer, or None), train_seqlen (tokens, or None)}``: eval/recall.py's ``accuracy``
-        records (their ``train_seqlen``), and for runs without any, train.py's ``val/acc`` /
-        ``val/acc_<slice>`` records (series labelled ``(val)``; the training length is the plain
-        ``val/acc``'s seqlen). Notes: one per series and length whose records come from several
+        1], state_bytes (bytes per sequence, or None), params, d_model, n_layers, lr (each from any
+        record of the run and mixer, or None), train_seqlen (tokens, or None)}``: eval/recall.py's
+        ``accuracy`` records (their ``train_seqlen``), and for runs without any, train.py's
+        ``val/acc`` / ``val/acc_<slice>`` records (series labelled ``(val)``; the training length is
+        the plain ``val/acc``'s seqlen). Notes: one per series and length whose records come from several
         files, naming the file kept and those set aside.
     """
     mine = [r for r in records if r.get("task") == task and r.get("seqlen")]
@@ -577,10 +577,12 @@ def accuracy_points(
                 f"(rule: the recall_path={path} record, then the most scored positions or examples, then "
                 "the newest time, then the first file path)"
             )
-    widths: dict[tuple[str, str], Any] = {}  # recall records lack d_model: train.py's give it
+    # recall records lack d_model, n_layers and lr: train.py's give them
+    model_sizes: dict[str, dict[tuple[str, str], Any]] = {"d_model": {}, "n_layers": {}, "lr": {}}
     for r in records:
-        if r.get("d_model") is not None:
-            widths.setdefault((r["run"], r["mixer"]), r["d_model"])
+        for name, values in model_sizes.items():
+            if r.get(name) is not None:
+                values.setdefault((r["run"], r["mixer"]), r[name])
     # train.py's configs make the first validation slice (the plain val/acc) the training length
     trained_at = {(r["run"], r["mixer"]): r["seqlen"] for r in val if r["metric"] == "val/acc"}
     for r in test:
@@ -595,7 +597,7 @@ def accuracy_points(
             "accuracy": r["value"],
             "state_bytes": r.get("state_bytes"),
             "params": r.get("params"),
-            "d_model": widths.get((r["run"], r["mixer"])),
+            **{name: values.get((r["run"], r["mixer"])) for name, values in model_sizes.items()},
             "train_seqlen": trained_at.get((r["run"], r["mixer"])),
         }
         for (key, _), r in chosen.items()
@@ -617,8 +619,10 @@ def recall_vs_state_points(
     """One point per series of :func:`accuracy_points`: the one at ``seqlen`` tokens, or, when
     ``seqlen`` is None, at the series' training length (else its shortest length, for records that
     do not give it); points without ``state_bytes`` are left out.
-    Labels read ``<mixer> d<d_model> @ <seqlen>`` (no width where the records give none), with
-    ``[<run>]`` before the ``@`` where several points would otherwise share a label.
+    Labels read ``<mixer> d<d_model> @ <seqlen>`` (no width where the records give none); where
+    several points would otherwise share a label, the layer count and learning rate where those
+    differ among them (``attention d128 lr 0.00046 @ 256``), else ``[<run>]``, before the ``@``
+    (run names in every label made 20 runs' plot unreadable: the legend names the runs).
 
     Returns:
         ``(points with a "label" for annotation, notes on series left out or drawn at a length other
@@ -647,11 +651,26 @@ def recall_vs_state_points(
             continue
         width = f" d{at[0]['d_model']}" if at[0].get("d_model") else ""
         points.append({**at[0], "label": f"{at[0]['mixer']}{width} @ {at[0]['seqlen']}"})
-    counts = Counter(p["label"] for p in points)
-    for p in points:  # runs alike in mixer, width and length: their run names tell them apart
-        if counts[p["label"]] > 1:
-            p["label"] = p["label"].replace(" @ ", f" [{p['run']}] @ ")
+    alike: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in points:
+        alike[p["label"]].append(p)
+    for label, group in alike.items():  # runs alike in mixer, width and length
+        if len(group) == 1:
+            continue
+        differ = [name for name in ("n_layers", "lr") if len({p.get(name) for p in group}) > 1]
+        told = [" ".join(_setting_text(name, p.get(name)) for name in differ) for p in group]
+        if not differ or len(set(told)) < len(group):
+            told = [f"[{p['run']}]" for p in group]  # their run names tell them apart
+        for p, text in zip(group, told, strict=True):
+            p["label"] = label.replace(" @ ", f" {text} @ ")
     return points, notes
+
+
+def _setting_text(name: str, value: Any) -> str:
+    """``lr 0.00046``, ``L8`` (n_layers) or ``<name> ?`` where a run's records do not give it."""
+    if value is None:
+        return f"{name} ?"
+    return f"L{value}" if name == "n_layers" else f"{name} {value:g}"
 
 
 def decode_points(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

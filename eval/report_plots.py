@@ -234,11 +234,11 @@ def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpe
     """Label each marker of ``points`` (its ``label``, else its series) at the first offset of
     :data:`_LABEL_OFFSETS` whose text stays inside the axes, overlaps no label placed before it and
     keeps :data:`_NEAR_MARKER_PT` clear of other markers, measured on the rendered
-    figure; where none is free, at the offset that overlaps least (area outside the axes counted
-    as overlap) among those whose text covers no label's text, stays inside the figure and keeps off
-    the tick labels (not below or left of the axes). Where
-    every offset would cover a label or leave the figure, as in a crowded cluster, the label is left
-    out (the legend names every series) rather than drawn over another or cut. Far offsets draw a
+    figure; where none is free, at the offset that overlaps least among those whose text lies inside
+    the axes (off the tick labels, the title and the legend) and covers no label's text and no other
+    marker. Where every offset would cover a label or a marker or leave the axes, as in a crowded
+    cluster, the label is left out (the legend names every series) rather than drawn over another
+    or cut. Far offsets draw a
     leader line to the marker. Markers are labelled left to right."""
     canvas = FigureCanvasAgg(fig)
     canvas.draw()  # final layout and limits, so data -> pixel positions hold
@@ -251,6 +251,7 @@ def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpe
     legend = ax.get_legend()
     # a legend inside the axes is an obstacle like a placed label
     placed: list[Bbox] = [legend.get_window_extent(renderer)] if legend is not None else []
+    markers = [Bbox.from_bounds(x - half, y - half, 2 * half, 2 * half) for x, y in centres]
     texts: list[Bbox] = list(placed)  # the same without the leader lines' bounding rectangles
     for i in order:
         p = points[i]
@@ -277,12 +278,14 @@ def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpe
             cost = _area(box) - _area(Bbox.intersection(box, frame))
             cost += sum(_area(Bbox.intersection(box, other)) for other in obstacles)
             own = Text.get_window_extent(text, renderer)  # the text alone (positions updated above)
-            # Never past the figure's edge, where the saved picture cuts it (a new-user check saw
-            # "linear" of "linear_attention" at the right-most marker), nor below or left of the
-            # axes, where the tick labels are (a label below a marker at accuracy 0 sat on them).
-            inside = _area(Bbox.intersection(own, fig.bbox)) == _area(own)
-            inside = inside and own.y0 >= frame.y0 and own.x0 >= frame.x0
-            if inside and not any(_area(Bbox.intersection(own, other)) for other in texts):
+            # Inside the axes: past the figure's edge the saved picture cuts it (a new-user check
+            # saw "linear" of "linear_attention" at the right-most marker), below and left of the
+            # axes are the tick labels (a label below a marker at accuracy 0 sat on them), above is
+            # the title and to the right the legend (20 runs' labels ran over both). And never over
+            # another marker, which it would hide.
+            inside = frame.x0 <= own.x0 and own.x1 <= frame.x1 and frame.y0 <= own.y0 and own.y1 <= frame.y1
+            covers = any(_area(Bbox.intersection(own, marker)) for marker in markers[:i] + markers[i + 1 :])
+            if inside and not covers and not any(_area(Bbox.intersection(own, other)) for other in texts):
                 costs.append((cost, k, box, own))
             if cost == 0:
                 break

@@ -6,6 +6,7 @@ import base64
 import itertools
 import json
 import math
+import random
 import re
 import runpy
 import sys
@@ -15,8 +16,10 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO_ROOT, compose_eval, refuse_files_in, without_wandb_key
+from matplotlib import rcParams
 from matplotlib.text import Text
 from matplotlib.ticker import ScalarFormatter
+from matplotlib.transforms import Bbox
 
 import data as data_lib
 from eval.records import write_sweep_records
@@ -30,7 +33,7 @@ from eval.report import (
     recall_vs_state_points,
     val_loss_points,
 )
-from eval.report_plots import PLOTS, plot_points
+from eval.report_plots import PLOTS, plain_text, plot_points
 from eval.report_tables import (
     compact_layout,
     differing_settings,
@@ -480,6 +483,21 @@ def test_marker_labels_name_the_width_and_tell_alike_runs_apart():
     assert sorted(p["label"] for p in points) == [
         "attention d64 [rope-bs256] @ 64", "attention d64 [rope-bs64] @ 64", "mamba @ 64",
     ]  # fmt: skip
+    # Runs that differ in learning rate (or depth) are told apart by it: run names in every label of
+    # a 20-run learning-rate sweep made its plot unreadable (a new-user check).
+    records = []
+    for run, lr, n_layers in (("a-lr1e-3", 1e-3, 2), ("a-lr3e-4", 3e-4, 2), ("a-L4", 3e-4, 4)):
+        records += recall_records(run, "attention", [0.8, 0.6, 0.2], ["parallel"])
+        records += [
+            r | {"d_model": 64, "lr": lr, "n_layers": n_layers}
+            for r in train_records(run, "attention", [0.8, 0.6], 0.5)
+        ]
+    points, _ = recall_vs_state_points(accuracy_points(records, "mqar", "decode")[0], None)
+    assert sorted(p["label"] for p in points) == [
+        "attention d64 L2 lr 0.0003 @ 64",
+        "attention d64 L2 lr 0.001 @ 64",
+        "attention d64 L4 lr 0.0003 @ 64",
+    ]
 
 
 def test_a_point_drawn_away_from_its_training_length_is_noted():
@@ -588,6 +606,39 @@ def test_markers_at_accuracy_zero_are_whole_and_their_labels_keep_off_the_ticks(
     for box in boxes:
         assert box.y0 >= frame.y0 and box.x0 >= frame.x0
         assert not any(box.overlaps(tick) for tick in ticks)
+
+
+def test_labels_of_many_runs_keep_inside_the_axes_and_off_the_markers():
+    """A new-user check: 20 runs of a learning-rate sweep (best_over_lr=false) had labels over the
+    plot's title, past the axes into the legend's side, and over other runs' markers. Each label
+    drawn lies inside the axes and covers no other marker (some are left out: the legend names all)."""
+    spec = next(p for p in PLOTS if p.name == "recall_vs_state_bytes")
+    rng = random.Random(0)
+    points = []
+    for i in range(20):
+        mixer = ("attention", "mamba", "linear_attention", "sliding_window", "hybrid_based")[i % 5]
+        bytes_ = {"attention": 5e5, "mamba": 2e4, "linear_attention": 8e3, "sliding_window": 6e4}.get(
+            mixer, 1.6e5
+        )
+        accuracy = rng.choice([1.0, 0.98, 0.6, 0.1, 0.03]) if mixer != "attention" else 1.0
+        run = f"mqar-{mixer}-d{64 << i % 2}-lr{i}e-4"
+        points.append({"series": f"{mixer} [{run}] (val)", "mixer": mixer, "seqlen": 256,
+                       "state_bytes": bytes_ * (1 + i % 2), "accuracy": accuracy,
+                       "label": f"{mixer} d{64 << i % 2} [{run}] @ 256"})  # fmt: skip
+    fig = plot_points(points, spec)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    centres = ax.transData.transform([(p["state_bytes"], p["accuracy"]) for p in points])
+    half = (rcParams["lines.markersize"] / 2 + 1) * fig.dpi / 72
+    drawn = {t.get_text(): label_box(t, renderer) for t in ax.texts}
+    assert 5 <= len(drawn) < len(points)
+    for p, (x, y) in zip(points, centres, strict=True):
+        marker = Bbox.from_bounds(x - half, y - half, 2 * half, 2 * half)
+        for text, box in drawn.items():
+            assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            assert text == plain_text(p["label"]) or not box.overlaps(marker), (text, p["label"])
 
 
 def test_crowded_markers_leave_out_labels_rather_than_stack_them():
