@@ -214,6 +214,9 @@ def read_checkpoint(path: str | os.PathLike, arg: str | None = None) -> dict[str
         # "junk"), random bytes or a foreign pickle fail the weights-only unpickler, whose advice
         # (retry with weights_only=False) must not reach the user.
         unreadable = isinstance(err, KeyError | IndexError | struct.error)
+        text = _text_start(path)
+        if text is not None:  # a result-record .json passed as ckpt= read as "corrupt" (a new-user check)
+            raise ValueError(f"{path} is a text file (it begins {text!r}), not a checkpoint; {hint}") from err
         if unreadable or str(err).startswith("Weights only load failed"):
             reason = "not a file of tensors and plain containers that torch.load can read"
         else:
@@ -233,6 +236,20 @@ def read_checkpoint(path: str | os.PathLike, arg: str | None = None) -> dict[str
         )
     check_finite_weights(checkpoint["state_dict"], path, arg)
     return checkpoint
+
+
+def _text_start(path: Path) -> str | None:
+    """The start of the file at ``path`` (its first line, up to 30 characters) when its first 512
+    bytes are printable UTF-8 text; None for binary bytes or an unreadable file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return None
+    text = head.decode("utf-8", errors="replace").rstrip("\ufffd")  # a character cut at byte 512
+    if not text.strip() or "\ufffd" in text or not all(c.isprintable() or c in "\n\r\t" for c in text):
+        return None
+    return text.strip().splitlines()[0][:30]
 
 
 def check_finite_weights(state_dict: dict[str, Any], path: str | os.PathLike, arg: str | None = None) -> None:

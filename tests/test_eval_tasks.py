@@ -441,8 +441,10 @@ def test_long_context_on_byte_level_text(text_run, tmp_path):
         evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=passkey")  # 32 bytes
     # A cell is named by its length and depths (a new-user check read "test_configs[1]" as an index
     # into the lengths): at 255 bytes the second quarter's needle does not fit (test_configs[1]).
-    message = (r"do not fit the passkey task: the length 255 at depths \[0.25, 0.5\): seqlen=255 is too "
-               r"short .*use seqlen >= 257 \(the task's seqlen")
+    message = (
+        r"do not fit the passkey task: the length 255 at depths \[0.25, 0.5\): seqlen=255 is too "
+        r"short .*use seqlen >= 257 \(the task's seqlen"
+    )
     with pytest.raises(ValueError, match=message):
         evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=passkey",
                       "seqlens=[512,255]")  # fmt: skip
@@ -496,7 +498,9 @@ def test_perplexity_on_another_corpus_and_length(text_run, tmp_path, capsys):
     with pytest.raises(ValueError, match=r"data.tokenizer='char': the checkpoint's tokenizer \(byte\)"):
         evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "+data.tokenizer=char")
     # A carried new-user note: a hub dataset's split beside a local file was ignored without a word.
-    with pytest.raises(ValueError, match=r"^data.split='test' is read from a hub dataset \(dataset_name\) only"):
+    with pytest.raises(
+        ValueError, match=r"^data.split='test' is read from a hub dataset \(dataset_name\) only"
+    ):
         evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "data.split=test")
     # A new-user check: +data.train_fraction=0.5 scored training text as held-out; +data.batch_size and
     # +data.seed were ignored without a word.
@@ -519,9 +523,12 @@ def test_perplexity_refuses_the_training_corpus_edited_since(text_run, tmp_path)
     assert {r["corpus_sha256"] for r in records} == {hashlib.sha256(text.encode()).hexdigest()}
     try:
         corpus.write_text(text[::-1])  # the same characters, another text
-        with pytest.raises(ValueError, match=re.escape(
-            f"the checkpoint's corpus {str(corpus)!r} has changed since training (its SHA-256 begins "
-        )):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                f"the checkpoint's corpus {str(corpus)!r} has changed since training (its SHA-256 begins "
+            ),
+        ):
             evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "decode_prefix=0")
         # Named on purpose, another text is evaluated (and recorded with its own digest).
         records, _ = evaluate_with(
@@ -543,10 +550,13 @@ def test_perplexity_names_a_character_the_checkpoints_tokenizer_lacks(tmp_path_f
     other = tmp_path / "other.txt"
     other.write_text(corpus.read_text() + "\u00a7")
     index = len(other.read_text()) - 1
-    with pytest.raises(ValueError, match=re.escape(
-        f"character '\u00a7' (U+00A7) at index {index} of the corpus is not in the checkpoint's tokenizer "
-        "(17 characters, which its model was trained on); evaluate on a text written in those characters"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"character '\u00a7' (U+00A7) at index {index} of the corpus is not in the checkpoint's tokenizer "
+            "(17 characters, which its model was trained on); evaluate on a text written in those characters"
+        ),
+    ):
         evaluate_with(perplexity_eval, "perplexity", run, tmp_path, f"data.path={other}")
 
 
@@ -601,7 +611,9 @@ def test_missing_corrupt_checkpoints_and_bad_settings(name, tmp_path):
           "perplexity": perplexity_eval}[name]  # fmt: skip
     with pytest.raises(ValueError, match="no checkpoint given"):
         fn(compose_eval(name, []))
-    with pytest.raises(ValueError, match=r"ckpt must be one checkpoint path, got \[1, 2\]; evaluate several with -m"):
+    with pytest.raises(
+        ValueError, match=r"ckpt must be one checkpoint path, got \[1, 2\]; evaluate several with -m"
+    ):
         fn(compose_eval(name, ["ckpt=[1,2]"]))
     # One value Hydra reads as a number (a new-user check: it was told to evaluate several with -m).
     number = "ckpt must be one checkpoint path, got 123; give the .ckpt file's path (a path Hydra reads as"
@@ -781,10 +793,17 @@ def test_foreign_files_and_edited_configs_give_clear_checkpoint_errors(copy_run,
     short.write_text("bad\n")
     cut = tmp_path / "cut.ckpt"  # an opcode whose argument is cut short: struct.error, a traceback
     cut.write_text("junk")
-    for path in (text, noise, short, cut):
-        with pytest.raises(ValueError, match="truncated or corrupt.*tensors and plain containers") as info:
+    with pytest.raises(ValueError, match="truncated or corrupt.*tensors and plain containers") as info:
+        load_model(noise)
+    assert "weights_only" not in str(info.value)
+    # Text is said to be text, not a corrupt checkpoint (a new-user check passed a record .json).
+    records = tmp_path / "best.ckpt.recall.json"
+    records.write_text('[\n  {\n    "run": "r"}]')
+    for path, start in ((text, "hello world, this is text"), (short, "bad"), (cut, "junk"), (records, "[")):
+        with pytest.raises(
+            ValueError, match=rf"{path} is a text file \(it begins '{re.escape(start)}'\), not a checkpoint"
+        ):
             load_model(path)
-        assert "weights_only" not in str(info.value)
     # Bytes overwritten inside a weight tensor (finite garbage): caught by the zip entry's CRC-32.
     raw = bytearray(Path(copy_run["last_ckpt"]).read_bytes())
     with zipfile.ZipFile(copy_run["last_ckpt"]) as archive:
@@ -793,7 +812,9 @@ def test_foreign_files_and_edited_configs_give_clear_checkpoint_errors(copy_run,
     raw[start : start + 64] = bytes(range(64))
     overwritten = tmp_path / "overwritten.ckpt"
     overwritten.write_bytes(bytes(raw))
-    with pytest.raises(ValueError, match=r"truncated or corrupt \(the bytes of .* do not match its stored CRC-32\)"):
+    with pytest.raises(
+        ValueError, match=r"truncated or corrupt \(the bytes of .* do not match its stored CRC-32\)"
+    ):
         load_model(overwritten)
     checkpoint = torch.load(copy_run["last_ckpt"], map_location="cpu", weights_only=True)
     checkpoint["hyper_parameters"]["model"]["d_model"] *= 2
