@@ -224,12 +224,18 @@ def find_files(paths: list[Path]) -> Sources:
     and W&B summaries under ``paths`` (directories searched recursively, files taken as given).
 
     Raises:
-        ValueError: a file that is neither ``.json`` nor ``metrics.csv``.
+        ValueError: a file that is neither ``.json`` nor ``metrics.csv`` (a ``.json.earlier`` copy told
+            how to use it).
     """
     sources = Sources(searched=list(paths))
     seen: set[Path] = set()
     for root in paths:
         if root.is_file():
+            if root.name.endswith(".json.earlier"):
+                raise ValueError(
+                    f"{root} is the earlier results a cut-short rerun kept (eval/decode.py, eval/long_context.py): "
+                    f"rename it to {root.name.removesuffix('.earlier')} to use it, or copy it to a .json name"
+                )
             if root.suffix != ".json" and root.name != "metrics.csv":
                 raise ValueError(f"{root} is neither a run directory, a .json record file nor a metrics.csv")
             candidates = [(root, ())]

@@ -751,6 +751,14 @@ def test_a_rerun_cut_short_keeps_the_earlier_file(tmp_path, capsys):
     write_results(path, rerun, planned, planned, output_given=True)
     assert not earlier_copy(path).exists() and not earlier_copy(path.with_suffix(".png")).exists()
     assert path not in partial_files()
+    # A copy given to the report itself is refused with how to use it (a new-user check).
+    copy = tmp_path / "decode-attention-tiny.json.earlier"
+    copy.write_bytes(complete)
+    with pytest.raises(
+        ValueError,
+        match=r"is the earlier results a cut-short rerun kept .*rename it to decode-attention-tiny.json",
+    ):
+        make_report(str(copy), tmp_path / "out")
     write_results(path, rerun, [1024], [1024], output_given=True)
     assert not earlier_copy(path).exists()
 
