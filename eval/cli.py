@@ -41,7 +41,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import ListConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
 
-from eval.records import check_creatable_dir, partial_files
+from eval.records import check_creatable_dir, partial_files, per_job_output
 from eval.startup import INTERRUPTED, end_quiet_sigterm
 from models.checkpoint import WriteError, atomic_write_bytes, write_back, written_files
 
@@ -586,7 +586,7 @@ def check_command_line(
     config_dir: Path = CONF_DIR,
     hints: Mapping[str, str] | None = None,
     settings: tuple[str, ...] = (),
-    check_job: Callable[[Any], None] | None = None,
+    check_job: Callable[[Any], Any] | None = None,
 ) -> None:
     """Refuse, in one line and before Hydra runs, a command line that Hydra would answer with a
     message of several lines and status 1 (and for a misspelt key, advice to add it with ``+``):
@@ -620,8 +620,8 @@ def check_command_line(
         settings: dotted settings the config leaves out but the command reads (train.py: Lightning's
             Trainer arguments as ``trainer.<name>``), for the guesses.
         check_job: the script's own checks of one job's config, raising ValueError / TypeError
-            (train.py: :func:`train.check_sweep_job`); with ``-m`` only (one job too), a single run
-            checks itself.
+            (train.py: :func:`train.check_sweep_job`), returning the job's default record file or
+            None; with ``-m`` only (one job too), a single run checks itself.
 
     Raises:
         ValueError: as above, naming the override.
@@ -782,26 +782,42 @@ def _check_sweep_jobs(
     config_name: str,
     overrides: list[Override],
     values: dict[int, list[str]],
-    check_job: Callable[[Any], None],
+    check_job: Callable[[Any], Any],
 ) -> None:
     """``check_job`` on the composed config of each of a sweep's jobs (:func:`_sweep_jobs`), Hydra's
     own settings included (a ``+tag=a,b`` that ``hydra.sweep.subdir=${tag}`` reads is a setting).
 
+    An evaluation's ``output`` record file that two jobs would write is refused here too (a
+    new-user check: ``eval/decode.py -m mixer=attention,mamba output=x.json`` ran the first job and
+    stopped at the second, :func:`eval.records.check_sweep_output`), and so is the default record
+    file that ``check_job`` may return (eval/decode.py's ``decode-<mixer>-<model>.json``).
+
     Raises:
         ValueError: the first refusal, as ``the sweep's job with <its values>: <message>``.
     """
+    outputs: dict[Path, str] = {}  # resolved record file -> the job that writes it
     for chosen in _sweep_jobs(values):
         job = _job_overrides(overrides, chosen)
+        named = " ".join(job[i] for i in sorted(chosen))
         try:
             cfg = _compose(config_dir, config_name, job, with_hydra=True)
             # A sweep folder that does not resolve is the whole command line's problem, which
             # OutputDirCheck names before any job (not a job's checkpoint that is missing too).
             OmegaConf.select(cfg, "hydra.sweep.dir", throw_on_resolution_failure=True)
-            check_job(cfg)
+            default = check_job(cfg)
+            output = cfg.get("output") or default
+            if isinstance(output, str) and output:
+                earlier = outputs.setdefault(Path(output).expanduser().resolve(), named)
+                if earlier != named:
+                    option = "output=" if cfg.get("output") else "the default output "
+                    raise ValueError(
+                        f"{option}{output} would be written by the job with {earlier} too: each job would "
+                        f"replace the one before it; give each job its own file, e.g. "
+                        f"{per_job_output(Path(output))}"
+                    )
         except OmegaConfBaseException:  # a ${...} only the job resolves (${hydra:...}): its own check
             continue
         except (TypeError, ValueError, FileNotFoundError) as err:
-            named = " ".join(job[i] for i in sorted(chosen))
             raise ValueError(f"the sweep's job{f' with {named}' if named else ''}: {err}") from err
         except Exception:  # noqa: BLE001 -- Hydra composes again in the job and reports it its own way
             continue

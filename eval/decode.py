@@ -298,7 +298,7 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         ) from err
     check_positions(model, lengths, cfg.decode_steps)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    run = f"decode-{model.config.name}-{cfg.model.name}"
+    run = default_output(cfg).removesuffix(".json")
     output = Path(cfg.output or f"{run}.json")
     if not cfg.output:  # before the measurements, not after them
         check_output(output, "decode.json", option="the default output")
@@ -473,6 +473,13 @@ def plot(records: list[dict[str, Any]], path: Path, title: str | None = None) ->
     atomic_write_bytes(path, lambda f: f.write(buffer.getvalue()))
 
 
+def default_output(cfg: DictConfig) -> str:
+    """The record file of a run without ``output=``: ``decode-<mixer>-<model>.json`` in the working
+    folder; also the sweep pre-check's ``check_job`` (:func:`eval.cli.check_command_line`), which
+    refuses a sweep whose jobs would write one file before the first runs."""
+    return f"decode-{cfg.mixer.name}-{cfg.model.name}.json"
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="eval/decode")
 def main(cfg: DictConfig) -> None:
     """Command-line entry point (Hydra)."""
@@ -483,4 +490,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_command_line(main, "eval/decode")
+    run_command_line(main, "eval/decode", check_job=default_output)

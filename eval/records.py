@@ -298,6 +298,17 @@ def check_sweep_output(path: str | os.PathLike, *, option: str = "output", folde
     if not (_in_sweep() and path.resolve() in _SWEEP_OUTPUTS):
         return
     name = f"{option}={path}" if option in ("output", "out") else f"{option} {path}"
+    own = f"its own {'folder' if folder else 'file'}, e.g. {per_job_output(path, folder)}"
+    raise ValueError(
+        f"{name} was written by an earlier job of this sweep (-m): each job would replace the one "
+        f"before it; give each job {own}"
+    )
+
+
+def per_job_output(path: Path, folder: bool = False) -> str:
+    """The override that gives each job of a sweep its own record file (or ``out`` folder) beside
+    ``path``: ``output='<stem>-${hydra:job.num}<suffix>'``, ready to paste (a literal ``${`` of the
+    path escaped; quoted for Hydra where it needs it)."""
     per_job = path.with_name(f"{path.name}-" if folder else f"{path.stem}-")
     # A literal ${ of the path must reach the config escaped, the job number not (a new-user check).
     per_job_text = re.sub(r"\$\{", r"\${", str(per_job)) + "${hydra:job.num}"
@@ -314,10 +325,7 @@ def check_sweep_output(path: str | os.PathLike, *, option: str = "output", folde
         # A path Hydra takes only quoted (=, non-ASCII letters: the advice did not paste, a new-user
         # check): Hydra's double quotes inside the shell's single ones.
         advice = shlex.quote(f"{setting}={QuotedString(text=per_job_text, quote=Quote.double).with_quotes()}")
-    raise ValueError(
-        f"{name} was written by an earlier job of this sweep (-m): each job would replace the one "
-        f"before it; give each job its own {'folder' if folder else 'file'}, e.g. {advice}"
-    )
+    return advice
 
 
 def note_sweep_output(path: str | os.PathLike) -> None:

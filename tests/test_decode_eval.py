@@ -299,25 +299,30 @@ def test_decode_eval_counts_kernels_per_step_on_cuda(tmp_path):
 
 
 def test_decode_sweep_refuses_one_output_file_for_every_job(tmp_path):
-    # `-m` runs the jobs one after another in this process: with one output= path, the second job
-    # would replace the first one's records; it stops before measuring, naming a per-job path.
+    # With one output= path every job would replace the one before it: refused before the first job
+    # measures anything (a new-user check: the first job ran and wrote its file, then the second
+    # stopped), naming a per-job path; so is a sweep whose jobs share the default file.
     output = tmp_path / "dd.json"
-    args = [
-        sys.executable, str(REPO_ROOT / "eval" / "decode.py"), "-m", "mixer=attention,mamba",
-        "context_lengths=[8]", "decode_steps=1", "device=cpu", f"output={output}",
-    ]  # fmt: skip
     env = {**os.environ, "WANDB_MODE": "offline"}
     env.pop("HYDRA_FULL_ERROR", None)
-    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    want = (
-        f"output={output} was written by an earlier job of this sweep (-m): each job would replace the "
-        f"one before it; give each job its own file, e.g. output='{tmp_path / 'dd-${hydra:job.num}.json'}'"
-    )
-    assert want in result.stderr
-    assert {r["mixer"] for r in json.loads(output.read_text())} == {"attention"}  # the first job's records stay
-    assert "decode-mamba" not in result.stdout  # the second job measured nothing
+    script = [sys.executable, str(REPO_ROOT / "eval" / "decode.py"), "-m"]
+    settings = ["context_lengths=[8]", "decode_steps=1", "device=cpu"]
+    default = "decode-attention-tiny.json"
+    cases = (
+        (["mixer=attention,mamba", f"output={output}"], "mixer=mamba", "mixer=attention", f"output={output}",
+         tmp_path / "dd-${hydra:job.num}.json"),
+        (["batch_size=1,2"], "batch_size=2", "batch_size=1", f"the default output {default}",
+         "decode-attention-tiny-${hydra:job.num}.json"),
+    )  # fmt: skip
+    for sweep, job, earlier, written, per_job in cases:
+        command = script + sweep + settings
+        result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert result.stderr == (
+            f"error: the sweep's job with {job}: {written} would be written by the job with {earlier} too: "
+            f"each job would replace the one before it; give each job its own file, e.g. output='{per_job}'\n"
+        )
+        assert list(tmp_path.iterdir()) == []  # nothing measured, no sweep folder
 
 
 def test_decode_refuses_an_unknown_mixer_of_a_sweep_before_hydra(tmp_path):
@@ -345,26 +350,35 @@ def test_a_sweep_output_refusal_gives_a_per_job_name_that_pastes(tmp_path, monke
     monkeypatch.setattr(records, "_SWEEP_OUTPUTS", set())
     output = tmp_path / "d${x}" / "y.json"
     records.note_sweep_output(output)
-    with pytest.raises(ValueError, match=re.escape(
-        f"output={output} was written by an earlier job of this sweep (-m): each job would replace the one "
-        f"before it; give each job its own file, e.g. output='{tmp_path}/d\\${{x}}/y-${{hydra:job.num}}.json'"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"output={output} was written by an earlier job of this sweep (-m): each job would replace the one "
+            f"before it; give each job its own file, e.g. output='{tmp_path}/d\\${{x}}/y-${{hydra:job.num}}.json'"
+        ),
+    ):
         check_sweep_output(output)
     out = tmp_path / "report"
     check_sweep_output(out, option="out", folder=True)  # not written yet
     records.note_sweep_output(out)
-    with pytest.raises(ValueError, match=re.escape(
-        f"out={out} was written by an earlier job of this sweep (-m): each job would replace the one before "
-        f"it; give each job its own folder, e.g. out='{out}-${{hydra:job.num}}'"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"out={out} was written by an earlier job of this sweep (-m): each job would replace the one before "
+            f"it; give each job its own folder, e.g. out='{out}-${{hydra:job.num}}'"
+        ),
+    ):
         check_sweep_output(out, option="out", folder=True)
     # A path Hydra takes only quoted (a carried new-user note: the advice for a path holding = did not
     # paste, bash stripping the quotes and Hydra then refusing the =): Hydra's quotes in the shell's.
     output = tmp_path / "lr=1e-3" / "y.json"
     records.note_sweep_output(output)
-    with pytest.raises(ValueError, match=re.escape(
-        f"give each job its own file, e.g. 'output=\"{tmp_path}/lr=1e-3/y-${{hydra:job.num}}.json\"'"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"give each job its own file, e.g. 'output=\"{tmp_path}/lr=1e-3/y-${{hydra:job.num}}.json\"'"
+        ),
+    ):
         check_sweep_output(output)
 
 

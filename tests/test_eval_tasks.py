@@ -698,6 +698,26 @@ def test_a_sweep_checks_every_checkpoint_before_the_first_job(copy_run, passkey_
         assert result.returncode == 2, result.stderr[-3000:]
         assert result.stderr.startswith(message), result.stderr[-3000:]
         assert "results:" not in result.stdout and not list(tmp_path.rglob("*.json")), result.stdout
+    # One output= file for two checkpoints: refused before the first job too (it was written by the
+    # first job, then the second stopped: a new-user check).
+    again = tmp_path / "again.ckpt"
+    shutil.copy(good, again)
+    shared = tmp_path / "shared.json"
+    args = [
+        str(REPO_ROOT / "eval" / "copying.py"),
+        "-m",
+        f"ckpt={good},{again}",
+        f"output={shared}",
+        "device=cpu",
+    ]
+    result = subprocess.run(
+        [sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.startswith(
+        f"error: the sweep's job with ckpt={again}: output={shared} would be written by the job with ckpt={good} too"
+    ), result.stderr[-3000:]
+    assert not shared.exists()
 
 
 def test_the_sweep_check_reads_a_checkpoint_shared_by_consecutive_jobs_once(monkeypatch):
