@@ -1058,6 +1058,9 @@ def build_report(cfg: DictConfig) -> Report:
     notes += duplicates
     if by_length and len({p["seqlen"] for p in by_length}) == 1:
         why = f"every run was evaluated at one length ({by_length[0]['seqlen']} tokens)"
+        cut = {r["record_file"] for r in records if r.get("task") == cfg.task and r.get("partial")}
+        if cut:  # a cut-short length sweep (a new-user check: "one length" read as a wrong claim)
+            why += f"; {', '.join(sorted(map(str, cut)))} holds a sweep that was cut short (see its note)"
         by_length = []  # one x value: nothing to generalise over
         skipped["accuracy_vs_length"] = f"Not drawn: {why}."
         notes.insert(0, f"Length generalisation: not drawn, {why}")

@@ -704,6 +704,16 @@ def test_a_partial_record_file_is_read_with_a_note(tmp_path):
     write_sweep_records(path, records, [1024, 4096], [1024, 4096], output_given=True)  # finished
     rep = make_report(str(tmp_path / "decode"), tmp_path / "out")
     assert not any("partial" in n for n in rep.notes)
+    # A long_context sweep cut after its first length: "evaluated at one length" says why (a new-user
+    # check read it as a wrong claim).
+    passkey = tmp_path / "lc" / "last.ckpt.long_context.json"
+    one = [rec("lc-run", "mamba", "accuracy", 0.5, 300, task="passkey", split="test", slice="T300")]
+    write_sweep_records(passkey, one, [300], [300, 600], output_given=True)
+    rep = make_report(str(tmp_path / "lc"), tmp_path / "out", "task=passkey")
+    assert (
+        f"Length generalisation: not drawn, every run was evaluated at one length (300 tokens); {passkey} holds "
+        "a sweep that was cut short (see its note)"
+    ) in rep.notes
 
 
 def test_a_rerun_cut_short_keeps_the_earlier_file(tmp_path, capsys):
