@@ -66,6 +66,7 @@ from training.settings import (
     check_settings,
     check_val_batches,
     lightning_settings,
+    name_mixer_settings,
     resolved_world_size,
     slice_lengths,
     trainer_settings_errors,
@@ -86,6 +87,21 @@ from training.sweep_stop import (
 
 # Hydra writes its records to the console and to <run_dir>/train.log (conf/train.yaml).
 log = logging.getLogger("mixerlab.train")
+
+
+def build_meta_model(cfg: DictConfig, model_config: dict[str, Any]) -> LanguageModel:
+    """The model of ``model_config`` on the meta device (no weights allocated), built so that the
+    mixers check their settings' values (``pos_emb=ropee``, ``num_heads=0``) before anything runs.
+
+    Raises:
+        ValueError, TypeError: a mixer's refusal, with where the command line sets the settings it
+            names (:func:`training.settings.name_mixer_settings`).
+    """
+    try:
+        with torch.device("meta"):
+            return LanguageModel(model_config)
+    except (ValueError, TypeError) as err:
+        raise type(err)(name_mixer_settings(str(err), cfg.mixer)) from err
 
 
 def build_model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
@@ -193,8 +209,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     model_config = build_model_config(cfg, dm.vocab_size)
     # The mixers check their settings' values as they are built (pos_emb=ropee, num_heads=0): built
     # once on the meta device (no weights allocated), a refusal comes before the seeding too.
-    with torch.device("meta"):
-        meta_model = LanguageModel(model_config)
+    meta_model = build_meta_model(cfg, model_config)
     tokenizer = getattr(dm, "tokenizer", None)
     slice_names = list(getattr(dm, "slice_names", ["val"]))
     slice_seqlens = slice_lengths(dm, slice_names, int(data_cfg["seqlen"]))
@@ -419,8 +434,7 @@ def check_sweep_job(cfg: DictConfig) -> None:
     check_settings(cfg)
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     dm = build_datamodule(data_cfg, setup=False)
-    with torch.device("meta"):
-        model = LanguageModel(build_model_config(cfg, STAND_IN_VOCAB_SIZE))
+    model = build_meta_model(cfg, build_model_config(cfg, STAND_IN_VOCAB_SIZE))
     # The slices' lengths come from the settings (a new-user check: a later job's learned position
     # table too short for them was refused only when that job started, after the first had trained).
     seqlen = int(data_cfg["seqlen"])

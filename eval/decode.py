@@ -72,6 +72,7 @@ from models import LanguageModel
 from models.checkpoint import atomic_write_bytes
 from models.config import config_from_groups
 from models.model import DecodeStep
+from training.settings import name_mixer_settings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -80,11 +81,16 @@ def build_model(cfg: DictConfig) -> LanguageModel:
     """A randomly initialised :class:`LanguageModel` of the composed ``model`` and ``mixer`` groups.
 
     Raises:
-        ValueError: as :func:`models.config.config_from_groups`.
+        ValueError: as :func:`models.config.config_from_groups`; a mixer's refusal of its settings,
+            with the overrides of the settings it names (:func:`training.settings.name_mixer_settings`).
     """
     model = OmegaConf.to_container(cfg.model, resolve=True)
     mixer = OmegaConf.to_container(cfg.mixer, resolve=True)
-    return LanguageModel(config_from_groups(model, mixer, int(cfg.vocab_size)))
+    config = config_from_groups(model, mixer, int(cfg.vocab_size))
+    try:
+        return LanguageModel(config)
+    except (ValueError, TypeError) as err:
+        raise type(err)(name_mixer_settings(str(err), cfg.mixer)) from err
 
 
 def _sync(device: torch.device) -> None:

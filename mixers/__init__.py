@@ -68,6 +68,15 @@ def _settings_of(cls: type[nn.Module]) -> dict[str, inspect.Parameter]:
     return settings
 
 
+def setting_names(name: str) -> tuple[str, ...]:
+    """The settings mixer ``name`` takes (its constructor's arguments but d_model), in their order.
+
+    Raises:
+        KeyError: an unknown mixer name.
+    """
+    return tuple(_settings_of(MIXERS[name]))
+
+
 def check_setting_names(name: str, settings: Mapping[str, Any]) -> None:
     """Check that ``name`` is a registered mixer and that it takes every key of ``settings`` (not
     their values, which its constructor checks): a model config's settings for a mixer its layout

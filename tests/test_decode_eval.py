@@ -386,3 +386,11 @@ def test_sweep_output_check_is_silent_outside_a_sweep(tmp_path):
     output = tmp_path / "dd.json"
     write_records(output, [])
     check_sweep_output(output)  # a second plain run replaces its results, saying so (see above)
+
+
+def test_a_mixer_refusal_names_the_overrides_of_its_settings():
+    # A new-user check: "num_heads=4 does not divide d_model=63" named the mixer's arguments only.
+    with pytest.raises(ValueError, match=re.escape(
+        "(d_model is model.d_model, num_heads is model.num_heads, head_dim is +mixer.settings.attention.head_dim)"
+    )):  # fmt: skip
+        build_model(compose_decode("model.d_model=63"))

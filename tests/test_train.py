@@ -580,7 +580,13 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
         # Found by a new-user check: these came after the seeding, or not at all (+mixer.foo, a key
         # of a mixer the layout does not use), or as a traceback leaving the run's folder.
         ("mixer.settings.attention.pos_emb=ropee", "attention: unknown pos_emb 'ropee'; choose one of"),
-        ("model.d_model=63", "attention: num_heads=4 does not divide d_model=63"),
+        # A new-user check: the mixer's words named no override; now each setting it names is given one.
+        ("model.d_model=63", "attention: num_heads=4 does not divide d_model=63; choose num_heads dividing "
+         "d_model or pass head_dim explicitly (d_model is model.d_model, num_heads is model.num_heads, "
+         "head_dim is +mixer.settings.attention.head_dim)"),
+        ("mixer.settings.attention.num_kv_heads=3", "attention: num_kv_heads=3 must divide num_heads=4 (each "
+         "KV head serves a whole group of query heads) (num_heads is model.num_heads, num_kv_heads is "
+         "mixer.settings.attention.num_kv_heads)"),
         ("+mixer.foo=1", "unknown mixer keys ['foo']; valid keys: ['name', 'pattern', 'settings', "),
         ("+mixer.settings.mamba.foo=8", "mixer 'mamba' has no setting(s) ['foo']; its settings are ['bias'"),
         # A new-user check: a bad value of a mixer the layout does not use was taken without a word.

@@ -40,6 +40,7 @@ import data as datasets_lib
 from data.mqar import parse_slice_name
 from eval.cli import check_known_settings, closest_settings, override_value, pasteable
 from eval.records import WANDB_KEYS, check_flag, check_wandb_settings
+from mixers import MIXERS, setting_names
 from models.lit import check_optim, logged_metrics
 
 
@@ -544,6 +545,33 @@ def name_data_setting(message: str, data_cfg: Mapping[str, Any]) -> str:
     the modules name their own arguments. Any other message is returned as it is."""
     key = re.match(r"\w+", message)
     return f"data.{message}" if key is not None and key.group() in data_cfg else message
+
+
+def name_mixer_settings(message: str, mixer_group: DictConfig) -> str:
+    """A mixer's refusal of its settings, which names its constructor's arguments (``attention:
+    num_kv_heads=3 must divide num_heads=4``), with the override of each setting it names (``
+    (num_kv_heads is mixer.settings.attention.num_kv_heads, num_heads is model.num_heads)``): a
+    setting that the unresolved mixer group links to ``${model.*}`` by that key, ``d_model`` by
+    ``model.d_model``, one the group lacks with ``+`` (a new-user check: ``model.d_model=63`` was
+    refused in words naming no override). Any other message is returned as it is."""
+    name = message.split(":", 1)[0]
+    settings = mixer_group.get("settings")
+    if name not in MIXERS or not isinstance(settings, DictConfig):
+        return message
+    own = settings.get(name)
+    raw = OmegaConf.to_container(own, resolve=False) if isinstance(own, DictConfig) else {}
+    said = []
+    for key in ("d_model", *setting_names(name)):
+        if re.search(rf"\b{key}\b", message.split(":", 1)[1]) is None:
+            continue
+        value = raw.get(key)
+        if key == "d_model":
+            said.append("d_model is model.d_model")
+        elif isinstance(value, str) and re.fullmatch(r"\$\{model\.\w+\}", value):
+            said.append(f"{key} is {value[2:-1]}")
+        else:
+            said.append(f"{key} is {'' if key in raw else '+'}mixer.settings.{name}.{key}")
+    return f"{message} ({', '.join(said)})" if said else message
 
 
 def configured_world_size(trainer_cfg: Mapping[str, Any]) -> int | None:
