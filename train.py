@@ -89,6 +89,20 @@ from training.sweep_stop import (
 log = logging.getLogger("mixerlab.train")
 
 
+def no_validation_reason(val_check_interval: int | float) -> str:
+    """Why a run that was not interrupted never validated: an int ``trainer.val_check_interval``
+    counts batches, a float is a fraction of an epoch (1.0: at its end; a new-user check read "never
+    reached a multiple of trainer.val_check_interval" for a run stopped by max_steps within its first
+    epoch)."""
+    if isinstance(val_check_interval, float):
+        point = "the end" if val_check_interval == 1.0 else f"{val_check_interval!r}"
+        return (
+            f"it stopped before {point} of its first epoch, where trainer.val_check_interval="
+            f"{val_check_interval!r} validates"
+        )
+    return f"its steps never reached a multiple of trainer.val_check_interval={val_check_interval}"
+
+
 def build_meta_model(cfg: DictConfig, model_config: dict[str, Any]) -> LanguageModel:
     """The model of ``model_config`` on the meta device (no weights allocated), built so that the
     mixers check their settings' values (``pos_emb=ropee``, ``num_heads=0``) before anything runs.
@@ -361,8 +375,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                         "training was interrupted before its first validation: "
                         "the best checkpoint is the last one"
                         if interrupted
-                        else "no validation ran during this run (its steps never reached a multiple of "
-                        "trainer.val_check_interval): the best checkpoint is the last one"
+                        else f"no validation ran during this run ({no_validation_reason(trainer.val_check_interval)}): "
+                        "the best checkpoint is the last one"
                     )
                 elif last_validated is not None and trainer.global_step > last_validated:
                     advice = ""

@@ -274,4 +274,11 @@ def config_from_groups(model: Mapping[str, Any], mixer: Mapping[str, Any], vocab
         shared_block=mixer.get("shared_block"),
         name=mixer["name"],
     )
-    return ModelConfig.from_dict(config).to_dict()
+    try:
+        return ModelConfig.from_dict(config).to_dict()
+    except ValueError as err:  # the model config's words for the group's mixer.shared_block (a new-user check)
+        message = str(err)
+        for field in ("model.shared_block", "shared_block"):
+            if message.startswith(field):
+                raise ValueError(f"mixer.shared_block{message[len(field) :]}") from err
+        raise

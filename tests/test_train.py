@@ -299,10 +299,14 @@ def test_text_training_stores_its_tokenizer(tmp_path, monkeypatch):
     # place, and the resume trained on other batches): refused by the corpus digest.
     assert hparams["corpus_sha256"] == hashlib.sha256((text * 200).encode()).hexdigest()
     corpus.write_text(text[::-1] * 200)
-    with pytest.raises(ValueError, match=re.escape(
-        f"resume={out['last_ckpt']}: this run's corpus is not the checkpoint's (its SHA-256 begins "
-        f"{hashlib.sha256((text[::-1] * 200).encode()).hexdigest()[:12]}, the checkpoint's "
-        f"{hparams['corpus_sha256'][:12]}): the file data.path names was edited or replaced")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"resume={out['last_ckpt']}: this run's corpus is not the checkpoint's (its SHA-256 begins "
+            f"{hashlib.sha256((text[::-1] * 200).encode()).hexdigest()[:12]}, the checkpoint's "
+            f"{hparams['corpus_sha256'][:12]}): the file data.path names was edited or replaced"
+        ),
+    ):
         run_train(tmp_path / "reversed", [*resume, f"data.path={corpus}"])
 
 
@@ -425,15 +429,21 @@ def test_recall_eval_refuses_edited_checkpoints_in_one_line(jamba_run, tmp_path)
     model = {**checkpoint["hyper_parameters"]["model"], "d_model": -3}
     path = tmp_path / "d_model.ckpt"
     torch.save({**checkpoint, "hyper_parameters": {**checkpoint["hyper_parameters"], "model": model}}, path)
-    with pytest.raises(ValueError, match=re.escape(
-        f"checkpoint {path} holds a model config that does not validate (model.d_model must be a positive "
-        "integer, got -3): was it edited, or written by another mixerlab version?"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"checkpoint {path} holds a model config that does not validate (model.d_model must be a positive "
+            "integer, got -3): was it edited, or written by another mixerlab version?"
+        ),
+    ):
         load_model(path)
-    with pytest.raises(ValueError, match=re.escape(
-        f"resume={path} holds settings that do not validate (model.d_model must be a positive integer, got "
-        "-3): the checkpoint is corrupt"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"resume={path} holds settings that do not validate (model.d_model must be a positive integer, got "
+            "-3): the checkpoint is corrupt"
+        ),
+    ):
         run_train(tmp_path / "resumed", [*JAMBA_RESUME, f"resume={path}"])
 
 
@@ -445,7 +455,9 @@ def test_resume_refuses_a_checkpoint_at_max_epochs(jamba_run, tmp_path):
     path = tmp_path / "three-epochs.ckpt"
     torch.save(checkpoint, path)
     saved = checkpoint["hyper_parameters"]  # the run's own settings
-    with pytest.raises(ValueError, match=re.escape("has already trained 3 epoch(s), and trainer.max_epochs=3")):
+    with pytest.raises(
+        ValueError, match=re.escape("has already trained 3 epoch(s), and trainer.max_epochs=3")
+    ):
         check_resume(str(path), saved, max_steps=-1, max_epochs=3)
     assert check_resume(str(path), saved, max_steps=-1, max_epochs=4) == str(path.resolve())
     assert check_resume(str(path), saved, max_steps=10**6, max_epochs=-1) == str(path.resolve())
@@ -482,7 +494,8 @@ def test_a_diverged_run_says_so(tmp_path, caplog, monkeypatch):
     assert math.isnan(result["metrics"]["val/loss"])
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(
-        m.startswith("training diverged (val/loss is nan; last.ckpt holds NaN or inf weights)") for m in warnings
+        m.startswith("training diverged (val/loss is nan; last.ckpt holds NaN or inf weights)")
+        for m in warnings
     ), warnings
 
 
@@ -518,8 +531,14 @@ def cli(
 
 
 def sigterm_once(
-    args: list[str], cwd: Path, ready: Path | list[Path], *, wait: float, settle: float = 0.0,
-    to: str = "process", env: dict[str, str] | None = None,
+    args: list[str],
+    cwd: Path,
+    ready: Path | list[Path],
+    *,
+    wait: float,
+    settle: float = 0.0,
+    to: str = "process",
+    env: dict[str, str] | None = None,
 ) -> tuple[int, str, str]:
     """Run ``python args`` (a train.py command line), send it SIGTERM ``settle`` seconds after
     ``ready`` exists (every one of a list; waiting at most ``wait`` seconds: an AssertionError past
@@ -603,7 +622,9 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
         # A new-user check: this one was named as the model config's key, model.mixer_settings.
         ("mixer.settings.attention=5", "mixer.settings.attention must map attention's settings to their "
          "values, got 5; write e.g. mixer.settings.attention.<setting>=<value>"),
-        ("mixer.shared_block=foo", "model.shared_block must be null or {every: <layers>, mixer: <name>}"),
+        # A new-user check: these named the model config's field, not the override.
+        ("mixer.shared_block=foo", "mixer.shared_block must be null or {every: <layers>, mixer: <name>}"),
+        ("mixer=hybrid_zamba,mixer.shared_block.every=0", "mixer.shared_block.every must be an integer >= 1"),
         ("optim=5", "optim must be a group of settings, got optim=5; set one of them instead"),
         ("trainer.devices=0", "trainer settings: trainer.devices=0: `Trainer(devices=0)` value is not a valid "
          "input"),
@@ -662,15 +683,36 @@ def test_unknown_group_keys_are_refused_before_the_seeding(tmp_path, monkeypatch
         raise AssertionError("seeded before the refusal")
 
     monkeypatch.setattr(train_module.L, "seed_everything", seeded)
+    overrides = override.split(",") if override.startswith("mixer=hybrid_zamba,") else [override]
     with pytest.raises(ValueError, match="^" + re.escape(message)):
-        train_module.train(compose_train([f"run_dir={tmp_path}", override]))
+        train_module.train(compose_train([f"run_dir={tmp_path}", *overrides]))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_reason_no_validation_ran_follows_the_kind_of_interval():
+    # A new-user check: a run stopped by max_steps inside its first epoch (val_check_interval=1.0,
+    # once an epoch) was told its steps never reached a multiple of the interval.
+    assert train_module.no_validation_reason(1.0) == (
+        "it stopped before the end of its first epoch, where trainer.val_check_interval=1.0 validates"
+    )
+    assert train_module.no_validation_reason(0.5) == (
+        "it stopped before 0.5 of its first epoch, where trainer.val_check_interval=0.5 validates"
+    )
+    assert (
+        train_module.no_validation_reason(50)
+        == "its steps never reached a multiple of trainer.val_check_interval=50"
+    )
 
 
 def test_a_hub_datasets_split_beside_a_local_corpus_is_refused(tmp_path):
     """A new-user check: data.split=test with data.path trained on the file's usual split, the setting
     ignored without a word."""
-    overrides = [f"run_dir={tmp_path / 'run'}", "data=text", f"data.path={tmp_path / 'c.txt'}", "data.split=test"]
+    overrides = [
+        f"run_dir={tmp_path / 'run'}",
+        "data=text",
+        f"data.path={tmp_path / 'c.txt'}",
+        "data.split=test",
+    ]
     with pytest.raises(ValueError, match="^" + re.escape("data.split='test' is read from a hub dataset ")):
         train_module.train(compose_train(overrides))
     assert list(tmp_path.iterdir()) == []
@@ -684,7 +726,9 @@ def test_train_cli_reports_a_mistyped_setting_in_one_line(tmp_path):
     )
     assert result.returncode == 2 and "error: mamba: d_state must be an int, got 'abc'" in result.stderr
     assert "Traceback" not in result.stderr and "Callback OutputDirCheck" not in result.stderr
-    assert not list(tmp_path.glob("outputs/*"))  # the run directory Hydra made and its date folder are removed
+    assert not list(
+        tmp_path.glob("outputs/*")
+    )  # the run directory Hydra made and its date folder are removed
 
 
 @pytest.mark.parametrize(
@@ -732,7 +776,8 @@ def test_train_cli_refuses_a_mismatched_resume_first_and_leaves_no_folder(jamba_
 REFUSED_RUN_FOLDERS = {
     "premade run dir": (["hydra.run.dir=my_run"], ["work/my_run"]),
     "premade absolute nested run dir": (
-        ["hydra.run.dir={tmp_path}/elsewhere/outer/run"], ["elsewhere/outer/run"]
+        ["hydra.run.dir={tmp_path}/elsewhere/outer/run"],
+        ["elsewhere/outer/run"],
     ),
     "new sweep": (["-m"], []),
     "premade sweep dir": (["-m", "hydra.sweep.dir=my_sweep"], ["work/my_sweep"]),
@@ -903,7 +948,8 @@ SUBDIRS_OUTSIDE_THE_SWEEP = {
     # wrote over an earlier run's records, or trained outside the sweep folder).
     "environment": ("${{oc.env:SUBX}}", "(= {tmp_path}/elsewhere) leads outside hydra.sweep.dir={sweep}"),
     "working dir": (
-        "${{hydra:runtime.cwd}}/zz", "(= {tmp_path}/work/zz) leads outside hydra.sweep.dir={sweep}"
+        "${{hydra:runtime.cwd}}/zz",
+        "(= {tmp_path}/work/zz) leads outside hydra.sweep.dir={sweep}",
     ),
 }
 
@@ -953,7 +999,7 @@ def test_a_sweep_subdir_reading_a_key_no_override_sets_is_refused_in_one_line(tm
     # An environment variable that is not set: the same (another new-user check).
     result = cli([*args, "hydra.sweep.subdir=${oc.env:MIXERLAB_NOT_SET}"], cwd=tmp_path)
     assert result.returncode == 2 and result.stderr == (
-        "error: hydra.sweep.subdir: KeyError raised while resolving interpolation: \"Environment variable "
+        'error: hydra.sweep.subdir: KeyError raised while resolving interpolation: "Environment variable '
         "'MIXERLAB_NOT_SET' not found\"; set it, or give the interpolation a default: "
         "${oc.env:NAME,default}\n"
     )
@@ -1051,10 +1097,15 @@ def test_train_cli_reports_an_uncreatable_run_dir_in_one_line(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     for option in ("hydra.run.dir", "hydra.sweep.dir"):
-        args = [str(REPO_ROOT / "train.py"), f"{option}={blocker / 'run'}"] + (["-m"] if "sweep" in option else [])
+        args = [str(REPO_ROOT / "train.py"), f"{option}={blocker / 'run'}"] + (
+            ["-m"] if "sweep" in option else []
+        )
         result = cli(args, cwd=tmp_path)
         assert result.returncode == 2, result.stderr
-        assert f"error: {option}={blocker / 'run'} cannot be created: {blocker} is a file, not a folder" in result.stderr
+        assert (
+            f"error: {option}={blocker / 'run'} cannot be created: {blocker} is a file, not a folder"
+            in result.stderr
+        )
         assert "Traceback" not in result.stderr
         # Hydra warns about every hook a callback lacks unless it subclasses Hydra's Callback.
         assert "Callback OutputDirCheck" not in result.stderr, result.stderr
@@ -1457,10 +1508,16 @@ def test_early_stopping_survives_a_run_cut_before_its_first_validation(tmp_path)
         ("trainer.max_steps=-1", ValueError, "max_epochs=-1 leave the run without a length"),
         ("early_stopping={monitor:val/acx}", ValueError, "early_stopping.monitor='val/acx': monitor one of"),
         ("early_stopping={monitor:val/acc,mode:up}", ValueError, "early_stopping.mode must be min or max"),
-        ("early_stopping={monitor:val/acc,patience:1.5}", TypeError,
-         "early_stopping.patience must be an integer, got 1.5"),
-        ("early_stopping={monitor:val/acc,patience:null}", TypeError,
-         "early_stopping.patience must be an integer, got None"),
+        (
+            "early_stopping={monitor:val/acc,patience:1.5}",
+            TypeError,
+            "early_stopping.patience must be an integer, got 1.5",
+        ),
+        (
+            "early_stopping={monitor:val/acc,patience:null}",
+            TypeError,
+            "early_stopping.patience must be an integer, got None",
+        ),
         ("trainer.val_check_interval=0", ValueError, "trainer.val_check_interval must be >= 1 (steps)"),
         ("trainer.val_check_interval=1.5", ValueError, "or in (0, 1] (a fraction of an epoch), got 1.5"),
         ("trainer.val_check_interval=abc", TypeError, "trainer.val_check_interval must be a number"),
@@ -1475,19 +1532,39 @@ def test_early_stopping_survives_a_run_cut_before_its_first_validation(tmp_path)
         ("trainer.limit_val_batches=abc", TypeError, "trainer.limit_val_batches must be a batch count (int)"),
         ("seed=abc", TypeError, "seed must be an integer, got 'abc'"),
         ("seed=-1", ValueError, "seed must be in [0, 2**32) (numpy's seed range), got -1"),
-        ("trainer.gradient_clip_val=-1", ValueError, "gradient_clip_val must be >= 0 (0 or null: no clipping)"),
+        (
+            "trainer.gradient_clip_val=-1",
+            ValueError,
+            "gradient_clip_val must be >= 0 (0 or null: no clipping)",
+        ),
         ("trainer.val_check_interval=0.5", ValueError, "add trainer.check_val_every_n_epoch=1, or give"),
-        ("mixer.pattern=attention", ValueError, "got the string 'attention'; write mixer.pattern=[attention]"),
+        (
+            "mixer.pattern=attention",
+            ValueError,
+            "got the string 'attention'; write mixer.pattern=[attention]",
+        ),
         ("optim.lr=abc", TypeError, "optim.lr must be a number, got 'abc'"),
         ("optim.warmup_steps=1.5", TypeError, "optim.warmup_steps must be an integer"),
-        ("trainer.enable_progress_bar=no", TypeError, "trainer.enable_progress_bar must be true or false, got 'no'"),
-        ("trainer.deterministic=no", TypeError, "trainer.deterministic must be true, false or warn, got 'no'"),
+        (
+            "trainer.enable_progress_bar=no",
+            TypeError,
+            "trainer.enable_progress_bar must be true or false, got 'no'",
+        ),
+        (
+            "trainer.deterministic=no",
+            TypeError,
+            "trainer.deterministic must be true, false or warn, got 'no'",
+        ),
         ("data.random_non_queries=no", TypeError, "random_non_queries must be true or false, got 'no'"),
         ("data.monitor_mode=maxx", ValueError, "data.monitor_mode must be min or max, got 'maxx'"),
         ("data.monitor=val/accc", ValueError, "data.monitor='val/accc': monitor one of the metrics this run"),
         ("data.monitor=val/loss", ValueError, "would keep the highest-loss checkpoint as best.ckpt"),
         # The data module's errors name the data.* setting (they named test_configs[0], seqlen).
-        ("data.test_configs=[{seqlen:2,num_kv_pairs:1}]", ValueError, "data.test_configs[0].seqlen must be >= 4"),
+        (
+            "data.test_configs=[{seqlen:2,num_kv_pairs:1}]",
+            ValueError,
+            "data.test_configs[0].seqlen must be >= 4",
+        ),
         ("data.test_configs=[{seqlen:64}]", ValueError, "data.test_configs[0] must be a mapping with"),
         ("data.seqlen=7", ValueError, "data.seqlen must be even (queries sit at even offsets), got 7"),
     ],
@@ -1628,17 +1705,26 @@ def _hub_answering(status: int) -> type[http.server.BaseHTTPRequestHandler]:
 @pytest.mark.parametrize(
     "status,reason",
     [
-        (404, "has no dataset of that name that this machine may read; check the name (owner/name, as "
-              "in the dataset page's address; a private or gated dataset needs `hf auth login`), or give a "
-              "local text file with data.path=...\n"),
+        (
+            404,
+            "has no dataset of that name that this machine may read; check the name (owner/name, as "
+            "in the dataset page's address; a private or gated dataset needs `hf auth login`), or give a "
+            "local text file with data.path=...\n",
+        ),
         # A second new-user check: a server error (after the Hub client's retries) was called "no dataset
         # of that name" and its retry warnings in train.log kept the folder; a 401 without the Hub's
         # error header was a traceback.
-        (503, "answered with a server error (HTTP 503); try again later, or give a local text file with "
-              "data.path=...\n"),
-        (401, "refused access (HTTP 401): a private or gated dataset needs `hf auth login` (and the "
-              "dataset's terms accepted on its page); check the name, or give a local text file with "
-              "data.path=...\n"),
+        (
+            503,
+            "answered with a server error (HTTP 503); try again later, or give a local text file with "
+            "data.path=...\n",
+        ),
+        (
+            401,
+            "refused access (HTTP 401): a private or gated dataset needs `hf auth login` (and the "
+            "dataset's terms accepted on its page); check the name, or give a local text file with "
+            "data.path=...\n",
+        ),
     ],
     ids=["404", "503", "401"],
 )
@@ -2014,7 +2100,10 @@ def test_resume_rejects_missing_weights_only_and_mismatched_checkpoints(tmp_path
         run_train(tmp_path / "c", [f"resume={weights_only}"])
     # One more step and no validation: the best checkpoint is this run's last, not the earlier run's best.
     more = run_train(tmp_path / "more", [f"resume={part['last_ckpt']}", "trainer.max_steps=3"])
-    assert more["best_ckpt"] == more["last_ckpt"] and Path(more["last_ckpt"]).parent == tmp_path / "more" / "checkpoints"
+    assert (
+        more["best_ckpt"] == more["last_ckpt"]
+        and Path(more["last_ckpt"]).parent == tmp_path / "more" / "checkpoints"
+    )
     # A finished run: Lightning would train nothing and the new run would repeat the old records.
     with pytest.raises(ValueError, match=r"already at step 2, and trainer.max_steps=2: nothing is left"):
         run_train(tmp_path / "e", [f"resume={part['last_ckpt']}", "trainer.max_steps=2"])
@@ -2086,8 +2175,11 @@ def test_printed_overrides_paste_back_to_the_same_value(key, value, tmp_path):
     "override,message",
     [
         # The slices' default follows data.seqlen: both named.
-        ("data.seqlen=32", f'data.seqlen=64 (this run has 32), "data.test_configs={DEFAULT_MQAR_SLICES}" (this '
-         "run has [{seqlen:32,num_kv_pairs:4},{seqlen:64,num_kv_pairs:8},{seqlen:128,num_kv_pairs:16}])"),
+        (
+            "data.seqlen=32",
+            f'data.seqlen=64 (this run has 32), "data.test_configs={DEFAULT_MQAR_SLICES}" (this '
+            "run has [{seqlen:32,num_kv_pairs:4},{seqlen:64,num_kv_pairs:8},{seqlen:128,num_kv_pairs:16}])",
+        ),
         ("data.seed=1", "data.seed=0, this run has 1"),
         ("data=copy", "data=mqar, this run has copy"),  # the group's option, not data.name=mqar
         ("optim.lr=0.001", "optim.lr=0.003, this run has 0.001"),
@@ -2132,13 +2224,23 @@ def test_resume_accepts_other_loader_and_selection_settings(jamba_run, tmp_path)
     assert set(changed) == set(RESUME_EXEMPT_DATA_KEYS)  # every exempt key is tested
     # The settings of a mixer the model does not build change no weight (a new-user check: a mamba run
     # trained with +mixer.settings.attention.pos_emb=learned was refused its resume without it).
-    edited = {**hparams, "model": {**hparams["model"], "mixer_settings": {
-        **hparams["model"]["mixer_settings"], "sliding_window": {"window": 8}}}}
+    edited = {
+        **hparams,
+        "model": {
+            **hparams["model"],
+            "mixer_settings": {**hparams["model"]["mixer_settings"], "sliding_window": {"window": 8}},
+        },
+    }
     assert check_resume(jamba_run["last_ckpt"], edited, max_steps=21)
     # Another value in a built mixer's settings is named by that mixer, not the whole mapping.
     mamba = {**hparams["model"]["mixer_settings"]["mamba"], "d_state": 8}
-    edited = {**hparams, "model": {**hparams["model"], "mixer_settings": {
-        **hparams["model"]["mixer_settings"], "mamba": mamba}}}
+    edited = {
+        **hparams,
+        "model": {
+            **hparams["model"],
+            "mixer_settings": {**hparams["model"]["mixer_settings"], "mamba": mamba},
+        },
+    }
     with pytest.raises(ValueError, match=r"was trained with \"mixer\.settings\.mamba=\{[^ ]*d_state:16"):
         check_resume(jamba_run["last_ckpt"], edited, max_steps=21)
 
@@ -2224,7 +2326,9 @@ def test_resume_refuses_a_corrupt_process_count_record_clearly(jamba_run, tmp_pa
     for entry in ("callbacks", "loops"):
         path = tmp_path / f"{entry}.ckpt"
         torch.save({**checkpoint, entry: [1, 2]}, path)
-        message = re.escape(f"resume={path}: the checkpoint is corrupt (its {entry} entry is a list, not a mapping)")
+        message = re.escape(
+            f"resume={path}: the checkpoint is corrupt (its {entry} entry is a list, not a mapping)"
+        )
         with pytest.raises(ValueError, match=message):
             check_resume(str(path), saved, max_steps=21, max_time="00:01:00:00", world_size=1)
     path = tmp_path / "odd.ckpt"
@@ -2342,8 +2446,13 @@ def test_resume_refusals_paste_back_as_overrides(jamba_run, tmp_path):
     mixer = {**hparams, "model": {**width["model"], "name": "attention"}}
     refusals = [  # (this run's hparams, world_size, max_steps, the message after resume=...)
         (width, None, 21, "was trained with model.d_model=32, this run has 16;"),
-        (mixer, None, 21, "was trained with mixer=hybrid_jamba (this run has attention), model.d_model=32 "
-         "(this run has 16);"),
+        (
+            mixer,
+            None,
+            21,
+            "was trained with mixer=hybrid_jamba (this run has attention), model.d_model=32 "
+            "(this run has 16);",
+        ),
         (hparams, 2, 21, "was trained on 1 process(es), this run has 2:"),
         (hparams, None, 20, "is already at step 20"),
     ]
@@ -2398,7 +2507,9 @@ def test_a_run_interrupted_mid_step_resumes_on_the_uninterrupted_schedule(tmp_pa
             patch.setattr(LitLM, "training_step", interrupted_in_step_7)
             part = run_train(tmp_path / "part", settings)
         assert part["interrupted"] and read_checkpoint(part["last_ckpt"])["global_step"] == 6
-        assert "the last 2 training steps were not validated (after step 4, the last validation)" in caplog.text
+        assert (
+            "the last 2 training steps were not validated (after step 4, the last validation)" in caplog.text
+        )
         caplog.clear()
         validated.clear()
         resumed = run_train(tmp_path / "resumed", [*settings, f"resume={part['last_ckpt']}"])
@@ -2426,7 +2537,9 @@ def test_a_ctrl_c_while_best_ckpt_is_saved_still_keeps_the_runs_records(tmp_path
 
     monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", interrupted_at_best)
     with train_log_heard(monkeypatch, caplog):
-        result = run_train(tmp_path, ["model.n_layers=2", "trainer.max_steps=8", "trainer.val_check_interval=4"])
+        result = run_train(
+            tmp_path, ["model.n_layers=2", "trainer.max_steps=8", "trainer.val_check_interval=4"]
+        )
     assert result["interrupted"] and not (tmp_path / "checkpoints" / "best.ckpt").exists()
     assert read_checkpoint(result["last_ckpt"])["global_step"] == 4
     assert "interrupted while best.ckpt was being saved" in caplog.text
