@@ -281,10 +281,12 @@ def local_corpus_files(path: str | os.PathLike | Sequence[str | os.PathLike]) ->
         if not Path(file).is_file():
             # a relative path is read from the working directory: say which one that was
             where = "" if Path(file).is_absolute() else f", looked for at {Path(file).resolve()}"
-            raise FileNotFoundError(
-                f"text corpus file not found: {str(file)!r}{where} (set data.path to a text file)"
-            )
+            raise FileNotFoundError(f"text corpus file not found: {str(file)!r}{where}{NO_CORPUS_ADVICE}")
     return paths
+
+
+# What the missing-corpus error advises (eval/perplexity.py replaces it for a checkpoint's own corpus).
+NO_CORPUS_ADVICE = " (set data.path to a text file)"
 
 
 def unreachable(url: str, timeout: float = 3.0) -> bool:

@@ -37,6 +37,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from data import UnknownCharacterError
+from data.text import NO_CORPUS_ADVICE
 from eval.cli import CONF_DIR, run_command_line, user_errors
 from eval.common import (
     EvalContext,
@@ -70,7 +71,8 @@ def text_datamodule(ctx: EvalContext, overrides: dict[str, Any], batch_size: int
     corpus), set up.
 
     Raises:
-        FileNotFoundError: the corpus file does not exist.
+        FileNotFoundError: the corpus file does not exist (the checkpoint's own: said so, with how to
+            give its new path).
         ValueError: a corpus character outside a char tokenizer's vocabulary, a split too short
             for one block, the checkpoint's own corpus (no corpus override) whose contents differ
             from those it was trained on (by the stored SHA-256), a vocabulary that differs from the model's, a ``tokenizer`` override of
@@ -101,6 +103,15 @@ def text_datamodule(ctx: EvalContext, overrides: dict[str, Any], batch_size: int
     check_position_limit(ctx.model, dm.seqlen, "data.seqlen")
     try:
         dm.setup("validate")
+    except FileNotFoundError as err:
+        if any(key in overrides for key in CORPUS_KEYS) or not data_cfg.get("path"):
+            raise
+        # A new-user check: the moved corpus was told "set data.path to a text file", as if none were set.
+        raise FileNotFoundError(
+            f"the checkpoint's training corpus is not found ({str(err).removesuffix(NO_CORPUS_ADVICE)}); if "
+            "it moved, pass data.path=<its new path> (its SHA-256 must match the checkpoint's), or evaluate "
+            "another text with data.path=<file>"
+        ) from None
     except UnknownCharacterError as err:
         if not stored:
             raise

@@ -535,6 +535,15 @@ def test_perplexity_refuses_the_training_corpus_edited_since(text_run, tmp_path)
             perplexity_eval, "perplexity", text_run, tmp_path, "decode_prefix=0", f"data.path={corpus}"
         )
         assert records[0]["corpus_sha256"] != hashlib.sha256(text.encode()).hexdigest()
+        # Moved away: said to be the checkpoint's corpus, with how to give its new path (a new-user
+        # check: "set data.path to a text file" read as if none were set).
+        corpus.rename(corpus.with_suffix(".moved"))
+        with pytest.raises(FileNotFoundError, match=re.escape(
+            f"the checkpoint's training corpus is not found (text corpus file not found: {str(corpus)!r}); if "
+            "it moved, pass data.path=<its new path> (its SHA-256 must match the checkpoint's)"
+        )):  # fmt: skip
+            evaluate_with(perplexity_eval, "perplexity", text_run, tmp_path, "decode_prefix=0")
+        corpus.with_suffix(".moved").rename(corpus)
     finally:
         corpus.write_text(text)
 
