@@ -206,10 +206,18 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             return f"the length {grid[i]['seqlen']} at depths {depths}"
 
         reason = re.sub(r"test_configs\[(\d+)\]", cell, str(exc))
+        # A length too short for the prompt is the usual case (a new-user check was told to lower the
+        # buckets first, which could not help): the data module's minimum length first.
+        needed = re.search(r"use seqlen >= (\d+)", reason)
+        fix = (
+            f"use longer {length_option}"
+            if needed is None
+            else f"give lengths of at least {needed.group(1)} tokens (e.g. seqlens=[{needed.group(1)}])"
+        )
         raise ValueError(
             f"eval/long_context.py: the lengths {lengths} (from {length_option}) x "
             f"num_depth_buckets={buckets} do not fit the {task} task: {reason} (the task's seqlen is each "
-            f"length); lower num_depth_buckets or use longer {length_option}"
+            f"length); {fix}, or lower num_depth_buckets"
         ) from exc
 
     records, rows = [], []

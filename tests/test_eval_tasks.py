@@ -443,7 +443,8 @@ def test_long_context_on_byte_level_text(text_run, tmp_path):
     # into the lengths): at 255 bytes the second quarter's needle does not fit (test_configs[1]).
     message = (
         r"do not fit the passkey task: the length 255 at depths \[0.25, 0.5\): seqlen=255 is too "
-        r"short .*use seqlen >= 257 \(the task's seqlen"
+        r"short .*use seqlen >= 257 \(the task's seqlen is each length\); give lengths of at least 257 "
+        r"tokens \(e.g. seqlens=\[257\]\), or lower num_depth_buckets$"
     )
     with pytest.raises(ValueError, match=message):
         evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=passkey",
