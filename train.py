@@ -375,8 +375,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                         "training was interrupted before its first validation: "
                         "the best checkpoint is the last one"
                         if interrupted
-                        else f"no validation ran during this run ({no_validation_reason(trainer.val_check_interval)}): "
-                        "the best checkpoint is the last one"
+                        else "no validation ran during this run "
+                        f"({no_validation_reason(trainer.val_check_interval)}): the best checkpoint is the "
+                        "last one"
                     )
                 elif last_validated is not None and trainer.global_step > last_validated:
                     advice = ""

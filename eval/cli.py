@@ -805,11 +805,12 @@ def _check_sweep_jobs(
             # OutputDirCheck names before any job (not a job's checkpoint that is missing too).
             OmegaConf.select(cfg, "hydra.sweep.dir", throw_on_resolution_failure=True)
             default = check_job(cfg)
-            output = cfg.get("output") or default
+            given = cfg.get("output")
+            output = given or default
             if isinstance(output, str) and output:
                 earlier = outputs.setdefault(Path(output).expanduser().resolve(), named)
                 if earlier != named:
-                    option = "output=" if cfg.get("output") else "the default output "
+                    option = "output=" if given else "the default output "
                     raise ValueError(
                         f"{option}{output} would be written by the job with {earlier} too: each job would "
                         f"replace the one before it; give each job its own file, e.g. "

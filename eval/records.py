@@ -393,13 +393,19 @@ def earlier_copy(path: str | os.PathLike) -> Path:
     return path.with_name(f"{path.name}.earlier")
 
 
+def _partial_mark(records: Any) -> Any:
+    """The ``partial`` mark of the first record of ``records`` (a file's JSON) that has one, or None."""
+    if not isinstance(records, list):
+        return None
+    return next((r["partial"] for r in records if isinstance(r, dict) and r.get("partial")), None)
+
+
 def _is_partial(path: Path) -> bool:
     """Whether the record file at ``path`` was written before its sweep finished (unreadable: no)."""
     try:
-        records = json.loads(path.read_text())
+        return _partial_mark(json.loads(path.read_text())) is not None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
-    return isinstance(records, list) and any(isinstance(r, dict) and r.get("partial") for r in records)
 
 
 def write_sweep_records(
@@ -486,7 +492,7 @@ def partial_note(path: str | os.PathLike, records: list[Any]) -> str | None:
     """One line saying that ``records`` (those of the file at ``path``) are those of a sweep that had
     not finished when they were written (:func:`write_sweep_records`), and where the earlier file it
     replaced is kept, if it is (:func:`earlier_copy`); None when none is marked."""
-    mark = next((r["partial"] for r in records if isinstance(r, dict) and r.get("partial")), None)
+    mark = _partial_mark(records)
     if mark is None:
         return None
     if not isinstance(mark, dict):  # not written by write_sweep_records

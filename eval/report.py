@@ -233,8 +233,9 @@ def find_files(paths: list[Path]) -> Sources:
         if root.is_file():
             if root.name.endswith(".json.earlier"):
                 raise ValueError(
-                    f"{root} is the earlier results a cut-short rerun kept (eval/decode.py, eval/long_context.py): "
-                    f"rename it to {root.name.removesuffix('.earlier')} to use it, or copy it to a .json name"
+                    f"{root} is the earlier results a cut-short rerun kept (eval/decode.py, "
+                    f"eval/long_context.py): rename it to {root.name.removesuffix('.earlier')} to use it, or "
+                    "copy it to a .json name"
                 )
             if root.suffix != ".json" and root.name != "metrics.csv":
                 raise ValueError(f"{root} is neither a run directory, a .json record file nor a metrics.csv")

@@ -265,6 +265,7 @@ def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpe
         )
         text.set_in_layout(False)  # the layout measured above must not move when labels are added
         margin = half + _NEAR_MARKER_PT * px  # its own marker is no obstacle: the offsets clear it
+        others = markers[:i] + markers[i + 1 :]
         obstacles = placed + [
             Bbox.from_bounds(x - margin, y - margin, 2 * margin, 2 * margin)
             for j, (x, y) in enumerate(centres)
@@ -284,7 +285,7 @@ def annotate_points(fig: Figure, ax, points: list[dict[str, Any]], spec: PlotSpe
             # the title and to the right the legend (20 runs' labels ran over both). And never over
             # another marker, which it would hide.
             inside = frame.x0 <= own.x0 and own.x1 <= frame.x1 and frame.y0 <= own.y0 and own.y1 <= frame.y1
-            covers = any(_area(Bbox.intersection(own, marker)) for marker in markers[:i] + markers[i + 1 :])
+            covers = any(_area(Bbox.intersection(own, marker)) for marker in others)
             if inside and not covers and not any(_area(Bbox.intersection(own, other)) for other in texts):
                 costs.append((cost, k, box, own))
             if cost == 0:

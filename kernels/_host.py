@@ -141,7 +141,8 @@ def check_no_grad(op: str, **tensors: torch.Tensor | None) -> None:
     if needing:
         raise RuntimeError(
             f"the Triton {op} is not differentiable (it is the decode path), but {', '.join(needing)} "
-            f"require{'s' if len(needing) == 1 else ''} grad; call it under torch.no_grad() or torch.inference_mode(), detach the inputs, "
+            f"require{'s' if len(needing) == 1 else ''} grad; call it under torch.no_grad() or "
+            "torch.inference_mode(), detach the inputs, "
             "or use backend='reference'"
         )
 

@@ -276,7 +276,7 @@ def config_from_groups(model: Mapping[str, Any], mixer: Mapping[str, Any], vocab
     )
     try:
         return ModelConfig.from_dict(config).to_dict()
-    except ValueError as err:  # the model config's words for the group's mixer.shared_block (a new-user check)
+    except ValueError as err:  # ModelConfig's words, for the group's mixer.shared_block (a new-user check)
         message = str(err)
         for field in ("model.shared_block", "shared_block"):
             if message.startswith(field):

@@ -462,7 +462,8 @@ class LanguageModel(nn.Module):
                 ``temperature`` a tensor,
                 ``generator`` not a ``torch.Generator``.
             ValueError: ``input_ids`` not 2-D integer, on another device than the model or
-                outside ``[0, vocab_size)``, no prompt or an empty one, negative ``max_new_tokens``, ``temperature`` not a finite number > 0, ``top_k < 1``,
+                outside ``[0, vocab_size)``, no prompt or an empty one, negative ``max_new_tokens``,
+                ``temperature`` not a finite number > 0, ``top_k < 1``,
                 a stop token outside ``[0, vocab_size)`` (it could never stop), a learned position
                 table (``pos_emb="learned"``) with fewer than ``T + max_new_tokens - 1`` rows
                 (checked before the prefill), or caches for ``T + max_new_tokens`` tokens that do not
