@@ -438,7 +438,8 @@ def write_sweep_records(
         output_given: whether ``path`` is the user's ``output=`` (for the replacing message).
         beside: files drawn from the records (eval/decode.py's plot), each with a function writing it
             atomically, called after the records are written; copied, noted partial
-            (:func:`note_partial`) and cleaned up with them.
+            (:func:`note_partial`) and cleaned up with them, and removed once copied, so that a
+            process killed before ``write`` leaves no drawing of the earlier run.
 
     Returns:
         ``path``.
@@ -461,6 +462,10 @@ def write_sweep_records(
                     if file.exists():
                         earlier = file.read_bytes()
                         atomic_write_bytes(earlier_copy(file), lambda f, data=earlier: f.write(data))
+                # A process killed between the records and a file drawn from them (decode's plot)
+                # must not leave the earlier run's drawing beside the new records: it is in its copy.
+                for file, _ in beside:
+                    file.unlink(missing_ok=True)
         say_if_replacing(path, output_given, kept)
     partial = None
     if not last:

@@ -773,6 +773,22 @@ def test_a_rerun_cut_short_keeps_the_earlier_file(tmp_path, capsys):
     assert not earlier_copy(path).exists()
 
 
+def test_a_rerun_killed_before_its_plot_leaves_no_plot_of_the_earlier_run(tmp_path):
+    """A carried finding: a rerun killed (kill -9) between writing its records and its plot left the
+    earlier run's plot beside the new records. The plot is removed once copied to its ``.earlier``."""
+    from eval.records import earlier_copy, write_sweep_records
+
+    path, plot = tmp_path / "decode.json", tmp_path / "decode.png"
+    planned = [1024, 4096]
+    write_sweep_records(path, [{"seqlen": 1024}, {"seqlen": 4096}], planned, planned, output_given=True,
+                        beside=[(plot, lambda: plot.write_bytes(b"earlier plot"))])  # fmt: skip
+    seen = []
+    write_sweep_records(path, [{"seqlen": 1024}], [1024], planned, output_given=True,
+                        beside=[(plot, lambda: seen.append(plot.exists()))])  # fmt: skip
+    assert seen == [False] and not plot.exists()  # killed here: no plot rather than the earlier one
+    assert earlier_copy(plot).read_bytes() == b"earlier plot"
+
+
 def test_tables(report):
     tables = {t.title: t for t in report.tables}
     runs = tables["Runs"]
