@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -38,7 +38,7 @@ from hydra.core.override_parser.types import (
 )
 from hydra.errors import ConfigCompositionException, HydraException
 from hydra.experimental.callback import Callback
-from omegaconf import ListConfig, OmegaConf
+from omegaconf import ListConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
 
 from eval.records import check_creatable_dir, partial_files, per_job_output
@@ -79,7 +79,9 @@ def _interrupted_message() -> str:
     sweep's records left partial with the lengths it holds, or nothing; in a sweep whose jobs ran
     in worker processes, that those keep what they wrote (a new-user check: the parent said "nothing
     written" while its jobs had saved their checkpoints)."""
-    kept = written_files()
+    # Only the files still there: a length sweep removes its .earlier copies when it finishes (a
+    # new-user check: an interrupted sweep named the copies its finished first job had removed).
+    kept = [path for path in written_files() if path.exists()]
     if not kept and _WORKER_LAUNCHER is not None:
         return (
             f"interrupted: this process wrote nothing; the sweep's jobs ran in worker processes "
@@ -777,6 +779,42 @@ def _sweep_jobs(values: dict[int, list[str]]) -> list[dict[int, str]]:
     return [firsts] + [{**firsts, i: value} for i in indices for value in values[i][1:]]
 
 
+class SweepOutput(NamedTuple):
+    """What a job of a ``-m`` sweep writes, as a script's ``check_job`` may return it (a plain string
+    is a default record file): ``path``, named in messages by ``option`` (``out`` for a setting,
+    ``the default output`` for a file the script names itself), a folder of files with ``folder``
+    (eval/report.py's ``out``)."""
+
+    path: str
+    option: str = "the default output"
+    folder: bool = False
+
+
+def _job_number(values: dict[int, list[str]], chosen: dict[int, str]) -> int:
+    """The ``hydra.job.num`` Hydra's basic sweeper gives the job with the sweeps' ``chosen`` values:
+    its index in the product of the sweeps' values in command-line order."""
+    number = 0
+    for i in sorted(values):
+        number = number * len(values[i]) + values[i].index(chosen[i])
+    return number
+
+
+@contextmanager
+def _hydra_job(cfg: Any, number: int) -> Iterator[None]:
+    """Hydra's config of one job set as its runtime has it, ``job.num`` ``number`` included, so
+    that a ``${hydra:job.num}`` in the job's settings (the per-job ``output=`` that
+    :func:`eval.records.per_job_output` advises) resolves as in the job; the previous one after."""
+    instance = HydraConfig.instance()
+    previous = instance.cfg
+    with open_dict(cfg):
+        cfg.hydra.job.num = number
+    instance.set_config(cfg)
+    try:
+        yield
+    finally:
+        instance.cfg = previous
+
+
 def _check_sweep_jobs(
     config_dir: Path,
     config_name: str,
@@ -785,12 +823,15 @@ def _check_sweep_jobs(
     check_job: Callable[[Any], Any],
 ) -> None:
     """``check_job`` on the composed config of each of a sweep's jobs (:func:`_sweep_jobs`), Hydra's
-    own settings included (a ``+tag=a,b`` that ``hydra.sweep.subdir=${tag}`` reads is a setting).
+    own settings included (a ``+tag=a,b`` that ``hydra.sweep.subdir=${tag}`` reads is a setting;
+    ``${hydra:job.num}`` resolves to the job's number).
 
     An evaluation's ``output`` record file that two jobs would write is refused here too (a
     new-user check: ``eval/decode.py -m mixer=attention,mamba output=x.json`` ran the first job and
-    stopped at the second, :func:`eval.records.check_sweep_output`), and so is the default record
-    file that ``check_job`` may return (eval/decode.py's ``decode-<mixer>-<model>.json``).
+    stopped at the second, :func:`eval.records.check_sweep_output`), and so is what ``check_job``
+    may return as the job's output: a default record file (eval/decode.py's
+    ``decode-<mixer>-<model>.json``, recall's ``<checkpoint>.recall.json``) or a
+    :class:`SweepOutput` (eval/report.py's ``out`` folder).
 
     Raises:
         ValueError: the first refusal, as ``the sweep's job with <its values>: <message>``.
@@ -801,22 +842,28 @@ def _check_sweep_jobs(
         named = " ".join(job[i] for i in sorted(chosen))
         try:
             cfg = _compose(config_dir, config_name, job, with_hydra=True)
-            # A sweep folder that does not resolve is the whole command line's problem, which
-            # OutputDirCheck names before any job (not a job's checkpoint that is missing too).
-            OmegaConf.select(cfg, "hydra.sweep.dir", throw_on_resolution_failure=True)
-            default = check_job(cfg)
-            given = cfg.get("output")
-            output = given or default
-            if isinstance(output, str) and output:
-                earlier = outputs.setdefault(Path(output).expanduser().resolve(), named)
+            with _hydra_job(cfg, _job_number(values, chosen)):
+                # A sweep folder that does not resolve is the whole command line's problem, which
+                # OutputDirCheck names before any job (not a job's checkpoint that is missing too).
+                OmegaConf.select(cfg, "hydra.sweep.dir", throw_on_resolution_failure=True)
+                written = check_job(cfg)
+                given = cfg.get("output")
+            if isinstance(given, str) and given:
+                written = SweepOutput(given, "output")
+            elif isinstance(written, str):
+                written = SweepOutput(written)
+            if isinstance(written, SweepOutput) and written.path:
+                earlier = outputs.setdefault(Path(written.path).expanduser().resolve(), named)
                 if earlier != named:
-                    option = "output=" if given else "the default output "
+                    option = written.option
+                    name = f"{option}={written.path}" if option in ("output", "out") else f"{option} {written.path}"
+                    own = f"its own {'folder' if written.folder else 'file'}"
                     raise ValueError(
-                        f"{option}{output} would be written by the job with {earlier} too: each job would "
-                        f"replace the one before it; give each job its own file, e.g. "
-                        f"{per_job_output(Path(output))}"
+                        f"{name} would be written by the job with {earlier} too: each job would replace "
+                        f"the one before it; give each job {own}, e.g. "
+                        f"{per_job_output(Path(written.path), written.folder)}"
                     )
-        except OmegaConfBaseException:  # a ${...} only the job resolves (${hydra:...}): its own check
+        except OmegaConfBaseException:  # a ${...} only the job resolves: its own check
             continue
         except (TypeError, ValueError, FileNotFoundError) as err:
             raise ValueError(f"the sweep's job{f' with {named}' if named else ''}: {err}") from err
@@ -941,6 +988,20 @@ def raise_keyboard_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
+def _during_interrupt(err: BaseException) -> bool:
+    """Whether ``err`` was raised while a ``KeyboardInterrupt`` was being handled (its ``__context__``
+    chain): code cleaning up after Ctrl+C may fail in turn (a new-user check: matplotlib's "Invalid
+    bounding box" from a figure interrupted mid-draw was reported as the user's error, status 2)."""
+    seen = set()
+    err = err.__context__
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__context__
+    return False
+
+
 @contextmanager
 def user_errors(retry: str = "output=<another path>") -> Iterator[None]:
     """Report a user's mistake, a failed write or Ctrl+C as one line on stderr, not a traceback.
@@ -985,7 +1046,7 @@ def user_errors(retry: str = "output=<another path>") -> Iterator[None]:
         except (ValueError, TypeError, FileNotFoundError, WriteError, KeyboardInterrupt) as err:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
-            if isinstance(err, KeyboardInterrupt):
+            if isinstance(err, KeyboardInterrupt) or _during_interrupt(err):
                 print(_interrupted_message(), file=sys.stderr)
                 sys.exit(INTERRUPTED)
             if isinstance(err, WriteError):

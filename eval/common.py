@@ -359,30 +359,50 @@ def load_checkpoint(
 
 
 def checkpoint_sweep_check(
-    tasks: Sequence[str] | None, script: str, check: Callable[[EvalContext, DictConfig], Any] | None = None
-) -> Callable[[DictConfig], None]:
+    tasks: Sequence[str] | None,
+    script: str,
+    check: Callable[[EvalContext, DictConfig], str | None] | None = None,
+    *,
+    name: str | None = None,
+    settings: Callable[[DictConfig], Any] | None = None,
+) -> Callable[[DictConfig], str | None]:
     """An evaluation's ``check_job`` for :func:`eval.cli.run_command_line`: each job of a ``-m``
-    sweep has its checkpoint loaded on the CPU (:func:`load_checkpoint`: missing, corrupt, trained
-    on another task) and ``check(ctx, cfg)`` run, before the first job evaluates anything (a new-user
-    check: ``-m ckpt=a.ckpt,broken.ckpt,c.ckpt`` evaluated ``a``, stopped at ``broken`` with status 2,
-    and never said that ``c`` was not evaluated). A job whose ``ckpt`` is not one path is left to
-    its own check.
+    sweep has ``settings(cfg)`` run, its checkpoint loaded on the CPU (:func:`load_checkpoint`:
+    missing, corrupt, trained on another task) and ``check(ctx, cfg)`` run, before the first job
+    evaluates anything (a new-user check: ``-m ckpt=a.ckpt,broken.ckpt,c.ckpt`` evaluated ``a``,
+    stopped at ``broken`` with status 2, and never said that ``c`` was not evaluated; a second one:
+    ``-m num_examples=20,abc`` and ``-m num_examples=20,30`` with the default output ran the first
+    job, then refused the second). A job whose ``ckpt`` is not one path is left to its own check.
+
+    Args:
+        tasks, script: :func:`load_checkpoint`'s.
+        check: the evaluation's checks of a job with its checkpoint; returns the variant of the
+            default record file (:func:`output_path`; None for ``<checkpoint>.<name>.json``).
+        name: the evaluation (``recall``): the returned function gives the job's default record
+            file, checked with :func:`check_default_output`, so that :func:`eval.cli` refuses a
+            sweep whose jobs would all write it; without ``name`` it returns None.
+        settings: the evaluation's checks of its settings, run before the checkpoint is read.
 
     Raises (from the returned function):
-        FileNotFoundError, ValueError: :func:`load_checkpoint`'s or ``check``'s; :func:`eval.cli`
-            names the job (``the sweep's job with ckpt=...: ...``).
+        FileNotFoundError, ValueError: :func:`load_checkpoint`'s, ``settings``' or ``check``'s;
+            :func:`eval.cli` names the job (``the sweep's job with ckpt=...: ...``).
     """
 
     last: dict[str, EvalContext] = {}  # the latest checkpoint read: a sweep over other settings reads it once
 
-    def check_job(cfg: DictConfig) -> None:
+    def check_job(cfg: DictConfig) -> str | None:
+        if settings is not None:
+            settings(cfg)
         if not isinstance(cfg.get("ckpt"), str):
-            return
+            return None
         if cfg.ckpt not in last:
             last.clear()
             last[cfg.ckpt] = load_checkpoint(cfg.ckpt, torch.device("cpu"), tasks, script)
-        if check is not None:
-            check(last[cfg.ckpt], cfg)
+        variant = check(last[cfg.ckpt], cfg) if check is not None else None
+        if name is None or cfg.get("output"):
+            return None
+        check_default_output(cfg, last[cfg.ckpt], name, variant)
+        return str(output_path(cfg, last[cfg.ckpt], name, variant))
 
     return check_job
 

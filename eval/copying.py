@@ -161,5 +161,10 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     run_command_line(
-        main, "copying", CONF_DIR / "eval", check_job=checkpoint_sweep_check(TASKS, "eval/copying.py")
+        main,
+        "copying",
+        CONF_DIR / "eval",
+        check_job=checkpoint_sweep_check(
+            TASKS, "eval/copying.py", name="copying", settings=lambda cfg: check_settings(cfg, "copying")
+        ),
     )

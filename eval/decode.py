@@ -481,9 +481,26 @@ def plot(records: list[dict[str, Any]], path: Path, title: str | None = None) ->
 
 def default_output(cfg: DictConfig) -> str:
     """The record file of a run without ``output=``: ``decode-<mixer>-<model>.json`` in the working
-    folder; also the sweep pre-check's ``check_job`` (:func:`eval.cli.check_command_line`), which
-    refuses a sweep whose jobs would write one file before the first runs."""
+    folder."""
     return f"decode-{cfg.mixer.name}-{cfg.model.name}.json"
+
+
+def check_sweep_job(cfg: DictConfig) -> str:
+    """The ``-m`` sweep pre-check's ``check_job`` (:func:`eval.cli.check_command_line`): the checks of
+    a job that need no weights, run on every job before the first measures anything (a new-user
+    check: ``-m mixer=attention,mamba model.num_heads=4,3`` measured its first job, then stopped at
+    the second without naming it); returns the job's default record file (:func:`default_output`),
+    so that a sweep whose jobs would all write it is refused too.
+
+    Raises:
+        ValueError, TypeError: as :func:`check_decode_settings`, :func:`build_model` (the model is
+            built on the meta device: no weights) and :func:`check_positions`.
+    """
+    lengths = check_decode_settings(cfg)
+    with torch.device("meta"):
+        model = build_model(cfg)
+    check_positions(model, lengths, int(cfg.decode_steps))
+    return default_output(cfg)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="eval/decode")
@@ -496,4 +513,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_command_line(main, "eval/decode", check_job=default_output)
+    run_command_line(main, "eval/decode", check_job=check_sweep_job)

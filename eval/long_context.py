@@ -90,6 +90,12 @@ def _retrieval_plan(batch: dict[str, Any]) -> tuple[int, torch.Tensor]:
     return int(prompt_len[0]), prompt_len
 
 
+def output_variant(ctx: EvalContext, task: str) -> str | None:
+    """The variant of the default record file (:func:`eval.common.output_path`) for ``task`` on
+    ``ctx``'s checkpoint: None for the task it was trained on, else the task's name."""
+    return None if task == ctx.task else task
+
+
 def choose_task(ctx: EvalContext, task: str) -> str:
     """The retrieval task to run on ``ctx``'s checkpoint: its own for ``task=auto``.
 
@@ -165,7 +171,7 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     device = resolve_device(cfg.device)
     ctx = load_checkpoint(cfg.ckpt, device, None, "eval/long_context.py")
     task = choose_task(ctx, cfg.task)
-    check_default_output(cfg, ctx, "long_context", variant=None if task == ctx.task else task)
+    check_default_output(cfg, ctx, "long_context", variant=output_variant(ctx, task))
     train_seqlen = int(ctx.data["seqlen"])
     lengths = sorted(set(values if length_option == "seqlens" else [train_seqlen * m for m in values]))
     buckets = cfg.num_depth_buckets
@@ -297,6 +303,10 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     # Each job's task too (task=auto for a text checkpoint) before the first runs.
     check_job = checkpoint_sweep_check(
-        None, "eval/long_context.py", lambda ctx, cfg: choose_task(ctx, cfg.task)
+        None,
+        "eval/long_context.py",
+        lambda ctx, cfg: output_variant(ctx, choose_task(ctx, cfg.task)),
+        name="long_context",
+        settings=lambda cfg: (check_settings(cfg, "long_context"), length_settings(cfg, DEFAULT_MULTIPLIERS)),
     )
     run_command_line(main, "long_context", CONF_DIR / "eval", check_job=check_job)

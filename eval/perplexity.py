@@ -188,19 +188,13 @@ def prefix_losses(model, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[
     return losses
 
 
-def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
-    """Run the evaluation that ``cfg`` (``conf/eval/perplexity.yaml``) describes; returns the records.
-
-    Records carry the fields of :meth:`eval.common.EvalContext.record` with ``task: text``,
-    ``split: val``, ``slice`` (``val``: the whole split; ``val_prefix{N}``: the decode check),
-    ``metric`` (``loss`` in nats per token, ``perplexity``), ``seqlen`` (block length), ``tokens``
-    (scored) and ``tokens_per_s``; the decode check's decode record adds ``abs_diff`` (nats) and
-    ``agrees``.
+def check_perplexity_settings(cfg: DictConfig) -> None:
+    """Check the settings of ``cfg`` (``conf/eval/perplexity.yaml``) that need no checkpoint.
 
     Raises:
-        FileNotFoundError: missing checkpoint or corpus file.
-        ValueError: corrupt checkpoint, a checkpoint not trained on text (the message names the
-            script for its task), invalid settings, or a corpus that does not fit the tokenizer.
+        ValueError: as :func:`eval.common.check_settings`; ``max_batches`` / ``decode_prefix`` not
+            null or an integer >= 1 / >= 0, ``decode_prefix=1``; a ``data.`` setting this script takes
+            no part of; ``tolerance`` not a number >= 0 (nats).
     """
     check_settings(cfg, "perplexity", positive=("batch_size", "decode_examples"))
     for key in ("max_batches", "decode_prefix"):
@@ -221,6 +215,23 @@ def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     tolerance = cfg.tolerance
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0:
         raise ValueError(f"tolerance must be a number >= 0 (nats), got {tolerance!r}")
+
+
+def perplexity_eval(cfg: DictConfig) -> list[dict[str, Any]]:
+    """Run the evaluation that ``cfg`` (``conf/eval/perplexity.yaml``) describes; returns the records.
+
+    Records carry the fields of :meth:`eval.common.EvalContext.record` with ``task: text``,
+    ``split: val``, ``slice`` (``val``: the whole split; ``val_prefix{N}``: the decode check),
+    ``metric`` (``loss`` in nats per token, ``perplexity``), ``seqlen`` (block length), ``tokens``
+    (scored) and ``tokens_per_s``; the decode check's decode record adds ``abs_diff`` (nats) and
+    ``agrees``.
+
+    Raises:
+        FileNotFoundError: missing checkpoint or corpus file.
+        ValueError: corrupt checkpoint, a checkpoint not trained on text (the message names the
+            script for its task), invalid settings, or a corpus that does not fit the tokenizer.
+    """
+    check_perplexity_settings(cfg)
     device = resolve_device(cfg.device)
     ctx = load_checkpoint(cfg.ckpt, device, TASKS, "eval/perplexity.py")
     check_default_output(cfg, ctx, "perplexity")
@@ -317,5 +328,10 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     run_command_line(
-        main, "perplexity", CONF_DIR / "eval", check_job=checkpoint_sweep_check(TASKS, "eval/perplexity.py")
+        main,
+        "perplexity",
+        CONF_DIR / "eval",
+        check_job=checkpoint_sweep_check(
+            TASKS, "eval/perplexity.py", name="perplexity", settings=check_perplexity_settings
+        ),
     )

@@ -122,6 +122,29 @@ def _induction_slices(
     return dm, [{"seqlen": n, "prefill_len": n // 2, "extra": {}} for n in seqlens]
 
 
+def recall_lengths(ctx: EvalContext, cfg: DictConfig) -> tuple[str, list]:
+    """The setting the lengths come from and its values (:func:`eval.common.length_settings`) for
+    ``ctx``'s checkpoint.
+
+    Raises:
+        ValueError: ``seqlens`` for an MQAR checkpoint (with the fix), or as ``length_settings``.
+    """
+    if ctx.task == "mqar" and cfg.seqlens is not None:
+        # before seqlens' own checks: any advice on its form would lead to this error next
+        raise ValueError(
+            "seqlens is for induction_heads checkpoints; an MQAR slice scales its key-value pairs "
+            f"with the length, so give length_multipliers instead (the multiples of its training "
+            f"seqlen, {ctx.data['seqlen']}, to test)"
+        )
+    return length_settings(cfg, DEFAULT_MULTIPLIERS)
+
+
+def check_recall_job(ctx: EvalContext, cfg: DictConfig) -> None:
+    """The ``-m`` sweep pre-check's checks of a job with its checkpoint (:func:`recall_lengths`), for
+    :func:`eval.common.checkpoint_sweep_check`; the default record file has no variant."""
+    recall_lengths(ctx, cfg)
+
+
 def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     """Run the evaluation that ``cfg`` (``conf/eval/recall.yaml``) describes; returns the records.
 
@@ -140,14 +163,7 @@ def recall_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     device = resolve_device(cfg.device)
     ctx = load_checkpoint(cfg.ckpt, device, TASKS, "eval/recall.py")
     check_default_output(cfg, ctx, "recall")
-    if ctx.task == "mqar" and cfg.seqlens is not None:
-        # before seqlens' own checks: any advice on its form would lead to this error next
-        raise ValueError(
-            "seqlens is for induction_heads checkpoints; an MQAR slice scales its key-value pairs "
-            f"with the length, so give length_multipliers instead (the multiples of its training "
-            f"seqlen, {ctx.data['seqlen']}, to test)"
-        )
-    option, values = length_settings(cfg, DEFAULT_MULTIPLIERS)
+    option, values = recall_lengths(ctx, cfg)
     if ctx.task == "mqar":
         dm, slices = _mqar_slices(ctx, cfg, values)
     else:
@@ -204,5 +220,11 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     run_command_line(
-        main, "recall", CONF_DIR / "eval", check_job=checkpoint_sweep_check(TASKS, "eval/recall.py")
+        main,
+        "recall",
+        CONF_DIR / "eval",
+        check_job=checkpoint_sweep_check(
+            TASKS, "eval/recall.py", check_recall_job, name="recall",
+            settings=lambda cfg: check_settings(cfg, "recall"),
+        ),
     )

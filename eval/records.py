@@ -472,11 +472,14 @@ def write_sweep_records(
         partial = {"seqlens_done": list(done), "seqlens_planned": list(planned)}
         records = [{**r, "partial": partial} for r in records]
     written = write_records(path, records)
-    for _, write in beside:
+    # Each file's note follows its own write: an interrupt while the plot is drawn must not leave
+    # the records' note of the previous length (a new-user check: a finished file said partial).
+    note_partial(path, done, planned)
+    for file, write in beside:
         write()
-    for file in files:
         note_partial(file, done, planned)
-        if last:
+    if last:
+        for file in files:
             earlier_copy(file).unlink(missing_ok=True)
     return written
 

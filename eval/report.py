@@ -87,7 +87,7 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
 from data import DATAMODULES
-from eval.cli import CONF_DIR, check_known_settings, run_command_line, user_errors
+from eval.cli import CONF_DIR, SweepOutput, check_known_settings, run_command_line, user_errors
 from eval.records import (
     check_creatable_dir,
     check_flag,
@@ -1133,7 +1133,7 @@ def build_report(cfg: DictConfig) -> Report:
     }
     notes += sources.partial + csv_notes + [f"skipped invalid file: {s}" for s in sources.skipped]
     figures, pngs, png_bytes = {}, {}, {}
-    removed = []
+    stale = []  # an earlier report's plots that this one does not draw
     for spec in PLOTS:
         fig = figures[spec.name] = plot_points(points[spec.name], spec)
         if fig is None:
@@ -1141,21 +1141,28 @@ def build_report(cfg: DictConfig) -> Report:
                 skipped[spec.name] = f"No data: needs {spec.missing}."
                 notes.append(f"{spec.title}: not drawn, no data (needs {spec.missing})")
             png_bytes[spec.name] = None
-            if earlier and (out / f"{spec.name}.png").is_file():  # an earlier report's, now stale
-                (out / f"{spec.name}.png").unlink()
-                removed.append(f"{spec.name}.png")
+            if earlier and (out / f"{spec.name}.png").is_file():
+                stale.append(out / f"{spec.name}.png")
             continue
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=110)
         png_bytes[spec.name] = buffer.getvalue()
         pngs[spec.name] = out / f"{spec.name}.png"
-        atomic_write_bytes(pngs[spec.name], lambda f, data=png_bytes[spec.name]: f.write(data))
     tables = summary_tables(records)
     tables[1:1] = best_lr_tables(groups)  # after Runs, before the per-task results
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     title = f"mixerlab report ({len(records)} records, {stamp})"
     markdown = render_markdown(title, {n: p.name for n, p in pngs.items()}, skipped, tables, notes, sources)
     page = render_html(title, png_bytes, skipped, tables, notes, sources)
+    # Every file is drawn and rendered before the first is written, so that Ctrl+C while drawing
+    # (seconds) leaves the earlier report whole, not new plots beside its report.md (a new-user
+    # check); the writes that follow take milliseconds.
+    removed = []
+    for path in stale:
+        path.unlink()
+        removed.append(path.name)
+    for name, path in pngs.items():
+        atomic_write_bytes(path, lambda f, data=png_bytes[name]: f.write(data))
     atomic_write_bytes(out / "report.md", lambda f: f.write(markdown.encode()))
     atomic_write_bytes(out / "report.html", lambda f: f.write(page.encode()))
     note_sweep_output(out)
@@ -1244,6 +1251,14 @@ def _nothing_found(sources: Sources, notes: list[str]) -> str:
     return "; ".join([message, *notes])
 
 
+def sweep_output(cfg: DictConfig) -> SweepOutput | None:
+    """The ``-m`` sweep pre-check's ``check_job`` (:func:`eval.cli.check_command_line`): the ``out``
+    folder a job writes, so that a sweep whose jobs share one is refused before the first job (a
+    new-user check: ``-m task=mqar,copy out=rep`` wrote the first job's report, then stopped); None
+    for an ``out`` that is not one path, which the job refuses itself."""
+    return SweepOutput(cfg.out, "out", folder=True) if isinstance(cfg.out, str) else None
+
+
 @hydra.main(version_base="1.3", config_path="../conf/eval", config_name="report")
 def main(cfg: DictConfig) -> None:
     """Command-line entry point (Hydra)."""
@@ -1254,4 +1269,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_command_line(main, "report", CONF_DIR / "eval")
+    run_command_line(
+        main, "report", CONF_DIR / "eval", check_job=sweep_output
+    )

@@ -249,6 +249,43 @@ def test_an_interrupt_is_one_line_and_status_130(tmp_path, monkeypatch, capsys, 
         f"{tmp_path / 'd2.json'}, partial: context lengths [512] of [512, 1024]; "
         f"{tmp_path / 'd2.png'}, partial: context lengths [512] of [512, 1024])\n"
     )
+    # A rerun's .earlier copies, removed when it finished, are not named (a new-user check: a sweep
+    # interrupted in its second job named the copies its first had removed).
+    planned, d3 = [512, 1024], tmp_path / "d3.json"
+    with pytest.raises(SystemExit), user_errors():
+        for done in (planned, [512], planned):  # a complete run, a rerun's first length, its last
+            write_results(d3, [], done, planned, output_given=False)
+        raise KeyboardInterrupt
+    assert ".earlier" not in capsys.readouterr().err
+    # An interrupt while the last length's plot is drawn: the records are whole and not called
+    # partial; the plot is the previous length's and says so; the copies are still there.
+    with pytest.raises(SystemExit), user_errors():
+        write_results(d3, [], [512], planned, output_given=False)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("eval.decode.plot", lambda *args, **kwargs: signal.raise_signal(signal.SIGINT))
+            write_results(d3, [], planned, planned, output_given=False)
+    png = d3.with_suffix(".png")
+    assert capsys.readouterr().err.endswith(
+        f"{d3}; {png}, partial: context lengths [512] of [512, 1024], the earlier file it replaces kept in "
+        f"{png}.earlier; {d3}.earlier; {png}.earlier)\n"
+    )
+
+
+def test_an_error_raised_while_handling_an_interrupt_is_the_interrupt(
+    monkeypatch, capsys, nothing_written_yet, sigint_restored
+):
+    """A new-user check: Ctrl+C while the report drew a figure once ended as "error: Invalid bounding
+    box" (matplotlib failing as it unwound), status 2, as if the user had given a bad value."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as exc, user_errors():
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise ValueError("Invalid bounding box")
+    assert exc.value.code == 130 and capsys.readouterr().err == "interrupted: nothing written\n"
+    with pytest.raises(SystemExit) as exc, user_errors():
+        raise ValueError("num_examples must be an integer >= 1")  # a user's error stays one
+    assert exc.value.code == 2
 
 
 def test_an_interrupted_sweep_of_worker_processes_does_not_say_nothing_written(

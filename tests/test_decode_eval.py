@@ -325,6 +325,60 @@ def test_decode_sweep_refuses_one_output_file_for_every_job(tmp_path):
         assert list(tmp_path.iterdir()) == []  # nothing measured, no sweep folder
 
 
+def test_decode_sweep_checks_every_jobs_model_before_the_first_job(tmp_path):
+    """A new-user check: ``-m mixer=attention,mamba model.num_heads=4,3`` with per-job outputs
+    measured and wrote its first job, then stopped at the second without naming it; and so did a
+    bad value of a later job (``context_lengths=[64],[0]``)."""
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    script = [sys.executable, str(REPO_ROOT / "eval" / "decode.py"), "-m", "output=e${hydra:job.num}.json"]
+    settings = ["decode_steps=1", "device=cpu"]
+    cases = (
+        (["mixer=attention,mamba", "context_lengths=[8]", "model.num_heads=4,3"],
+         "mixer=attention model.num_heads=3: attention: num_heads=3 does not divide d_model=64"),
+        (["context_lengths=[8],[0]"], "context_lengths=[0]: context_lengths must be a list of integers >= 1"),
+    )  # fmt: skip
+    for sweep, message in cases:
+        result = subprocess.run(
+            script + sweep + settings, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert result.stderr.startswith(f"error: the sweep's job with {message}"), result.stderr[-2000:]
+        assert list(tmp_path.iterdir()) == []  # nothing measured, no sweep folder
+
+
+def test_a_report_sweep_sharing_one_out_folder_is_refused_before_the_first_job(tmp_path):
+    """A new-user check: ``eval/report.py -m task=mqar,copy out=X`` wrote the first job's report into
+    X, then refused the second."""
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    out = tmp_path / "rep"
+    command = [sys.executable, str(REPO_ROOT / "eval" / "report.py"), "-m", "task=mqar,copy", f"out={out}",
+               f"runs=[{tmp_path}/none]"]  # fmt: skip
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stderr == (
+        f"error: the sweep's job with task=copy: out={out} would be written by the job with task=mqar too: "
+        f"each job would replace the one before it; give each job its own folder, e.g. "
+        f"out='{out}-${{hydra:job.num}}'\n"
+    ), result.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_sweep_check_numbers_each_job_as_hydra_does():
+    """``${hydra:job.num}`` (the per-job output the refusals advise) resolves in the pre-check as in
+    the job: Hydra's basic sweeper numbers the product of the sweeps in command-line order."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from eval.cli import CONF_DIR, _compose, _hydra_job, _job_number
+
+    values = {0: ["a", "b"], 2: ["x", "y", "z"]}
+    assert [_job_number(values, {0: i, 2: j}) for i in "ab" for j in "xyz"] == list(range(6))
+    cfg = _compose(CONF_DIR, "eval/decode", ["output=e${hydra:job.num}.json"], with_hydra=True)
+    with _hydra_job(cfg, 4):
+        assert cfg.output == "e4.json"
+    assert not HydraConfig.initialized()
+
+
 def test_decode_refuses_an_unknown_mixer_of_a_sweep_before_hydra(tmp_path):
     # Checked on the command line, before Hydra composes or makes anything (its own message is
     # several lines with its search path, and a refused sweep would leave multirun.yaml behind).

@@ -730,6 +730,31 @@ def test_a_sweep_checks_every_checkpoint_before_the_first_job(copy_run, passkey_
     assert not shared.exists()
 
 
+def test_a_sweep_checks_every_jobs_settings_and_default_output_before_the_first_job(copy_run, tmp_path):
+    """A new-user check: ``-m num_examples=20,abc`` and ``-m num_examples=20,30`` (both jobs writing
+    ``<checkpoint>.copying.json``) ran and wrote the first job, then refused the second."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    shutil.copy(copy_run["last_ckpt"], ckpt)
+    default = ckpt.with_name("last.ckpt.copying.json")
+    per_job = f"{ckpt.parent}/last.ckpt.copying-${{hydra:job.num}}.json"
+    for sweep, message in (
+        ("num_examples=2,abc", "the sweep's job with num_examples=abc: num_examples must be an integer >= 1, "
+                               "got 'abc'"),
+        ("num_examples=2,3", f"the sweep's job with num_examples=3: the default output {default} would be "
+                             "written by the job with num_examples=2 too: each job would replace the one before "
+                             f"it; give each job its own file, e.g. output='{per_job}'"),
+    ):  # fmt: skip
+        args = [str(REPO_ROOT / "eval" / "copying.py"), "-m", f"ckpt={ckpt}", sweep, "device=cpu"]
+        result = subprocess.run(
+            [sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 2 and result.stderr == f"error: {message}\n", result.stderr[-3000:]
+        assert "results:" not in result.stdout and not list(tmp_path.rglob("*.json")), result.stdout
+
+
 def test_the_sweep_check_reads_a_checkpoint_shared_by_consecutive_jobs_once(monkeypatch):
     import eval.common as common
 

@@ -789,6 +789,26 @@ def test_a_rerun_killed_before_its_plot_leaves_no_plot_of_the_earlier_run(tmp_pa
     assert earlier_copy(plot).read_bytes() == b"earlier plot"
 
 
+def test_an_interrupt_while_drawing_leaves_the_earlier_report_whole(runs, tmp_path, monkeypatch):
+    """A new-user check: Ctrl+C during a rerun into an existing report folder left new plots beside
+    the earlier report.md. Every file is drawn and rendered before the first is written."""
+    import eval.report as report_module
+
+    out = tmp_path / "out"
+    dirs = ",".join(str(runs / d) for d in ("att-run", "decode"))
+    make_report(f"[{dirs}]", out)
+    before = {path.name: path.stat().st_ino for path in out.iterdir()}
+    assert {"report.md", "report.html"} < set(before) and any(name.endswith(".png") for name in before)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report_module, "render_html", interrupted)  # the last step before the writes
+    with pytest.raises(KeyboardInterrupt):
+        make_report(f"[{dirs}]", out)
+    assert {path.name: path.stat().st_ino for path in out.iterdir()} == before  # nothing replaced
+
+
 def test_tables(report):
     tables = {t.title: t for t in report.tables}
     runs = tables["Runs"]
