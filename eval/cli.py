@@ -855,8 +855,8 @@ def _check_sweep_jobs(
             if isinstance(written, SweepOutput) and written.path:
                 earlier = outputs.setdefault(Path(written.path).expanduser().resolve(), named)
                 if earlier != named:
-                    option = written.option
-                    name = f"{option}={written.path}" if option in ("output", "out") else f"{option} {written.path}"
+                    option, path = written.option, written.path
+                    name = f"{option}={path}" if option in ("output", "out") else f"{option} {path}"
                     own = f"its own {'folder' if written.folder else 'file'}"
                     raise ValueError(
                         f"{name} would be written by the job with {earlier} too: each job would replace "

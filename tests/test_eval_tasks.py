@@ -744,8 +744,8 @@ def test_a_sweep_checks_every_jobs_settings_and_default_output_before_the_first_
         ("num_examples=2,abc", "the sweep's job with num_examples=abc: num_examples must be an integer >= 1, "
                                "got 'abc'"),
         ("num_examples=2,3", f"the sweep's job with num_examples=3: the default output {default} would be "
-                             "written by the job with num_examples=2 too: each job would replace the one before "
-                             f"it; give each job its own file, e.g. output='{per_job}'"),
+                             "written by the job with num_examples=2 too: each job would replace the one "
+                             f"before it; give each job its own file, e.g. output='{per_job}'"),
     ):  # fmt: skip
         args = [str(REPO_ROOT / "eval" / "copying.py"), "-m", f"ckpt={ckpt}", sweep, "device=cpu"]
         result = subprocess.run(
