@@ -8,13 +8,16 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import joblib
 import pytest
 from joblib.parallel import BACKENDS
 
+import training.sweep_stop
 from training.sweep_stop import (
+    STOP_CHECK_INTERVAL_S,
     STOP_ENV,
     GracefulLokyBackend,
     StopWhenSweepStops,
@@ -35,6 +38,43 @@ def test_stop_requested_reads_the_stop_file(tmp_path, monkeypatch):
     assert stop_requested()
     with pytest.raises(KeyboardInterrupt, match="the sweep was stopped"):
         callback.on_train_batch_start(None, None, None, 0)
+
+
+def test_a_running_job_looks_for_the_stop_file_about_once_a_second(tmp_path, monkeypatch):
+    # It stat'ed the stop file at every batch: thousands a second for a small model.
+    stop = tmp_path / "stop"
+    monkeypatch.setenv(STOP_ENV, str(stop))
+    now = [100.0]  # time.monotonic(), advanced by hand
+    monkeypatch.setattr(training.sweep_stop, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    real_stat, looks = os.stat, []
+
+    def counted_stat(path, *args, **kwargs):
+        looks.extend([now[0]] if os.fspath(path) == str(stop) else [])
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counted_stat)
+    callback = StopWhenSweepStops()
+    for batch_idx in range(1, 3001):  # 3 s of 1 ms batches, within an epoch
+        callback.on_train_batch_start(None, None, None, batch_idx)
+        now[0] += 0.001
+    assert looks[0] == 100.0 and 3 <= len(looks) <= 4  # the first batch, then once a second
+    assert all(b - a >= STOP_CHECK_INTERVAL_S for a, b in zip(looks, looks[1:], strict=False))
+    callback.on_train_batch_start(None, None, None, 0)  # an epoch's first batch looks
+    assert looks[-1] == now[0]
+    # A stop is still noticed within a second; with batches longer than that, at the next batch.
+    stop.touch()
+    stopped_at = now[0]
+    with pytest.raises(KeyboardInterrupt, match="the sweep was stopped"):
+        for batch_idx in range(1, 2000):
+            now[0] += 0.001
+            callback.on_train_batch_start(None, None, None, batch_idx)
+    assert now[0] - stopped_at <= STOP_CHECK_INTERVAL_S + 0.001
+    stop.unlink()
+    callback.on_train_batch_start(None, None, None, 0)
+    stop.touch()
+    now[0] += 5.0
+    with pytest.raises(KeyboardInterrupt, match="the sweep was stopped"):
+        callback.on_train_batch_start(None, None, None, 1)
 
 
 def test_graceful_joblib_sweeps_puts_everything_back(monkeypatch):

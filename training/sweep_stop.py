@@ -19,21 +19,23 @@ command line (:func:`graceful_joblib_sweeps`):
   waits for the workers instead of killing them (:class:`GracefulLokyBackend`); a second Ctrl+C or
   SIGTERM during that wait kills them, as joblib did at once.
 
-A job that sees the stop file stops as at a Ctrl+C: during training at the next batch
-(:class:`StopWhenSweepStops`), so it saves ``last.ckpt``, evaluates its best checkpoint and writes
-its records marked ``interrupted``; before training (a queued job) at once, with nothing saved
-(:func:`stop_requested`).
+A job that sees the stop file stops as at a Ctrl+C: during training at the start of a batch, within
+about a second (:class:`StopWhenSweepStops`), so it saves ``last.ckpt``, evaluates its best
+checkpoint and writes its records marked ``interrupted``; before training (a queued job) at once,
+with nothing saved (:func:`stop_requested`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,9 @@ from lightning.pytorch.callbacks import Callback
 
 # The environment variable naming the stop file of the sweep this process's jobs belong to.
 STOP_ENV = "MIXERLAB_SWEEP_STOP"
+# How often, in seconds, a job looks for the stop file during training (StopWhenSweepStops): a stop
+# is noticed at the first batch that starts this long after its last look.
+STOP_CHECK_INTERVAL_S = 1.0
 # The stop files' folders this process made (GracefulLokyBackend), removed by graceful_joblib_sweeps.
 _STOP_FOLDERS: list[str] = []
 
@@ -86,15 +91,27 @@ def trained_nothing_in_workers() -> set[Path]:
 
 
 class StopWhenSweepStops(Callback):
-    """Stops training at the start of the next batch once the sweep is stopped
-    (:func:`stop_requested`), by the KeyboardInterrupt a Ctrl+C would raise there, so the run takes
-    the same graceful path: Lightning's shutdown, then train.py's final save, evaluation and records
-    (``interrupted: true``). The batch is not trained (train.py puts it back for a resume). One
-    ``os.path.exists`` per batch, about a microsecond."""
+    """Stops training at the start of a batch once the sweep is stopped (:func:`stop_requested`), by
+    the KeyboardInterrupt a Ctrl+C would raise there, so the run takes the same graceful path:
+    Lightning's shutdown, then train.py's final save, evaluation and records (``interrupted: true``).
+    The batch is not trained (train.py puts it back for a resume).
+
+    It looks for the stop file at the first batch of each epoch (training's first included) and then
+    at the first batch that starts :data:`STOP_CHECK_INTERVAL_S` or more after its last look (one
+    ``os.stat`` a second rather than one a batch: thousands a second for a small model), so a stop is
+    noticed within about a second, or at the next batch where batches take longer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._next_look = -math.inf  # time.monotonic() from which the next batch looks
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:  # fmt: skip
-        """Raise ``KeyboardInterrupt`` once the sweep is stopped."""
+        """Raise ``KeyboardInterrupt`` once the sweep is stopped (looked at as the class says)."""
+        now = time.monotonic()
+        if batch_idx != 0 and now < self._next_look:
+            return
+        self._next_look = now + STOP_CHECK_INTERVAL_S
         if stop_requested():
             raise KeyboardInterrupt("the sweep was stopped")
 
@@ -143,9 +160,10 @@ class GracefulLokyBackend(LokyBackend):
             os.environ[STOP_ENV] = os.path.join(folder, "stop")  # before the workers start
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
-        """Create the stop file, then wait until the workers have finished: running jobs stop at
-        their next batch and save, queued ones start and stop at once. A KeyboardInterrupt during
-        the wait (a second Ctrl+C or SIGTERM) kills the workers and is raised on.
+        """Create the stop file, then wait until the workers have finished: running jobs stop within
+        about a second, at a batch's start (:class:`StopWhenSweepStops`), and save, queued ones start
+        and stop at once. A KeyboardInterrupt during the wait (a second Ctrl+C or SIGTERM) kills the
+        workers and is raised on.
 
         Raises:
             KeyboardInterrupt: a second stop signal during the wait.
@@ -158,8 +176,8 @@ class GracefulLokyBackend(LokyBackend):
             return
         Path(stop_file).touch()
         print(
-            "stopping the sweep: its running jobs stop at their next batch, save and write their records "
-            "first (Ctrl+C again to kill them now)",
+            "stopping the sweep: its running jobs stop within about a second, save and write their "
+            "records first (Ctrl+C again to kill them now)",
             file=sys.stderr,
             flush=True,
         )
