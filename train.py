@@ -278,6 +278,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         save_top_k=1,
         auto_insert_metric_name=False,
         enable_version_counter=False,
+        # At the end of each validation, as Lightning does unless validation is once an epoch
+        # (trainer.val_check_interval=1.0, check_val_every_n_epoch=1): it then saved at the end of the
+        # training epoch instead, and at one that max_steps cut before its validation, warned that it
+        # "could not find the monitored key", beside train.py's clearer "no validation ran" line.
+        save_on_train_epoch_end=False,
     )
     loggers = _loggers(cfg, run_dir, run_name)
     callbacks = [checkpoint_cb, WorldSizeRecord(), StopDDPOnSigterm(), StopWhenSweepStops()]

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import types
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,7 +38,8 @@ from helpers import (
     metrics_rows,
     without_wandb_key,
 )
-from lightning.pytorch.callbacks import EarlyStopping
+from lightning.pytorch.callbacks import EarlyStopping, model_checkpoint
+from lightning.pytorch.utilities.rank_zero import WarningCache
 from omegaconf import OmegaConf
 
 import train as train_module
@@ -687,6 +689,22 @@ def test_unknown_group_keys_are_refused_before_the_seeding(tmp_path, monkeypatch
     with pytest.raises(ValueError, match="^" + re.escape(message)):
         train_module.train(compose_train([f"run_dir={tmp_path}", *overrides]))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_without_validation_says_so_without_lightnings_warning(tmp_path, monkeypatch, caplog):
+    # Lightning's "ModelCheckpoint(monitor='val/acc') could not find the monitored key in the returned
+    # metrics ... HINT: Did you call `log('val/acc', value)`" came right beside train.py's clearer line.
+    monkeypatch.setattr(model_checkpoint, "warning_cache", WarningCache())  # not shown earlier in the session
+    once_an_epoch = ["trainer.val_check_interval=1.0", "trainer.check_val_every_n_epoch=1"]
+    with train_log_heard(monkeypatch, caplog), warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        run_train(tmp_path / "cut", ["trainer.max_steps=2", *once_an_epoch])
+    assert "no validation ran during this run (it stopped before the end of its first epoch" in caplog.text
+    lightnings = [str(w.message) for w in shown if "could not find the monitored key" in str(w.message)]
+    assert not lightnings, lightnings
+    # best.ckpt is still written at the validation at the end of an epoch (20 batches).
+    out = run_train(tmp_path / "epoch", ["trainer.max_steps=20", *once_an_epoch])
+    assert Path(out["best_ckpt"]).name == "best.ckpt" and read_checkpoint(out["best_ckpt"])["global_step"] == 20
 
 
 def test_the_reason_no_validation_ran_follows_the_kind_of_interval():
