@@ -158,6 +158,19 @@ def config_settings(config_name: str) -> frozenset[str]:
     return frozenset((set(OmegaConf.load(path).keys()) - {"defaults", "hydra"}) | _default_groups(path))
 
 
+def help_groups(config_name: str) -> str:
+    """The config groups that ``conf/<config_name>.yaml`` chooses in its defaults list, one a line with
+    their options (``mixer: attention, hybrid_based, ...``): the group list of its ``--help``, the
+    resolver ``${mixerlab.groups:<config_name>}`` of ``hydra.help.template``. Hydra's own list
+    (``$APP_CONFIG_GROUPS``) names every folder of ``conf/``, so ``train.py --help`` listed ``eval``
+    (the evaluations' configs), which train.py refuses."""
+    groups = sorted(_default_groups(CONF_DIR / f"{config_name}.yaml"))
+    return "\n".join(f"{group}: {', '.join(group_options(group) or ())}" for group in groups)
+
+
+OmegaConf.register_new_resolver("mixerlab.groups", help_groups)
+
+
 # The first key of a ${...} interpolation (``${tag}``, ``${model.d_model}``), not a resolver's name
 # (``${now:...}``, ``${oc.env:X}``); and the key that ``${oc.select:tag,default}`` reads.
 _INTERPOLATED_KEY = re.compile(r"\$\{\s*([A-Za-z_]\w*)(?![\w.]*\s*:)")

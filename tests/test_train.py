@@ -588,6 +588,18 @@ def test_train_cli_rejects_unknown_mixer(tmp_path):
     assert "hybrid_jamba" in options and list(tmp_path.iterdir()) == []  # no outputs/ folder made
 
 
+def test_train_help_lists_only_the_groups_train_py_takes(tmp_path):
+    # Hydra's list named every folder of conf/, "eval: copying, decode, ..." too, which train.py refuses.
+    result = cli([str(REPO_ROOT / "train.py"), "--help"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    listed = result.stdout.partition("(group=option)\n\n")[2].partition("\n\n")[0].splitlines()
+    groups = ("data", "experiment", "logger", "mixer", "model", "trainer")
+    options = {group: sorted(p.stem for p in (REPO_ROOT / "conf" / group).glob("*.yaml")) for group in groups}
+    assert listed == [f"{group}: {', '.join(options[group])}" for group in groups]
+    assert "\n== Config ==\n" in result.stdout and "\nseed: 0\n" in result.stdout  # as before
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "override,message",
     [
