@@ -379,6 +379,18 @@ def test_the_sweep_check_numbers_each_job_as_hydra_does():
     assert not HydraConfig.initialized()
 
 
+def test_decode_help_lists_only_the_groups_decode_takes(tmp_path):
+    # Hydra's list named every folder of conf/ ("data: ...", "eval: ..."); decode chooses model and mixer.
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "eval" / "decode.py"), "--help"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    listed = result.stdout.partition("(group=option)\n\n")[2].partition("\n\n")[0].splitlines()
+    conf = REPO_ROOT / "conf"
+    options = {group: sorted(p.stem for p in (conf / group).glob("*.yaml")) for group in ("mixer", "model")}
+    assert listed == [f"{group}: {', '.join(names)}" for group, names in options.items()]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_decode_refuses_an_unknown_mixer_of_a_sweep_before_hydra(tmp_path):
     # Checked on the command line, before Hydra composes or makes anything (its own message is
     # several lines with its search path, and a refused sweep would leave multirun.yaml behind).
