@@ -135,6 +135,35 @@ def _test_grid(lengths: Sequence[int], buckets: int) -> list[dict[str, Any]]:
     ]
 
 
+def _fitting_length(data_cfg: dict[str, Any], own_settings: bool, buckets: int, length: int) -> int | None:
+    """A length from ``length`` on that every depth cell of the task accepts, or ``None`` if unknown.
+
+    The data module checks one config at a time and names the shortest length that fits the first one
+    it refuses (the whole context [0, 1) first when the task's settings are its defaults, then each
+    depth range); a narrower range may need more. Following each ``use seqlen >= N`` until every check
+    passes gives a length the user can be told that is accepted.
+
+    Args:
+        data_cfg: the task's data config (``name`` and its settings).
+        own_settings: ``data_cfg`` is the checkpoint's own training config (its seqlen is kept);
+            otherwise its seqlen is the length tried.
+        buckets: ``num_depth_buckets``.
+        length: the first length to try (the data module's first advice).
+    """
+    for _ in range(64):  # each step moves to a strictly longer length; a few suffice
+        cfg = data_cfg if own_settings else {**data_cfg, "seqlen": length}
+        try:
+            build_datamodule(cfg, test_configs=_test_grid([length], buckets))
+        except ValueError as exc:
+            needed = re.search(r"use seqlen >= (\d+)", str(exc))
+            if needed is None or int(needed.group(1)) <= length:
+                return None
+            length = int(needed.group(1))
+        else:
+            return length
+    return None
+
+
 def _score_length(ctx: EvalContext, dm, cells: list[TaskSlice], path: str) -> list[Scores] | str:
     """Scores of every cell of one length through ``path``, or the reason it was skipped (out of memory)."""
     try:
@@ -164,7 +193,7 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
         FileNotFoundError: missing checkpoint.
         ValueError/TypeError: corrupt checkpoint, a checkpoint without byte-level data or trained on
             another task (see :func:`choose_task`), invalid settings, or a length too short for the
-            task's prompt (the data module's message gives the shortest that fits).
+            task's prompt (the message gives a length that every depth range accepts).
     """
     check_settings(cfg, "long_context")
     length_option, values = length_settings(cfg, DEFAULT_MULTIPLIERS)
@@ -213,13 +242,18 @@ def long_context_eval(cfg: DictConfig) -> list[dict[str, Any]]:
 
         reason = re.sub(r"test_configs\[(\d+)\]", cell, str(exc))
         # A length too short for the prompt is the usual case (a new-user check was told to lower the
-        # buckets first, which could not help): the data module's minimum length first.
+        # buckets first, which could not help): the minimum length first, one that passes every cell's
+        # check, not only the one refused first (a new-user check was told 254 for the whole context,
+        # then refused 254 for a quarter of it).
         needed = re.search(r"use seqlen >= (\d+)", reason)
-        fix = (
-            f"use longer {length_option}"
-            if needed is None
-            else f"give lengths of at least {needed.group(1)} tokens (e.g. seqlens=[{needed.group(1)}])"
-        )
+        shortest = None
+        if needed is not None:
+            shortest = _fitting_length(data_cfg, ctx.task == task, buckets, int(needed.group(1)))
+        if shortest is None:
+            fix = f"use longer {length_option}"
+        else:  # the data module's own advice is for the one config it refused: ours replaces it
+            reason = re.sub(r"; use seqlen >= \d+( \(\d+ needles\))?", "", reason)
+            fix = f"give lengths of at least {shortest} tokens (e.g. seqlens=[{shortest}])"
         raise ValueError(
             f"eval/long_context.py: the lengths {lengths} (from {length_option}) x "
             f"num_depth_buckets={buckets} do not fit the {task} task: {reason} (the task's seqlen is each "

@@ -435,15 +435,13 @@ def test_long_context_on_byte_level_text(text_run, tmp_path):
     assert all(r["train_seqlen"] == 32 and r["length_multiplier"] == 4.0 for r in records)
     with pytest.raises(ValueError, match="pass task=passkey or task=multikey_needle"):
         evaluate_with(long_context_eval, "long_context", text_run, tmp_path)
-    with pytest.raises(
-        ValueError, match=r"from length_multipliers\) x num_depth_buckets=4 do not fit.*use seqlen >= "
-    ):
+    with pytest.raises(ValueError, match=r"from length_multipliers\) x num_depth_buckets=4 do not fit"):
         evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=passkey")  # 32 bytes
     # A cell is named by its length and depths (a new-user check read "test_configs[1]" as an index
     # into the lengths): at 255 bytes the second quarter's needle does not fit (test_configs[1]).
     message = (
         r"do not fit the passkey task: the length 255 at depths \[0.25, 0.5\): seqlen=255 is too "
-        r"short .*use seqlen >= 257 \(the task's seqlen is each length\); give lengths of at least 257 "
+        r"short .*take 253 bytes \(the task's seqlen is each length\); give lengths of at least 257 "
         r"tokens \(e.g. seqlens=\[257\]\), or lower num_depth_buckets$"
     )
     with pytest.raises(ValueError, match=message):
@@ -453,6 +451,24 @@ def test_long_context_on_byte_level_text(text_run, tmp_path):
     with pytest.raises(ValueError, match=cells):
         evaluate_with(long_context_eval, "long_context", text_run, tmp_path, "task=passkey", "seqlens=[512]",
                       "num_depth_buckets=600")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("task", "overrides"),
+    [("passkey", ["length_multipliers=[1]"]), ("multikey_needle", ["seqlens=[100]", "num_depth_buckets=3"])],
+)
+def test_long_context_advised_length_is_accepted(text_run, tmp_path, task, overrides):
+    """The length the message advises passes every depth range's check (a new-user check was told
+    254, the whole context's minimum, then refused 254 for a quarter of it: use seqlen >= 257)."""
+    with pytest.raises(ValueError, match=r"give lengths of at least (\d+) tokens") as refused:
+        evaluate_with(long_context_eval, "long_context", text_run, tmp_path, f"task={task}", *overrides)
+    advised = int(re.search(r"at least (\d+) tokens", str(refused.value)).group(1))
+    assert "use seqlen >=" not in str(refused.value)  # one piece of advice, not two that disagree
+    buckets = [o for o in overrides if o.startswith("num_depth_buckets")]
+    records, _ = evaluate_with(long_context_eval, "long_context", text_run, tmp_path, f"task={task}",
+                               f"seqlens=[{advised}]", "num_examples=1", "decode_paths=[parallel]",
+                               *buckets)  # fmt: skip
+    assert {r["seqlen"] for r in records} == {advised}
 
 
 # --- eval/perplexity.py --------------------------------------------------------------------------
