@@ -24,7 +24,9 @@ bytes are the records' ``state_bytes``: the cache eval/decode.py allocated for t
 decode steps (``cache_seqlen``), not the part a step reads -- an attention step reads only the
 tokens cached so far, up to ``decode_steps`` fewer -- so the floor counts a little more cache than
 a step moves. A file eval/decode.py wrote before its sweep finished (killed at a later length: its
-records carry ``partial``) is printed with a note naming it and the lengths it holds.
+records carry ``partial``) is printed with a note naming it and the lengths it holds; one whose every
+length ran out of memory (``decode_oom`` records only) with a note too. A file that holds no
+eval/decode.py record (a ``recall.json``, ``train.json`` or an empty list) is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import glob
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +57,10 @@ MB = 1e6
 # Record metrics eval/decode.py writes (value in tokens/s) that this script sets beside a floor.
 PREFILL_METRIC = "prefill_tokens_per_s"
 DECODE_METRIC = "decode_tokens_per_s"
+# The task of every eval/decode.py record (its decode_oom records too).
+DECODE_TASK = "decode"
+# The evaluations whose record files (``<checkpoint>.<script>.json``) are named in the message refusing one.
+RECORD_SCRIPTS = ("recall", "copying", "long_context", "perplexity")
 
 
 @dataclass(frozen=True)
@@ -328,16 +335,40 @@ def record_paths(given: list[str]) -> list[str]:
     return list(unique.values())
 
 
+def _records_kind(path: str, data: list[dict[str, Any]]) -> str:
+    """What a records file that holds no eval/decode.py record holds, for the message refusing it:
+    the script that writes files of its name (``results/train.json``, ``<checkpoint>.recall.json``,
+    ``recall-short.json``) where it has one, the records' tasks and their first metrics."""
+    if not data:
+        return "no records (it is an empty list)"
+    parts = re.split(r"[.-]", Path(path).name.removesuffix(".json"))
+    scripts = [script for script in RECORD_SCRIPTS if script in parts]
+    writer = "records"
+    if Path(path).name == "train.json":
+        writer = "train.py's records"
+    elif scripts:
+        writer = f"eval/{scripts[0]}.py's records"
+    tasks = sorted({str(rec.get("task")) for rec in data})
+    metrics = sorted({str(rec.get("metric")) for rec in data})
+    shown = ", ".join(metrics)
+    if len(metrics) > 5:
+        shown = f"{', '.join(metrics[:4])}, ... ({len(metrics)} in all)"
+    return f"{writer} (task {', '.join(tasks)}; metrics {shown})"
+
+
 def load_records(paths: list[str], notes: list[str] | None = None) -> list[dict[str, Any]]:
     """Concatenate the JSON record lists at ``paths`` (glob patterns expanded: :func:`record_paths`),
     checking every item (:func:`check_record`) so that a bad file is refused before anything is
     printed. To ``notes``, where given, one line per file written before its sweep finished
-    (:func:`eval.records.partial_note`, naming the file) and per file without a throughput record.
+    (:func:`eval.records.partial_note`, naming the file) and per eval/decode.py file without a
+    throughput record (a sweep whose every length ran out of memory: ``decode_oom`` records).
 
     Raises:
         FileNotFoundError: a path does not exist, or a pattern matches no ``.json`` file (named).
         ValueError: a path is a directory; a file cannot be read, is not UTF-8 JSON or not a JSON
-            list; or it holds an item :func:`check_record` refuses (file and record named).
+            list; it holds an item :func:`check_record` refuses (file and record named); or it holds
+            no eval/decode.py record (``task: decode``) -- another script's records (named, with
+            their tasks and metrics) or none.
     """
     records = []
     for path in record_paths(paths):
@@ -360,15 +391,21 @@ def load_records(paths: list[str], notes: list[str] | None = None) -> list[dict[
         if not isinstance(data, list):
             raise ValueError(f"{path} must hold a JSON list of result records")
         used = [check_record(rec, f"{path}: record {i}") for i, rec in enumerate(data)]
+        if not any(used) and not any(rec.get("task") == DECODE_TASK for rec in data):
+            # a new-user check: a recall.json (or train.json) passed here printed a note and exit status 0
+            raise ValueError(
+                f"{path} holds {_records_kind(path, data)}, not eval/decode.py's; give records= the "
+                "decode-*.json files eval/decode.py writes"
+            )
         note = partial_note(str(path), data)
         if notes is not None and note is not None:
             notes.append(note)
         if notes is not None and not any(used):
-            # a new-user check: a recall.json passed here was left out without a word
+            # eval/decode.py's file of a sweep where every length ran out of memory (decode_oom records)
             metrics = sorted({str(rec.get("metric")) for rec in data})
             notes.append(
-                f"{path} holds no {PREFILL_METRIC} or {DECODE_METRIC} record (eval/decode.py's)"
-                + (f"; its metrics are {', '.join(metrics)}" if metrics else ": it is empty")
+                f"{path} holds no {PREFILL_METRIC} or {DECODE_METRIC} record; its metrics are "
+                + ", ".join(metrics)
             )
         records.extend(data)
     return records

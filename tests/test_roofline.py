@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -232,25 +233,52 @@ def test_records_take_glob_patterns(cfg, tmp_path):
         rl.load_records([str(tmp_path / "nothing-*.json")])
 
 
-def test_a_records_file_without_throughput_records_is_noted(tmp_path):
-    # A new-user check: records=[<a recall .json>] printed "(no prefill / decode throughput records)"
-    # without naming the file that held none.
+def test_a_records_file_of_another_script_is_refused(tmp_path, capsys):
+    # A new-user check: records=[<a recall .json>] (or a train.json) printed a note and exited with
+    # status 0, where the other evaluations refuse a wrong kind of input.
     recall = tmp_path / "best.ckpt.recall.json"
-    recall.write_text(json.dumps([{"run": "r", "mixer": "attention", "metric": "accuracy", "value": 0.5}]))
+    recall.write_text(json.dumps([{"run": "r", "mixer": "attention", "task": "mqar", "metric": "accuracy",
+                                   "value": 0.5}]))  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=rf"^{re.escape(str(recall))} holds eval/recall.py's records \(task mqar; metrics accuracy\), "
+        r"not eval/decode.py's; give records= the decode-\*.json files eval/decode.py writes$",
+    ):
+        rl.load_records([str(recall)], [])
+    train = tmp_path / "results" / "train.json"
+    train.parent.mkdir()
+    metrics = ["val/acc", "val/acc_T64", "val/acc_T128", "val/loss", "val/loss_T64", "val/loss_T128"]
+    train.write_text(json.dumps([{"run": "r", "task": "mqar", "metric": m, "value": 0.5} for m in metrics]))
+    train_records = (
+        r"train.py's records \(task mqar; metrics val/acc, val/acc_T128, val/acc_T64, val/loss, "
+        r"\.\.\. \(6 in all\)\), not eval/decode.py's"
+    )
     (tmp_path / "empty.json").write_text("[]")
+    decode = tmp_path / "decode.json"
+    decode.write_text(json.dumps([DECODE_RECORD]))
+    empty = (tmp_path / "empty.json", r"no records \(it is an empty list\)")
+    for path, what in [(train, train_records), empty]:
+        bad = compose_eval("roofline", [f"records=[{decode},{path}]"])
+        with pytest.raises(ValueError, match=f"holds {what}"):
+            rl.roofline(bad)
+        assert capsys.readouterr().out == ""  # refused before anything is printed
     notes: list[str] = []
-    records = rl.load_records([str(recall), str(tmp_path / "empty.json")], notes)
-    assert records == json.loads(recall.read_text())
-    assert notes == [
-        f"{recall} holds no prefill_tokens_per_s or decode_tokens_per_s record (eval/decode.py's); its "
-        "metrics are accuracy",
-        f"{tmp_path / 'empty.json'} holds no prefill_tokens_per_s or decode_tokens_per_s record "
-        "(eval/decode.py's): it is empty",
-    ]
-    (tmp_path / "decode.json").write_text(json.dumps([DECODE_RECORD]))
-    notes = []
-    rl.load_records([str(tmp_path / "decode.json")], notes)
+    rl.load_records([str(decode)], notes)
     assert notes == []
+
+
+def test_a_decode_file_without_throughput_records_is_noted(tmp_path):
+    """eval/decode.py's file of a sweep whose every length ran out of memory holds decode_oom records
+    only: read, with a note naming it (it is eval/decode.py's, so not refused)."""
+    oom = tmp_path / "decode-attention-base.json"
+    oom.write_text(json.dumps([{"run": "r", "task": "decode", "metric": "decode_oom", "value": 1.0,
+                                "reason": "CUDA out of memory"}]))  # fmt: skip
+    notes: list[str] = []
+    records = rl.load_records([str(oom)], notes)
+    assert records == json.loads(oom.read_text())
+    assert notes == [
+        f"{oom} holds no prefill_tokens_per_s or decode_tokens_per_s record; its metrics are decode_oom"
+    ]
 
 
 def test_a_sweep_leaves_no_multirun_yaml_and_refuses_an_unwritable_folder_in_one_line(tmp_path):
