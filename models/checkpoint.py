@@ -174,18 +174,23 @@ def read_checkpoint(path: str | os.PathLike, arg: str | None = None) -> dict[str
         Lightning's checkpoint dict (``state_dict``, ``hyper_parameters``, ...).
 
     Raises:
+        TypeError: ``path`` is not a ``str`` or ``os.PathLike`` (e.g. an int).
         FileNotFoundError: the path does not exist or is a directory.
         ValueError: the file is truncated, corrupt (a zip entry failing its CRC check included), or
             not a mixerlab checkpoint (no model config in its ``hyper_parameters``, no
             ``state_dict``), or its weights hold NaN or inf (:func:`check_finite_weights`).
     """
-    path = Path(path)
     # A run resumes from its last.ckpt (a best.ckpt resumes too, on the uninterrupted run's steps).
     name = "last.ckpt" if arg == "resume" else "best.ckpt"
     example = (
         f"a .ckpt file written by train.py, e.g. outputs/<date>/<time>-<mixer>-<data>/checkpoints/{name}"
     )
     hint = f"pass {arg}=<{example}>" if arg else f"give {example}"
+    if not isinstance(path, (str, os.PathLike)):  # a new-user check: load_model(5) was pathlib's TypeError
+        raise TypeError(
+            f"a checkpoint path must be a str or os.PathLike, got {type(path).__name__} {path!r}; {hint}"
+        )
+    path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint not found: {path}; {hint}")
     if path.is_dir():

@@ -20,6 +20,17 @@ from typing import Any
 import mixers
 
 MLP_KINDS = ("swiglu", "none")
+# A model config in Python, for the message refusing something else.
+EXAMPLE_CONFIG = (
+    "{'vocab_size': 256, 'd_model': 64, 'n_layers': 2, 'pattern': ['attention'], "
+    "'mixer_settings': {'attention': {'num_heads': 4}}}"
+)
+# What a preset's name is, for a string given as a model config.
+PRESET_HINT = (
+    "; the sizes tiny, small and base are Hydra presets (conf/model/<size>.yaml, with a layout from "
+    "conf/mixer/<mixer>.yaml) that train.py composes; a trained model is rebuilt with "
+    "models.lit.load_model(<checkpoint>)"
+)
 
 
 def expand_layout(pattern: Sequence[str], n_layers: int) -> list[str]:
@@ -205,8 +216,16 @@ class ModelConfig:
         """Build from a plain dict (e.g. ``OmegaConf.to_container(cfg.model)``).
 
         Raises:
+            TypeError: ``config`` is not a mapping (a preset's name such as ``"tiny"`` included).
             ValueError: unknown keys (with the list of valid ones) or invalid values.
         """
+        if not isinstance(config, Mapping):
+            # a new-user check: LanguageModel("tiny") was told of unknown keys ['i', 'n', 't', 'y']
+            raise TypeError(
+                f"a model config must be a ModelConfig or a mapping of its fields, got "
+                f"{type(config).__name__} {config!r}; e.g. {EXAMPLE_CONFIG}"
+                + (PRESET_HINT if isinstance(config, str) else "")
+            )
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(config) - names
         if unknown:

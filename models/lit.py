@@ -317,22 +317,67 @@ def check_optim(optim: dict[str, Any] | None) -> dict[str, Any]:
     return optim
 
 
+def check_map_location(map_location: Any) -> torch.device:
+    """The device ``map_location`` names, checked to exist here before a checkpoint is read.
+
+    Raises:
+        TypeError: not a ``str`` or ``torch.device``.
+        ValueError: a string that names no device type, or a CUDA (or MPS) device this machine does
+            not have (a new-user check: ``map_location="cuda"`` on a CPU-only machine ended in torch's
+            AssertionError after the checkpoint was read).
+    """
+    if not isinstance(map_location, (str, torch.device)):
+        raise TypeError(
+            f"map_location must be a device name or torch.device (e.g. 'cpu' or 'cuda'), got "
+            f"{type(map_location).__name__} {map_location!r}"
+        )
+    try:
+        device = torch.device(map_location)
+    except RuntimeError:
+        raise ValueError(
+            f"map_location={map_location!r} is not a device; give e.g. map_location='cpu' or 'cuda'"
+        ) from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            why = "this PyTorch is built without CUDA" if torch.version.cuda is None else "it finds no GPU"
+            raise ValueError(
+                f"map_location={map_location!r} asks for a CUDA GPU, but {why}; use map_location='cpu'"
+            )
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"map_location={map_location!r} asks for GPU {device.index}, but this machine has {count} "
+                f"(cuda:0 to cuda:{count - 1}); use one of them or map_location='cpu'"
+            )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(
+            f"map_location={map_location!r} asks for Apple's MPS, which is not available here; use "
+            "map_location='cpu'"
+        )
+    return device
+
+
 def load_model(path, map_location: str | torch.device = "cpu", arg: str | None = None) -> LitLM:
     """Rebuild a trained :class:`LitLM` (in eval mode) from a checkpoint file alone.
 
     Args:
-        path: a ``.ckpt`` written by ``train.py``.
-        map_location: device for the weights.
+        path: a ``.ckpt`` written by ``train.py`` (``str`` or ``os.PathLike``).
+        map_location: device for the weights (a name such as ``"cpu"`` or ``"cuda:0"``, or a
+            ``torch.device``), checked before the file is read (:func:`check_map_location`).
         arg: the command-line setting that named ``path`` (``ckpt`` in the evaluations), for the
             error messages; None (the default) when called from Python.
 
     Raises:
+        TypeError: ``path`` not a ``str`` or ``os.PathLike``; ``map_location`` not a ``str`` or
+            ``torch.device``.
         FileNotFoundError: missing checkpoint.
-        ValueError: truncated, corrupt or foreign checkpoint, weights that hold NaN or inf (a
-            diverged run) or integer / bool values where the model's are floating-point (an edited
-            or converted file), hyper_parameters that LitLM does not take, or a model config that no
-            longer validates.
+        ValueError: a ``map_location`` that names no device or one this machine does not have;
+            truncated, corrupt or foreign checkpoint, weights that hold NaN or inf (a diverged run)
+            or integer / bool values where the model's are floating-point (an edited or converted
+            file), hyper_parameters that LitLM does not take, or a model config that no longer
+            validates.
     """
+    check_map_location(map_location)
     checkpoint = read_checkpoint(path, arg)
     hparams = checkpoint["hyper_parameters"]
     unknown = sorted(set(hparams) - set(inspect.signature(LitLM.__init__).parameters))

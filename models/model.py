@@ -190,6 +190,7 @@ class LanguageModel(nn.Module):
         config: a :class:`ModelConfig` or a plain dict accepted by :meth:`ModelConfig.from_dict`.
 
     Raises:
+        TypeError: ``config`` is neither a :class:`ModelConfig` nor a mapping (e.g. a preset's name).
         ValueError: invalid config (unknown mixer, bad pattern, heads that do not divide
             ``d_model``, ...), raised while building the layers with the mixer's own message.
     """

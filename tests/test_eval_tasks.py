@@ -901,6 +901,27 @@ def test_foreign_files_and_edited_configs_give_clear_checkpoint_errors(copy_run,
         load_model(edited)
 
 
+def test_load_model_refuses_a_wrong_path_or_device_in_one_line(copy_run, monkeypatch):
+    """A new-user check from Python: load_model(5) was pathlib's TypeError, and map_location="cuda" on a
+    CPU-only machine torch's AssertionError once the checkpoint was read."""
+    with pytest.raises(TypeError, match=r"^a checkpoint path must be a str or os.PathLike, got int 5; give "):
+        load_model(5)
+    ckpt = copy_run["last_ckpt"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    no_gpu = r"^map_location='cuda' asks for a CUDA GPU, but .*; use map_location='cpu'$"
+    with pytest.raises(ValueError, match=no_gpu):
+        load_model(ckpt, map_location="cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"^map_location='cuda:1' asks for GPU 1, but this machine has 1 "):
+        load_model(ckpt, map_location="cuda:1")
+    with pytest.raises(ValueError, match=r"^map_location='gpu' is not a device; give e.g. map_location="):
+        load_model(ckpt, map_location="gpu")
+    with pytest.raises(TypeError, match=r"^map_location must be a device name or torch.device .*, got int 0"):
+        load_model(ckpt, map_location=0)
+    assert load_model(ckpt, map_location=torch.device("cpu")).device.type == "cpu"
+
+
 def test_checkpoints_without_weights_or_model_config_are_refused_in_one_line(copy_run, tmp_path):
     """A dict that torch.load reads but that lacks the state_dict, or whose hyper_parameters hold no
     model config dict, is 'not a mixerlab checkpoint', never a KeyError or TypeError from inside."""

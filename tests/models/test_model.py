@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 
@@ -298,6 +299,16 @@ def test_config_errors_are_clear():
         expand_layout(["mamba", "mamba", "attention"], 8)
     with pytest.raises(ValueError, match="unknown model config keys"):
         ModelConfig.from_dict({**base, "n_layer": 3})
+    # A new-user check: LanguageModel("tiny") was told of unknown model config keys ['i', 'n', 't', 'y'].
+    message = "a model config must be a ModelConfig or a mapping of its fields, got str 'tiny'; e.g. {"
+    with pytest.raises(TypeError, match="^" + re.escape(message)) as refused:
+        LanguageModel("tiny")
+    assert "presets (conf/model/<size>.yaml" in str(refused.value)
+    assert "models.lit.load_model(<checkpoint>)" in str(refused.value)
+    example = ast.literal_eval(re.search(r"e\.g\. (\{.*\}\})", str(refused.value)).group(1))  # it builds
+    assert LanguageModel(example).config.n_layers == 2
+    with pytest.raises(TypeError, match=r"^a model config must be .*, got list \[1\]; e\.g\. \{[^;]*\}$"):
+        ModelConfig.from_dict([1])
     with pytest.raises(ValueError, match="d_model"):
         ModelConfig(**{**base, "d_model": 0})
     with pytest.raises(ValueError, match="mlp"):
