@@ -43,7 +43,7 @@ from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
 
 from eval.records import check_creatable_dir, partial_files, per_job_output
 from eval.startup import INTERRUPTED, end_quiet_sigterm
-from models.checkpoint import WriteError, atomic_write_bytes, write_back, written_files
+from models.checkpoint import WriteError, atomic_write_bytes, replace_refusal, write_back, written_files
 
 
 def write_error_message(err: WriteError, retry: str) -> str:
@@ -57,11 +57,17 @@ def write_error_message(err: WriteError, retry: str) -> str:
     Returns:
         ``"cannot write <path>: <reason>; <fix>"``: ``free space or pass <retry>`` for a full disk
         or quota, ``make its folder writable or pass <retry>`` for read-only storage or
-        permissions, ``pass <retry>`` otherwise.
+        permissions, ``pass <retry>`` otherwise; where the folder took the new file but the file
+        already there refused to be replaced (``err.replacing``), that, with the reason
+        :func:`models.checkpoint.replace_refusal` sees.
     """
     reason = err.strerror or str(err)
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         fix = f"free space or pass {retry}"
+    elif err.errno in (errno.EACCES, errno.EPERM) and getattr(err, "replacing", False):
+        # A new-user check: an immutable file in a writable folder was told to make the folder writable.
+        why = replace_refusal(err.filename) or "check its attributes (lsattr) and owner"
+        fix = f"its folder is writable, but the file there cannot be replaced: {why}; or pass {retry}"
     elif err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         fix = f"make its folder writable or pass {retry}"
     else:

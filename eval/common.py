@@ -42,6 +42,7 @@ from eval.records import (
     training_settings,
     write_sweep_records,
 )
+from models.checkpoint import replace_refusal
 from models.lit import LitLM, load_model
 from models.model import (
     DecodeStep,
@@ -124,7 +125,8 @@ def check_settings(
             (:func:`eval.cli.check_known_settings`); ``wandb.enabled`` not a bool, or ``wandb.mode`` not
             online / offline while enabled; no checkpoint given; ``decode_paths`` not a list, empty, with an
             unknown or a repeated path; a non-positive count; an ``output`` that cannot be written as a file
-            (:func:`eval.records.check_output`) or that an earlier job of the same ``-m`` sweep wrote
+            (:func:`eval.records.check_output`), whose existing file cannot be replaced
+            (:func:`check_replaceable`) or that an earlier job of the same ``-m`` sweep wrote
             (:func:`eval.records.check_sweep_output`).
     """
     check_known_settings(cfg, f"eval/{name}")
@@ -162,7 +164,29 @@ def check_settings(
             raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
     if cfg.output:
         check_output(cfg.output, f"{name}.json")
+        check_replaceable(cfg.output)
         check_sweep_output(cfg.output)
+
+
+def check_replaceable(path: str | Path, *, option: str = "output") -> None:
+    """Refuse, before evaluating, an existing output file that writing the results could not replace
+    although its folder takes new files (:func:`models.checkpoint.replace_refusal`: an immutable or
+    append-only file, another user's in a sticky folder).
+
+    Args:
+        path: the ``output`` setting, or the default path an evaluation would write.
+        option: how the message names ``path``: ``output`` (the setting) or a phrase such as
+            ``the default output`` or ``the plot``, as in :func:`eval.records.check_output`.
+
+    Raises:
+        ValueError: ``"<option> <path> cannot be replaced: <reason>; ..."`` with the fix.
+    """
+    why = replace_refusal(path)
+    if why is None:
+        return
+    name = f"output={path}" if option == "output" else f"{option} {path}"
+    # A new-user check: the evaluation ran, then could not write, and was told to make the folder writable.
+    raise ValueError(f"{name} cannot be replaced: {why}; lift that, or give output= another path")
 
 
 def check_lengths(values: Any, key: str) -> list[int]:
@@ -633,7 +657,8 @@ def check_default_output(cfg: DictConfig, ctx: EvalContext, name: str, variant: 
 
     Raises:
         ValueError: ``<checkpoint>.<name>[.<variant>].json`` exists as a directory, no file can
-            be created next to the checkpoint, or an earlier job of the same ``-m`` sweep wrote it.
+            be created next to the checkpoint, it exists and cannot be replaced
+            (:func:`check_replaceable`), or an earlier job of the same ``-m`` sweep wrote it.
     """
     if cfg.output:
         return
@@ -645,6 +670,7 @@ def check_default_output(cfg: DictConfig, ctx: EvalContext, name: str, variant: 
             f"move it away or pass output=<a file path> (e.g. output={example})"
         )
     check_output(path, f"{_output_suffix(name, variant)}.json", option="the default output")
+    check_replaceable(path, option="the default output")
     check_sweep_output(path, option="the default output")
 
 

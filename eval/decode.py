@@ -58,7 +58,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from eval.cli import check_known_settings, run_command_line, user_errors
-from eval.common import check_lengths, is_out_of_memory, resolve_device
+from eval.common import check_lengths, check_replaceable, is_out_of_memory, resolve_device
 from eval.records import (
     check_output,
     check_sweep_output,
@@ -221,8 +221,9 @@ def check_decode_settings(cfg: DictConfig) -> list[int]:
             (:func:`eval.cli.check_known_settings`); ``wandb.enabled`` not a bool, or ``wandb.mode`` not
             online / offline while enabled; ``batch_size``, ``decode_steps`` or ``vocab_size`` not an integer
             >= 1 (``true`` is not one); ``context_lengths`` not a list of them or listing a length twice;
-            ``output`` not one file path, a ``.png`` path (the plot's, beside the records), or a path that
-            cannot be written as a file (:func:`eval.records.check_output`).
+            ``output`` not one file path, a ``.png`` path (the plot's, beside the records), a path that
+            cannot be written as a file (:func:`eval.records.check_output`), or whose file or plot
+            cannot be replaced (:func:`eval.common.check_replaceable`).
     """
     check_known_settings(cfg, "eval/decode")
     check_wandb_settings(cfg.wandb)
@@ -244,6 +245,8 @@ def check_decode_settings(cfg: DictConfig) -> list[int]:
                 f"output={output.with_suffix('.json')}"
             )
         check_output(output, "decode.json")
+        check_replaceable(output)
+        check_replaceable(output.with_suffix(".png"), option="the plot beside it,")
     return lengths
 
 
@@ -308,6 +311,8 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     output = Path(cfg.output or f"{run}.json")
     if not cfg.output:  # before the measurements, not after them
         check_output(output, "decode.json", option="the default output")
+        check_replaceable(output, option="the default output")
+        check_replaceable(output.with_suffix(".png"), option="the plot beside it,")
     check_sweep_output(output, option="output" if cfg.output else "the default output")
     copy_bw = copy_bandwidth(device)
     sha = git_sha()

@@ -7,8 +7,10 @@ truncated ``last.ckpt`` behind: the reader sees the old file or the new one.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
+import stat
 import struct
 import tempfile
 import warnings
@@ -26,15 +28,62 @@ class WriteError(OSError):
     (``EDQUOT``), read-only storage (``EROFS``), no permission (``EACCES``). Raised by
     :func:`atomic_write_bytes` with the OS's ``errno`` and ``strerror`` and the destination as
     ``filename``, so that a command line can report it as one line (:func:`eval.cli.user_errors`)
-    while an ``OSError`` of anything else (reading, a bug) keeps its traceback."""
+    while an ``OSError`` of anything else (reading, a bug) keeps its traceback.
+
+    ``replacing`` is True where the new file was written in the folder but could not take the place
+    of the file already there (the folder takes new files; that file refuses: :func:`replace_refusal`)."""
+
+    replacing: bool = False
 
 
 _written: list[Path] = []
 
 
-def _write_error(err: OSError, path: Path) -> WriteError:
-    """``err`` (from writing ``path``) as a :class:`WriteError` naming ``path``."""
-    return WriteError(err.errno, err.strerror or str(err), str(path))
+def _write_error(err: OSError, path: Path, replacing: bool = False) -> WriteError:
+    """``err`` (from writing ``path``) as a :class:`WriteError` naming ``path``; ``replacing``: it
+    came from renaming the written temporary file over the file already at ``path``."""
+    error = WriteError(err.errno, err.strerror or str(err), str(path))
+    error.replacing = replacing
+    return error
+
+
+def replace_refusal(path: str | os.PathLike) -> str | None:
+    """Why the file at ``path`` would refuse to be replaced (renamed over) although its folder takes
+    new files, where that shows without changing anything; None where it does not (no file there,
+    or nothing seen).
+
+    Two cases show: an immutable or append-only file (Linux ``chattr +i`` / ``+a``: opening it for
+    writing is refused with ``EPERM`` whoever asks, root too; opened, nothing is written), and a file
+    that another user owns in a folder with the sticky bit (``/tmp``) that this user does not own either.
+    A file that is only read-only (``chmod a-w``) is replaced: a rename needs the folder's permission.
+
+    Returns:
+        the reason, as a clause (``"it is immutable or append-only ..."``), or None.
+    """
+    path = Path(path)
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as err:
+        if err.errno == errno.EPERM:
+            return "it is immutable or append-only (lsattr shows it; chattr -i or chattr -a lifts it)"
+    else:
+        os.close(fd)
+    try:
+        folder = path.parent.stat()
+    except OSError:
+        return None
+    if folder.st_mode & stat.S_ISVTX and os.geteuid() not in (0, st.st_uid, folder.st_uid):
+        return (
+            f"it belongs to another user (uid {st.st_uid}) in a folder with the sticky bit, where only "
+            "its owner (or the folder's) may replace it"
+        )
+    return None
 
 
 def _os_error_in(err: BaseException) -> OSError | None:
@@ -64,7 +113,8 @@ def atomic_write_bytes(path: str | os.PathLike, write) -> None:
 
     Raises:
         WriteError: an ``OSError`` from creating the directory, or from creating, writing, syncing
-            or renaming the temporary file (a full disk, read-only storage, no permission): the
+            or renaming the temporary file (a full disk, read-only storage, no permission; its
+            ``replacing`` True where the rename over an existing file failed): the
             destination is left untouched and the temporary file removed. Only a failure to sync
             the directory after the rename (rare: storage that refuses it) leaves the new file in
             place.
@@ -79,6 +129,7 @@ def atomic_write_bytes(path: str | os.PathLike, write) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as err:
         raise _write_error(err, path) from err
+    renaming = False
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -88,12 +139,13 @@ def atomic_write_bytes(path: str | os.PathLike, write) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
+        renaming = True
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
         cause = _os_error_in(err) if isinstance(err, Exception) else None  # not Ctrl+C
         if cause is not None and not isinstance(err, WriteError):
-            raise _write_error(cause, path) from err
+            raise _write_error(cause, path, replacing=renaming and os.path.lexists(path)) from err
         raise
     if path not in _written:
         _written.append(path)

@@ -164,6 +164,47 @@ def test_the_fix_of_a_failed_write_fits_its_reason(code, fix):
     assert write_error_message(err, "out=<another folder>") == expected
 
 
+def test_a_file_that_refuses_to_be_replaced_is_not_blamed_on_its_folder(tmp_path, monkeypatch):
+    """A new-user check: a file that could not be replaced (chattr +i) in a writable folder was told
+    "make its folder writable". The rename over it fails; the temporary file in the folder was made."""
+    path = tmp_path / "r.json"
+    path.write_text("[]")
+    os_replace = os.replace
+
+    def refused(src, dst, **kwargs):
+        if Path(dst) == path:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(src), None, str(dst))
+        return os_replace(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "replace", refused)
+    with pytest.raises(WriteError) as failed:
+        atomic_write_bytes(path, lambda f: f.write(b"[1]"))
+    assert failed.value.replacing and path.read_text() == "[]" and list(tmp_path.iterdir()) == [path]
+    # A file whose refusal shows no reason (here a plain one): what to check.
+    assert write_error_message(failed.value, "output=<another path>") == (
+        f"cannot write {path}: Operation not permitted; its folder is writable, but the file there cannot be "
+        "replaced: check its attributes (lsattr) and owner; or pass output=<another path>"
+    )
+    # Another user's file in a folder with the sticky bit (/tmp) that this user does not own either.
+    tmp_path.chmod(0o1777)
+    monkeypatch.setattr(os, "geteuid", lambda: path.stat().st_uid + 1)
+    assert checkpoint_module.replace_refusal(path) == (
+        f"it belongs to another user (uid {path.stat().st_uid}) in a folder with the sticky bit, where only "
+        "its owner (or the folder's) may replace it"
+    )
+    # Where the folder refused the temporary file, the folder is the one to fix.
+    def no_new_file(*args, dir=None, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(dir))
+
+    monkeypatch.setattr(checkpoint_module.tempfile, "mkstemp", no_new_file)
+    with pytest.raises(WriteError) as failed:
+        atomic_write_bytes(path, lambda f: f.write(b"[1]"))
+    assert not failed.value.replacing
+    assert write_error_message(failed.value, "output=<another path>").endswith(
+        "Permission denied; make its folder writable or pass output=<another path>"
+    )
+
+
 def test_other_os_errors_keep_their_traceback(monkeypatch, sigint_restored):
     # Only a failed write is reported as one line: an OSError of anything else (a bug) propagates.
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -9,6 +10,7 @@ import re
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,6 +80,36 @@ def test_decode_eval_refuses_an_unwritable_default_output_before_measuring(tmp_p
     with pytest.raises(ValueError, match=r"the default output decode-attention-tiny\.json cannot be written: .*"
                        r"Permission denied; pass output=<a writable file path>"):  # fmt: skip
         decode_eval(compose_decode("mixer=attention", "context_lengths=[8]", "device=cpu"))
+
+
+def test_decode_eval_refuses_a_records_file_or_plot_that_cannot_be_replaced_before_measuring(
+    tmp_path, monkeypatch
+):
+    """An immutable file (chattr +i; opening it for writing is refused with EPERM, root too) in a
+    writable folder: the records or their plot would be lost after the measurements."""
+    monkeypatch.setattr(decode_module, "copy_bandwidth", lambda device: pytest.fail("measuring started"))
+    monkeypatch.chdir(tmp_path)
+    os_open = os.open
+    immutable: set[Path] = set()
+
+    def refusing_open(path, flags, *args, **kwargs):
+        if Path(path).absolute() in immutable and flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        return os_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    why = r"cannot be replaced: it is immutable or append-only \(lsattr shows it; chattr -i or chattr -a "
+    for name, given, shown in [
+        ("x.json", [f"output={tmp_path / 'x.json'}"], f"output={tmp_path / 'x.json'}"),
+        ("x.png", [f"output={tmp_path / 'x.json'}"], f"the plot beside it, {tmp_path / 'x.png'}"),
+        ("decode-attention-tiny.json", [], "the default output decode-attention-tiny.json"),
+    ]:
+        (tmp_path / name).write_text("kept")
+        immutable.add(tmp_path / name)
+        with pytest.raises(ValueError, match="^" + re.escape(shown) + " " + why):
+            decode_eval(compose_decode("mixer=attention", "context_lengths=[8]", "device=cpu", *given))
+        immutable.clear()
+        (tmp_path / name).unlink()
 
 
 CPU_OOM = (

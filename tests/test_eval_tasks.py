@@ -4,6 +4,7 @@ their shared decode path and their checks of settings and checkpoints."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -27,6 +28,7 @@ import eval.copying as copying_module
 import eval.long_context as long_context
 import train as train_module
 from data.synthetic import generated_to_predictions
+from eval.cli import write_error_message
 from eval.common import (
     decode_predictions,
     hydra_override,
@@ -40,7 +42,7 @@ from eval.perplexity import perplexity_eval
 from eval.recall import recall_eval
 from eval.records import make_record
 from models import LanguageModel
-from models.checkpoint import read_checkpoint
+from models.checkpoint import WriteError, read_checkpoint
 from models.lit import load_model
 
 TINY = [
@@ -837,6 +839,50 @@ def test_unwritable_output_is_refused_before_evaluating(copy_run, tmp_path, monk
     ):
         copying_eval(compose_eval("copying", [f"ckpt={ckpt}", "device=cpu", f"output={output}"]))
     assert sorted(p.name for p in read_only.iterdir()) == ["copy.ckpt"]
+
+
+def test_an_output_file_that_cannot_be_replaced_is_told_apart_from_its_folder(copy_run, tmp_path,
+                                                                              monkeypatch):  # fmt: skip
+    """A new-user check: output= an immutable file (chattr +i) in a writable folder ran the evaluation,
+    then said "make its folder writable". Here the file refuses as an immutable one does: opened for
+    writing (EPERM, root too) and renamed over (EPERM)."""
+    output = tmp_path / "r.json"
+    output.write_text("[]")
+    os_open, os_replace = os.open, os.replace
+
+    def immutable_open(path, flags, *args, **kwargs):
+        if Path(path) == output and flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        return os_open(path, flags, *args, **kwargs)
+
+    def immutable_replace(src, dst, **kwargs):
+        if Path(dst) == output:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(src), None, str(dst))
+        return os_replace(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "open", immutable_open)
+    monkeypatch.setattr(os, "replace", immutable_replace)
+    cfg = compose_eval("copying", [f"ckpt={copy_run['last_ckpt']}", "device=cpu", f"output={output}"])
+    evaluate = copying_module.build_datamodule
+    monkeypatch.setattr(copying_module, "build_datamodule", lambda *a, **k: pytest.fail("evaluation started"))
+    # Before the evaluation: the file's own refusal, not the folder's.
+    with pytest.raises(
+        ValueError,
+        match=rf"^output={re.escape(str(output))} cannot be replaced: it is immutable or append-only "
+        r"\(lsattr shows it; chattr -i or chattr -a lifts it\); lift that, or give output= another path$",
+    ):
+        copying_eval(cfg)
+    # Should it come to the write (a file made immutable during the evaluation): the same advice.
+    monkeypatch.setattr(copying_module, "build_datamodule", evaluate)
+    monkeypatch.setattr(copying_module, "check_settings", lambda *a: None)
+    with pytest.raises(WriteError) as failed:
+        copying_eval(cfg)
+    assert write_error_message(failed.value, "output=<another path>") == (
+        f"cannot write {output}: Operation not permitted; its folder is writable, but the file there "
+        "cannot be replaced: it is immutable or append-only (lsattr shows it; chattr -i or chattr -a lifts "
+        "it); or pass output=<another path>"
+    )
+    assert output.read_text() == "[]" and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
 
 def test_cli_reports_an_output_directory_in_one_line_before_evaluating(tmp_path):
