@@ -55,7 +55,13 @@ from models.checkpoint import AtomicCheckpointIO, numpy_scalars_loadable
 from models.config import config_from_groups
 from models.lit import LitLM
 from training import run_folders
-from training.resume import WorldSizeRecord, absolute_paths, check_resume, check_resume_world_size
+from training.resume import (
+    ScheduleRecord,
+    WorldSizeRecord,
+    absolute_paths,
+    check_resume,
+    check_resume_world_size,
+)
 from training.settings import (
     SETTING_HINTS,
     build_datamodule,
@@ -285,7 +291,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         save_on_train_epoch_end=False,
     )
     loggers = _loggers(cfg, run_dir, run_name)
-    callbacks = [checkpoint_cb, WorldSizeRecord(), StopDDPOnSigterm(), StopWhenSweepStops()]
+    callbacks = [checkpoint_cb, WorldSizeRecord(), ScheduleRecord(), StopDDPOnSigterm(), StopWhenSweepStops()]
     callbacks += [LearningRateMonitor(logging_interval="step")] if loggers else []
     if cfg.get("early_stopping"):
         early_stopping = OmegaConf.to_container(cfg.early_stopping, resolve=True)

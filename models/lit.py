@@ -133,6 +133,9 @@ class LitLM(L.LightningModule):
         self.last_fit_validation_step: int | None = None
         # The step this fit started at (after a resume, the checkpoint's): None until training starts.
         self.first_step: int | None = None
+        # The learning-rate schedule's length and warmup, in its interval's units (configure_optimizers):
+        # {"total", "warmup", "interval"}; empty until then.
+        self.lr_schedule: dict[str, Any] = {}
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.float64), persistent=True)
 
     # Lightning's own decorator of load_from_checkpoint (a classmethod that refuses instance calls,
@@ -263,6 +266,7 @@ class LitLM(L.LightningModule):
             total = max(1, int(total))
         warmup = min(int(self.optim["warmup_steps"]), total)
         floor = float(self.optim["min_lr_ratio"])
+        self.lr_schedule = {"total": total, "warmup": warmup, "interval": interval}
 
         def lr_lambda(step: int) -> float:
             if step < warmup:

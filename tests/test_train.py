@@ -2035,6 +2035,65 @@ def test_resume_continues_steps_tokens_and_schedule(tmp_path):
     assert {r["train_tokens"] for r in records} == {30 * 32 * 64}
 
 
+def test_a_resume_on_another_max_steps_notes_the_recomputed_schedule(tmp_path, monkeypatch, caplog):
+    """A new-user check: resumed at step 12 of a 40-step run with trainer.max_steps=16, the cosine
+    schedule was recomputed over 16 steps without a word (its floor at step 16, not 40). The run
+    resumes (training on for longer, or less, is legitimate) and says so once, with the rates."""
+    settings = ["model.n_layers=2", "trainer.val_check_interval=4", "optim.warmup_steps=4"]
+    on_train_batch_end = LitLM.on_train_batch_end
+
+    def stopped_after_step_12(self, outputs, batch, batch_idx):
+        on_train_batch_end(self, outputs, batch, batch_idx)
+        if self.global_step == 12:
+            self.trainer.should_stop = True
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LitLM, "on_train_batch_end", stopped_after_step_12)
+        part = run_train(tmp_path / "part", [*settings, "trainer.max_steps=40"])
+    assert read_checkpoint(part["last_ckpt"])["callbacks"]["ScheduleRecord"] == {
+        "total": 40, "warmup": 4, "interval": "step"
+    }  # fmt: skip
+    lr, floor = 3e-3, 3e-4  # optim.lr, times optim.min_lr_ratio=0.1
+
+    def cosine(step: int, total: int) -> float:
+        return floor + (lr - floor) * 0.5 * (1 + math.cos(math.pi * (step - 4) / (total - 4)))
+
+    def notes() -> list[str]:
+        """The notes logged, each once per run (caplog hears train.py's lines here as often as the
+        run's last line)."""
+        found = [m for m in caplog.messages if m.startswith("note: resumed")]
+        runs = sum(m.startswith("last checkpoint: ") for m in caplog.messages)
+        assert runs and len(found) % runs == 0
+        return found[: len(found) // runs]
+
+    with train_log_heard(monkeypatch, caplog):
+        run_train(tmp_path / "shorter", [*settings, "trainer.max_steps=16", f"resume={part['last_ckpt']}"])
+    assert notes() == [
+        "note: resumed at step 12, the learning-rate schedule (warmup, then cosine decay) is recomputed over "
+        "this run's 16 steps (trainer.max_steps=16), not the checkpoint's 40: the lr at step 12 is "
+        f"{cosine(12, 16):.3g} ({cosine(12, 40):.3g} on the checkpoint's schedule), and it reaches its floor "
+        "0.0003 at step 16 (step 40 before)"
+    ]
+    # The checkpoint's own length: no note.
+    caplog.clear()
+    with train_log_heard(monkeypatch, caplog):
+        run_train(tmp_path / "same", [*settings, "trainer.max_steps=40", f"resume={part['last_ckpt']}"])
+    assert notes() == []
+    # A checkpoint written before the schedule was stored: noted where the rates at the step differ.
+    checkpoint = read_checkpoint(part["last_ckpt"])
+    del checkpoint["callbacks"]["ScheduleRecord"]
+    older = tmp_path / "older.ckpt"
+    torch.save(checkpoint, older)
+    caplog.clear()
+    with train_log_heard(monkeypatch, caplog):
+        run_train(tmp_path / "older", [*settings, "trainer.max_steps=16", f"resume={older}"])
+    assert notes() == [
+        "note: resumed at step 12, the learning-rate schedule (warmup, then cosine decay) is recomputed over "
+        f"this run's 16 steps (trainer.max_steps=16): the lr at step 12 is {cosine(12, 16):.3g} "
+        f"({cosine(12, 40):.3g} on the checkpoint's schedule), and it reaches its floor 0.0003 at step 16"
+    ]
+
+
 def assert_same_training(resumed: dict, full: dict, first_step: int) -> None:
     """``resumed`` (a run resumed at ``first_step``) logged the training losses of the uninterrupted
     run ``full`` from that step on and ended on its weights, bit for bit: on CPU in fp32 the same

@@ -6,12 +6,16 @@ continues: :func:`check_resume` compares this run's settings with the checkpoint
 :data:`RESUME_EXEMPT_DATA_KEYS` may differ) and refuses a checkpoint that has nothing left to train.
 Each optimizer step trains on ``data.batch_size`` examples per process, so the process count must
 match too: :class:`WorldSizeRecord` stores it in every checkpoint, and
-:func:`refuse_another_world_size` / :func:`check_resume_world_size` compare it.
+:func:`refuse_another_world_size` / :func:`check_resume_world_size` compare it. A continued run may
+train for another length; its learning-rate schedule is then recomputed over that length, which
+:class:`ScheduleRecord` notes.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -345,6 +349,96 @@ class WorldSizeRecord(Callback):
     def state_dict(self) -> dict[str, int]:
         """``{"world_size": int, "num_nodes": int}`` (empty, so not stored, before :meth:`setup`)."""
         return dict(self.processes)
+
+
+class ScheduleRecord(Callback):
+    """Stores the learning-rate schedule's length and warmup (:attr:`models.lit.LitLM.lr_schedule`:
+    ``total``, ``warmup`` in its ``interval``'s units) in the run's checkpoints, as this callback's
+    state, and notes when a resumed run recomputes that schedule over another length.
+
+    A resumed run continues on its own schedule (``LitLM.on_train_start``: warmup, then the cosine
+    decay over this run's ``trainer.max_steps``), which is legitimate (training on for longer) but
+    changes the learning rate of every later step: a run stopped at step 40 of 400 and resumed with
+    ``trainer.max_steps=60`` decays to its floor within 20 steps. So at the start of training a
+    resumed run logs one note (train.py's logger, process 0) naming both lengths, the learning rate
+    at the resume step under the checkpoint's schedule and under this run's, and where the decay now
+    ends. A checkpoint written before the schedule was stored gets the note where the two rates at
+    the resume step differ.
+    """
+
+    def __init__(self) -> None:
+        self.module: L.LightningModule | None = None
+        self.saved: dict[str, Any] | None = None  # the resumed checkpoint's schedule
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Note the module whose schedule the checkpoints store."""
+        self.module = pl_module
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"total": int, "warmup": int, "interval": "step" | "epoch"}`` (empty, so not stored,
+        before the optimizers are configured)."""
+        return dict(getattr(self.module, "lr_schedule", None) or {})
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the resumed checkpoint's schedule for :meth:`on_train_start`."""
+        self.saved = dict(state_dict) if isinstance(state_dict, Mapping) else None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Log the note of a resumed run whose schedule differs from the checkpoint's (before
+        ``LitLM.on_train_start`` sets this run's rate: the optimizer still holds the checkpoint's)."""
+        if trainer.ckpt_path is None or not trainer.is_global_zero:
+            return
+        note = schedule_note(trainer, getattr(pl_module, "lr_schedule", None) or {}, self.saved)
+        if note is not None:
+            logging.getLogger("mixerlab.train").info(note)
+
+
+def schedule_note(
+    trainer: L.Trainer, current: Mapping[str, Any], saved: Mapping[str, Any] | None
+) -> str | None:
+    """The note of :class:`ScheduleRecord` for a resumed run: ``current`` is this run's schedule
+    (``LitLM.lr_schedule``), ``saved`` the checkpoint's (None: not stored). None when the two agree
+    (or neither the schedule nor a rate to compare is known).
+
+    Returns:
+        e.g. ``"note: resumed at step 40, the learning-rate schedule (warmup, then cosine decay) is
+        recomputed over this run's 60 steps (trainer.max_steps=60), not the checkpoint's 400: the lr
+        at step 40 is 0.00246 (0.00246 on the checkpoint's schedule), and it reaches its floor 0.0003
+        at step 60 (at step 400 before)"``.
+    """
+    scheds = [c.scheduler for c in trainer.lr_scheduler_configs]
+    scheds = [sched for sched in scheds if isinstance(sched, torch.optim.lr_scheduler.LambdaLR)]
+    if not scheds or not current:
+        return None
+    sched = scheds[0]
+    at = sched.last_epoch  # the steps (or epochs) the checkpoint's schedule has counted
+    was = sched.optimizer.param_groups[0]["lr"]  # restored: the checkpoint's schedule's rate there
+    now = sched.base_lrs[0] * sched.lr_lambdas[0](at)
+    known = isinstance(saved, Mapping) and all(isinstance(saved.get(key), int) for key in ("total", "warmup"))
+    if known:
+        if (saved["total"], saved["warmup"]) == (current["total"], current["warmup"]):
+            return None
+    elif math.isclose(was, now, rel_tol=1e-9):
+        return None
+    unit = "epoch" if current["interval"] == "epoch" else "step"
+    total = current["total"]
+    if unit == "epoch":
+        setting = f"trainer.max_epochs={trainer.max_epochs}"
+    elif trainer.max_steps not in (None, -1) and trainer.max_steps == total:
+        setting = f"trainer.max_steps={trainer.max_steps}"
+    else:
+        setting = f"from trainer.max_epochs={trainer.max_epochs}"
+    floor = sched.base_lrs[0] * sched.lr_lambdas[0](total)
+    before = f", not the checkpoint's {saved['total']}" if known else ""
+    end = f" ({unit} {saved['total']} before)" if known else ""
+    warmup = ""
+    if known and saved["warmup"] != current["warmup"]:
+        warmup = f"; its warmup ends at {unit} {current['warmup']} ({unit} {saved['warmup']} before)"
+    return (
+        f"note: resumed at {unit} {at}, the learning-rate schedule (warmup, then cosine decay) is recomputed "
+        f"over this run's {total} {unit}s ({setting}){before}: the lr at {unit} {at} is {now:.3g} ({was:.3g} "
+        f"on the checkpoint's schedule), and it reaches its floor {floor:.3g} at {unit} {total}{end}{warmup}"
+    )
 
 
 def refuse_another_world_size(checkpoint: Mapping[str, Any], resume: str, world_size: int) -> None:
