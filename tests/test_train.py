@@ -716,7 +716,8 @@ def test_a_run_without_validation_says_so_without_lightnings_warning(tmp_path, m
     assert not lightnings, lightnings
     # best.ckpt is still written at the validation at the end of an epoch (20 batches).
     out = run_train(tmp_path / "epoch", ["trainer.max_steps=20", *once_an_epoch])
-    assert Path(out["best_ckpt"]).name == "best.ckpt" and read_checkpoint(out["best_ckpt"])["global_step"] == 20
+    assert Path(out["best_ckpt"]).name == "best.ckpt"
+    assert read_checkpoint(out["best_ckpt"])["global_step"] == 20
 
 
 def test_the_reason_no_validation_ran_follows_the_kind_of_interval():
