@@ -107,6 +107,16 @@ def _pid() -> int:
     return os.getpid()
 
 
+def _pid_beside_another(folder: str) -> int:
+    """This worker's pid, once another job has written its own beside it: two such jobs run at the
+    same time, so on two workers (a pool of two may otherwise run every quick job on one)."""
+    Path(folder, str(os.getpid())).touch()
+    deadline = time.monotonic() + 60
+    while len(list(Path(folder).iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.getpid()
+
+
 def test_an_aborted_sweep_waits_for_its_running_jobs(tmp_path):
     # Before: joblib SIGKILLed the workers as soon as one job failed, cutting the others' saves.
     saved = tmp_path / "saved"
@@ -123,7 +133,10 @@ def test_idle_workers_init_sweep_worker(tmp_path):
     # the pool; the sweep's own process passes the stop on through the stop file instead.
     with graceful_joblib_sweeps():
         with joblib.Parallel(n_jobs=2, backend="loky") as parallel:
-            pids = set(parallel(joblib.delayed(_pid)() for _ in range(4)))
+            # Both workers' pids (4 quick jobs once ran on one worker of a loaded machine, and the
+            # second call's other worker then looked like a replacement).
+            pids = set(parallel(joblib.delayed(_pid_beside_another)(str(tmp_path)) for _ in range(2)))
+            assert len(pids) == 2
             for pid in pids:
                 os.kill(pid, signal.SIGINT)
                 os.kill(pid, signal.SIGTERM)
