@@ -43,7 +43,14 @@ from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
 
 from eval.records import check_creatable_dir, partial_files, per_job_output
 from eval.startup import INTERRUPTED, end_quiet_sigterm
-from models.checkpoint import WriteError, atomic_write_bytes, replace_refusal, write_back, written_files
+from models.checkpoint import (
+    WriteError,
+    atomic_write_bytes,
+    raised_from,
+    replace_refusal,
+    write_back,
+    written_files,
+)
 
 
 def write_error_message(err: WriteError, retry: str) -> str:
@@ -1007,20 +1014,6 @@ def raise_keyboard_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
-def _during_interrupt(err: BaseException) -> bool:
-    """Whether ``err`` was raised while a ``KeyboardInterrupt`` was being handled (its ``__context__``
-    chain): code cleaning up after Ctrl+C may fail in turn (a new-user check: matplotlib's "Invalid
-    bounding box" from a figure interrupted mid-draw was reported as the user's error, status 2)."""
-    seen = set()
-    err = err.__context__
-    while err is not None and id(err) not in seen:
-        if isinstance(err, KeyboardInterrupt):
-            return True
-        seen.add(id(err))
-        err = err.__context__
-    return False
-
-
 @contextmanager
 def user_errors(retry: str = "output=<another path>") -> Iterator[None]:
     """Report a user's mistake, a failed write or Ctrl+C as one line on stderr, not a traceback.
@@ -1065,7 +1058,9 @@ def user_errors(retry: str = "output=<another path>") -> Iterator[None]:
         except (ValueError, TypeError, FileNotFoundError, WriteError, KeyboardInterrupt) as err:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
-            if isinstance(err, KeyboardInterrupt) or _during_interrupt(err):
+            # raised_from: an error raised while Ctrl+C unwound (a new-user check: matplotlib's "Invalid
+            # bounding box" from a figure interrupted mid-draw was reported as the user's, status 2)
+            if raised_from(err, KeyboardInterrupt) is not None:
                 print(_interrupted_message(), file=sys.stderr)
                 sys.exit(INTERRUPTED)
             if isinstance(err, WriteError):

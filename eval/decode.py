@@ -244,10 +244,21 @@ def check_decode_settings(cfg: DictConfig) -> list[int]:
                 f"{output.stem}.png and would replace them; give a .json path such as "
                 f"output={output.with_suffix('.json')}"
             )
-        check_output(output, "decode.json")
-        check_replaceable(output)
-        check_replaceable(output.with_suffix(".png"), option="the plot beside it,")
+        check_writable(output, "output")
     return lengths
+
+
+def check_writable(output: Path, option: str) -> None:
+    """Refuse, before anything is measured, a record file ``output`` (named ``option``: ``output`` or
+    ``the default output``) that cannot be written (:func:`eval.records.check_output`), or whose file
+    or plot beside it cannot be replaced (:func:`eval.common.check_replaceable`).
+
+    Raises:
+        ValueError: naming the file and the fix.
+    """
+    check_output(output, "decode.json", option=option)
+    check_replaceable(output, option=option)
+    check_replaceable(output.with_suffix(".png"), option="the plot beside it,")
 
 
 def check_positions(model: LanguageModel, lengths: list[int], decode_steps: int) -> None:
@@ -310,9 +321,7 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
     run = default_output(cfg).removesuffix(".json")
     output = Path(cfg.output or f"{run}.json")
     if not cfg.output:  # before the measurements, not after them
-        check_output(output, "decode.json", option="the default output")
-        check_replaceable(output, option="the default output")
-        check_replaceable(output.with_suffix(".png"), option="the plot beside it,")
+        check_writable(output, "the default output")
     check_sweep_output(output, option="output" if cfg.output else "the default output")
     copy_bw = copy_bandwidth(device)
     sha = git_sha()

@@ -86,12 +86,14 @@ def replace_refusal(path: str | os.PathLike) -> str | None:
     return None
 
 
-def _os_error_in(err: BaseException) -> OSError | None:
-    """The OSError that ``err`` is or was raised from (its ``__cause__`` / ``__context__`` chain):
-    torch.save reports a full disk as a RuntimeError raised while handling ``OSError(ENOSPC)``."""
+def raised_from(err: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of type ``kind`` that ``err`` is or was raised from or while handling
+    (its ``__cause__`` / ``__context__`` chain), or None: torch.save reports a full disk as a
+    RuntimeError raised while handling ``OSError(ENOSPC)``; matplotlib may fail in turn while Ctrl+C's
+    ``KeyboardInterrupt`` unwinds it (:func:`eval.cli.user_errors`)."""
     seen = set()
     while err is not None and id(err) not in seen:
-        if isinstance(err, OSError):
+        if isinstance(err, kind):
             return err
         seen.add(id(err))
         err = err.__cause__ or err.__context__
@@ -143,7 +145,7 @@ def atomic_write_bytes(path: str | os.PathLike, write) -> None:
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
-        cause = _os_error_in(err) if isinstance(err, Exception) else None  # not Ctrl+C
+        cause = raised_from(err, OSError) if isinstance(err, Exception) else None  # not Ctrl+C
         if cause is not None and not isinstance(err, WriteError):
             raise _write_error(cause, path, replacing=renaming and os.path.lexists(path)) from err
         raise
