@@ -21,10 +21,11 @@ each context length of ``context_lengths``, for ``batch_size`` sequences:
 - ``kernels_per_step``: GPU operations one eager decode step launches (``torch.profiler``, CUDA
   only): what the CUDA graph replays in one launch and what fused kernels would cut.
 
-A context length that runs out of memory (on the GPU, or on the CPU when the allocation fails) is
+A context length that runs out of memory (on the GPU, or on the CPU when the allocation fails, or
+when its cache and prefill logits alone exceed the host memory left: :func:`check_host_memory`) is
 recorded as ``metric="decode_oom"`` (with the error's first line as ``reason``) and the sweep goes
-on. On CPU, Linux may overcommit memory and kill the process instead: the records and the plot,
-rewritten after each context length, then keep the lengths measured before it, marked partial.
+on. On CPU, Linux may overcommit memory and kill the process past that estimate: the records and the
+plot, rewritten after each context length, then keep the lengths measured before it, marked partial.
 
 Every measurement is a result record (DESIGN.md, contract 5) with ``batch``, ``seqlen`` (the
 context length), ``decode_steps``, ``cache_seqlen`` (``seqlen + decode_steps``: the tokens the
@@ -145,6 +146,7 @@ def measure(model: LanguageModel, batch: int, context: int, decode_steps: int, d
     # Warm-up at the same shapes (autotuning, allocator, first-call overheads), then measure.
     kernels_per_step = None
     for timed in (False, True):
+        cache = None  # the warm-up's cache freed before the next is allocated: one cache at a time
         cache = model.allocate_cache(batch, max_seqlen)
         _sync(device)
         _peak_reset(device)
@@ -170,6 +172,7 @@ def measure(model: LanguageModel, batch: int, context: int, decode_steps: int, d
 
     graph_step_s = None
     if device.type == "cuda" and decode_steps >= 3:
+        cache = None  # the timed run's cache freed first
         cache = model.allocate_cache(batch, max_seqlen)
         model(prompt, cache=cache)
         step = DecodeStep(model, cache, graphed=True)
@@ -200,6 +203,53 @@ def measure(model: LanguageModel, batch: int, context: int, decode_steps: int, d
         "decode_peak_bytes": decode_peak,
         "kernels_per_step": kernels_per_step,
     }
+
+
+def host_memory_available() -> int | None:
+    """Bytes the host can still give this process (int, bytes): ``MemAvailable`` of /proc/meminfo,
+    lowered to what is left under the process's cgroup limit (v2 ``memory.max - memory.current``, v1
+    ``memory.limit_in_bytes - memory.usage_in_bytes``); None where /proc/meminfo cannot be read."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in meminfo.splitlines() if ":" in line)
+    if "MemAvailable" not in fields:
+        return None
+    free = int(fields["MemAvailable"].split()[0]) * 1024  # kB
+    cgroup = Path("/sys/fs/cgroup")
+    v1 = ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")
+    for limit, usage in (("memory.max", "memory.current"), v1):
+        try:
+            limit_text = (cgroup / limit).read_text().strip()
+            usage_text = (cgroup / usage).read_text().strip()
+        except OSError:
+            continue
+        if limit_text.isdigit() and usage_text.isdigit():
+            free = min(free, max(int(limit_text) - int(usage_text), 0))
+        break
+    return free
+
+
+def check_host_memory(model: LanguageModel, batch: int, context: int, cache_seqlen: int) -> None:
+    """Refuse a CPU measurement whose cache (``batch`` sequences of ``cache_seqlen`` tokens) and
+    prefill logits (``batch`` x ``context`` x vocab_size, the parameters' dtype) together exceed
+    :func:`host_memory_available`: Linux grants large allocations one by one and its out-of-memory
+    killer then ends the process (status 137) without a word, where CUDA raises an error that
+    becomes a ``decode_oom`` record. A lower bound of the peak (the layers' activations come on
+    top), so a length that passes can still be killed; the lengths before it are on disk by then.
+
+    Raises:
+        MemoryError: they do not fit (the caller records it as ``decode_oom``).
+    """
+    free = host_memory_available()
+    itemsize = next(model.parameters()).element_size()
+    need = batch * model.state_size(cache_seqlen) + batch * context * model.config.vocab_size * itemsize
+    if free is not None and need > free:
+        raise MemoryError(
+            f"the cache and the prefill's logits need {need / 2**30:.2f} GiB ({batch} sequences of "
+            f"{cache_seqlen} tokens), more than the {free / 2**30:.2f} GiB of host memory available"
+        )
 
 
 def count_kernels(step) -> int:
@@ -340,6 +390,8 @@ def decode_eval(cfg: DictConfig) -> list[dict[str, Any]]:
             decode_steps=cfg.decode_steps,
         )  # fmt: skip
         try:
+            if device.type == "cpu":
+                check_host_memory(model, batch, context, cache_seqlen)
             m = measure(model, batch, context, cfg.decode_steps, device)
         except Exception as err:
             if not is_out_of_memory(err):

@@ -162,6 +162,46 @@ def test_decode_eval_skips_contexts_past_the_memory_limit(tmp_path, monkeypatch,
     assert {row["seqlen"] for row in rows} == {8}
 
 
+def test_decode_eval_on_cpu_skips_a_cache_larger_than_host_memory(tmp_path, monkeypatch, capsys):
+    """On CPU a cache and prefill logits larger than the memory left are a decode_oom record before
+    anything is allocated (Linux would grant the per-layer allocations one by one, then kill the process
+    silently: batch_size=100000 ended with status 137 and no message); lengths that fit still run."""
+    cfg = compose_decode("model.n_layers=2", "context_lengths=[64,8]", "decode_steps=2", "device=cpu",
+                         "batch_size=3", f"output={tmp_path / 'decode.json'}")  # fmt: skip
+    model = build_model(cfg)
+    need = 3 * model.state_size(66) + 3 * 64 * 512 * 4  # its cache and its prefill's fp32 logits
+    free = need - 1  # one byte short for the 64-token context
+    monkeypatch.setattr(decode_module, "host_memory_available", lambda: free)
+    real_measure = decode_module.measure
+    measured = []
+
+    def measure(model, batch, context, decode_steps, device):
+        measured.append(context)
+        return real_measure(model, batch, context, decode_steps, device)
+
+    monkeypatch.setattr(decode_module, "measure", measure)
+    records = decode_eval(cfg)
+    assert measured == [8]
+    skipped = [r for r in records if r["seqlen"] == 64]
+    assert [r["metric"] for r in skipped] == ["decode_oom"]
+    assert skipped[0]["reason"] == (
+        f"the cache and the prefill's logits need {need / 2**30:.2f} GiB (3 sequences of 66 tokens), "
+        f"more than the {free / 2**30:.2f} GiB of host memory available"
+    )
+    assert "64  skipped: out of memory (the cache and the prefill's logits need" in capsys.readouterr().out
+    assert "decode_tokens_per_s" in {r["metric"] for r in records if r["seqlen"] == 8}
+
+
+def test_host_memory_available_is_at_most_the_machine_memory():
+    """MemAvailable (lowered by a cgroup limit) in bytes: positive and at most MemTotal."""
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.exists():
+        assert decode_module.host_memory_available() is None
+        return
+    total = int(re.search(r"MemTotal:\s+(\d+) kB", meminfo.read_text()).group(1)) * 1024
+    assert 0 < decode_module.host_memory_available() <= total
+
+
 def test_decode_eval_killed_at_a_later_length_keeps_the_lengths_before_it(tmp_path, capsys):
     """Records and plot are rewritten after each context length: a process killed at the third one
     (os._exit, as the system's out-of-memory killer ends it: no exception, no cleanup) leaves the first
