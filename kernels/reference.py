@@ -441,12 +441,14 @@ def flash_attention(
     gradients are those it has when they are finite. A row that sees a key or value with a NaN or
     infinite entry returns NaN in its whole output and lse (even where IEEE arithmetic could give a
     number, e.g. a -inf score of weight 0), and the gradients of its query and of every key and
-    value it sees are NaN. Queries are not screened: a non-finite query follows IEEE arithmetic in
-    its own row, and its backward may reach keys the row cannot see. The Triton backend keeps IEEE
+    value it sees are NaN. A query with a NaN or infinite entry returns NaN in its row's output and
+    lse where the row sees a key (PyTorch's fused CPU attention would return 0); its backward
+    follows IEEE arithmetic and may reach keys the row cannot see. The Triton backend keeps IEEE
     arithmetic over the keys a row sees (a -inf score gets weight 0); its forward confines hidden
     keys, but a NaN or infinite value at a hidden key (in the backward, a key too) reaches the rows
     of every query tile that loads its key tile (64 keys or fewer: 0 * NaN in P @ V, as in
-    flash-attn), a known difference that a fix would pay for in the kernel's speed.
+    flash-attn), a known difference that a fix would pay for in the kernel's speed; and a row whose
+    scores are all -inf (a -inf query entry) is an empty row there, 0 and lse -inf.
 
     Returns:
         o (B, Tq, Hq, D) in q's dtype; with return_lse also lse (B, Hq, Tq), natural log, float32
@@ -479,10 +481,17 @@ def flash_attention(
     # inputs skip it: its extra passes over K, V and the output cost 10-70% of a CPU forward at
     # B=8, T=256, Hq=8, D=64, the one read of K and V that decides 1-5%. (A sum is non-finite
     # whenever an entry is; one that merely overflows takes the guarded path, which is exact too.)
+    # Non-finite queries: IEEE arithmetic makes the row of a query with a NaN or infinite entry NaN
+    # (its scores are NaN or +-inf), as the Triton kernel computes it, but PyTorch's fused CPU call
+    # returns 0 there (torch 2.13, float64 too) and the masked softmax an lse of -inf or +inf: such
+    # rows that see a key are set to NaN below. All-finite queries on CPU skip the flags.
     bad_rows = None  # (B, Tq, Hkv): the row sees a non-finite key or value entry
+    bad_queries = None  # (B, Tq, Hq): the query holds a non-finite entry and its row sees a key
     with torch.no_grad():  # flags, not part of the function
         guard = q.device.type != "cpu" or not bool(torch.isfinite(k.sum() + v.sum()))
         bad_keys = _has_non_finite(k) | _has_non_finite(v) if guard else None  # (B, Tk, Hkv)
+        if q.device.type != "cpu" or not bool(torch.isfinite(q.sum())):
+            bad_queries = _has_non_finite(q) & (end > start)[:, None]
     if guard:
         bad_rows = _any_in_ranges(bad_keys, start, end)
         q_in, k_in, v_in = _ConfineNonFinite.apply(q_in, k_in, v_in, bad_rows, start, end)
@@ -526,8 +535,12 @@ def flash_attention(
         out = rearrange(out, "b h (g t) d -> b (h g) t d", g=group)  # (B, Hq, Tq, D)
         lse = rearrange(lse, "b h g t -> b (h g) t")  # (B, Hq, Tq)
 
-    if bad_rows is not None:
-        nan_rows = _nan_where(repeat(bad_rows, "b t h -> b (h g) t", g=group), out.dtype)  # (B, Hq, Tq, 1)
+    nan_rows = None if bad_rows is None else repeat(bad_rows, "b t h -> b (h g) t", g=group)  # (B, Hq, Tq)
+    if bad_queries is not None:
+        query_rows = rearrange(bad_queries, "b t h -> b h t")
+        nan_rows = query_rows if nan_rows is None else nan_rows | query_rows
+    if nan_rows is not None:
+        nan_rows = _nan_where(nan_rows, out.dtype)  # (B, Hq, Tq, 1)
         out = out + nan_rows
         lse = None if lse is None else lse + nan_rows.squeeze(-1)
 

@@ -749,6 +749,49 @@ def test_reference_lse_gradient_with_non_finite_key():
     assert dk.isnan().all()  # row 7 sees every key
 
 
+# (Tq, Tk, causal, window): PyTorch's fused call with is_causal, with a mask, without one; the
+# explicit path (Tq > Tk, rows 0..2 see no key).
+NON_FINITE_QUERY_CASES = [(8, 8, True, None), (8, 8, True, 3), (5, 7, False, None), (8, 5, True, None)]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("return_lse", [False, True], ids=["o", "lse"])
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=dtype_id)
+@pytest.mark.parametrize(
+    "seqlen_q,seqlen_k,causal,window",
+    NON_FINITE_QUERY_CASES,
+    ids=[f"q{c[0]}-k{c[1]}-{'c' if c[2] else 'nc'}-w{c[3]}" for c in NON_FINITE_QUERY_CASES],
+)
+def test_non_finite_query_gives_nan_in_its_row(
+    seqlen_q, seqlen_k, causal, window, dtype, return_lse, backend
+):
+    # A query with a NaN entry, or infinite entries (scores inf - inf = NaN): its row's output and lse
+    # are NaN where the row sees a key, 0 and -inf where it sees none; other rows are unchanged. The
+    # reference used to return 0 there (PyTorch's fused CPU attention, float64 too: silent wrong
+    # numbers) and an lse of -inf or +inf. (A -inf entry that makes every score -inf is NaN in the
+    # reference and an empty row, 0, in the kernel: not tested.)
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, 4, 2, 16, dtype)
+    kwargs = dict(causal=causal, window=window, return_lse=return_lse, backend=backend)
+    want = kernels.flash_attention(q, k, v, **kwargs)
+    sees_a_key = visible_mask(seqlen_q, seqlen_k, causal, window, DEVICE).any(1)  # (Tq,)
+    for row in (seqlen_q - 1, 0):
+        for bad, entries in [(math.nan, 3), (math.inf, slice(None)), (-math.inf, slice(None))]:
+            q_bad = q.clone()
+            q_bad[1, row, 2, entries] = bad
+            got = kernels.flash_attention(q_bad, k, v, **kwargs)
+            o, lse = got if return_lse else (got, None)
+            o_want, lse_want = want if return_lse else (want, None)
+            nan = torch.zeros(2, seqlen_q, 4, dtype=torch.bool, device=DEVICE)
+            nan[1, row, 2] = bool(sees_a_key[row])
+            where = f"{bad} in query row {row}"
+            assert torch.equal(o.isnan(), nan[..., None].expand_as(o)), where
+            torch.testing.assert_close(o[~o.isnan()], o_want[~o.isnan()], msg=lambda m, w=where: f"{w}: {m}")
+            if lse is not None:
+                assert torch.equal(lse.isnan(), nan.transpose(1, 2)), where
+                torch.testing.assert_close(lse[~nan.transpose(1, 2)], lse_want[~nan.transpose(1, 2)])
+
+
 # The interpreter's numpy warns on the NaN / inf tiles.
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_triton_confines_non_finite_hidden_keys():
