@@ -267,10 +267,10 @@ class Attention(nn.Module):
 
         Raises:
             TypeError: x is not a float tensor, or (outside autocast) not in the weights' dtype.
-            ValueError: x of the wrong shape, a cache of another batch size, cache overflow, or a
-                position beyond the learned table.
+            ValueError: x of the wrong shape or on another device than the weights, a cache of
+                another batch size, cache overflow, or a position beyond the learned table.
         """
-        B, T = check_input(x, self.d_model, self.name, self.qkv_proj.weight.dtype)
+        B, T = check_input(x, self.d_model, self.name, self.qkv_proj.weight)
         offset, positions = 0, None
         if cache is not None:
             check_cache(cache, self, self.cache_cls, self._cache_layout, self.qkv_proj.weight.device)

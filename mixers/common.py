@@ -17,26 +17,28 @@ from torch import nn
 import kernels
 
 
-def check_input(x: torch.Tensor, d_model: int, mixer: str, weight_dtype: torch.dtype) -> tuple[int, int]:
+def check_input(x: torch.Tensor, d_model: int, mixer: str, weight: torch.Tensor) -> tuple[int, int]:
     """Check a mixer input and return its (batch, seqlen).
 
     Args:
-        x: (B, T, d_model) float tensor in the mixer's weight dtype (any float dtype under autocast).
+        x: (B, T, d_model) float tensor on the mixer's device, in its weight dtype (any float dtype
+            under autocast).
         d_model: the mixer's model width.
         mixer: the mixer's name, for the error message.
-        weight_dtype: the dtype of the mixer's parameters.
+        weight: a parameter of the mixer (its first projection's weight), for its device and dtype.
 
     Raises:
         TypeError: x is not a floating-point tensor (e.g. token ids, which go through the model's
-            embedding first), or, outside autocast for x's device, its dtype is not weight_dtype.
-        ValueError: x is not 3-D, its last dim is not d_model, or T == 0.
+            embedding first), or, outside autocast for x's device, its dtype is not weight's.
+        ValueError: x is not 3-D, its last dim is not d_model, T == 0, or x is on another device
+            than weight (which failed deep in torch, or ran on the meta device).
     """
     expected = f"a floating-point tensor of shape (B, T, d_model={d_model})"
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{mixer}: x must be {expected}, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(
-            f"{mixer}: x must be {expected} in {weight_dtype}, got a {x.dtype} tensor of shape "
+            f"{mixer}: x must be {expected} in {weight.dtype}, got a {x.dtype} tensor of shape "
             f"{tuple(x.shape)}; token ids go through the model's embedding (models.LanguageModel), "
             "a mixer takes hidden states"
         )
@@ -44,12 +46,17 @@ def check_input(x: torch.Tensor, d_model: int, mixer: str, weight_dtype: torch.d
         raise ValueError(f"{mixer}: x must have shape (B, T, d_model={d_model}), got {tuple(x.shape)}")
     if x.shape[1] == 0:
         raise ValueError(f"{mixer}: x has no tokens (T == 0); pass at least one token")
+    if x.device != weight.device:
+        raise ValueError(
+            f"{mixer}: x is on {x.device} but the mixer's weights are on {weight.device}: move x with "
+            f"x.to('{weight.device}') or the module with .to('{x.device}')"
+        )
     # Under autocast (training's bf16-mixed) the matmuls cast x themselves; without it torch would
     # fail in the first projection with "mat1 and mat2 must have the same dtype".
-    if x.dtype != weight_dtype and not torch.is_autocast_enabled(x.device.type):
+    if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
         raise TypeError(
-            f"{mixer}: x is {x.dtype} but the mixer's weights are {weight_dtype}: cast x with "
-            f"x.to({weight_dtype}) or the module with .to({x.dtype}); under autocast "
+            f"{mixer}: x is {x.dtype} but the mixer's weights are {weight.dtype}: cast x with "
+            f"x.to({weight.dtype}) or the module with .to({x.dtype}); under autocast "
             "(torch.autocast) 16-bit inputs are fine"
         )
     return x.shape[0], x.shape[1]

@@ -200,9 +200,10 @@ class LinearAttention(nn.Module):
 
         Raises:
             TypeError: x is not a float tensor, or (outside autocast) not in the weights' dtype.
-            ValueError: x of the wrong shape, a cache of another batch size, or cache overflow.
+            ValueError: x of the wrong shape or on another device than the weights, a cache of
+                another batch size, or cache overflow.
         """
-        B, T = check_input(x, self.d_model, self.name, self.qkv_proj.weight.dtype)
+        B, T = check_input(x, self.d_model, self.name, self.qkv_proj.weight)
         if cache is not None:
             check_cache(cache, self, LinearAttentionCache, self._cache_layout, self.qkv_proj.weight.device)
             cache.check_step(B, T, self.name)

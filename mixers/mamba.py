@@ -190,9 +190,10 @@ class Mamba(nn.Module):
 
         Raises:
             TypeError: x is not a float tensor, or (outside autocast) not in the weights' dtype.
-            ValueError: x of the wrong shape, a cache of another batch size, or cache overflow.
+            ValueError: x of the wrong shape or on another device than the weights, a cache of
+                another batch size, or cache overflow.
         """
-        batch, T = check_input(x, self.d_model, self.name, self.in_proj.weight.dtype)
+        batch, T = check_input(x, self.d_model, self.name, self.in_proj.weight)
         if cache is not None:
             check_cache(cache, self, MambaCache, self._cache_layout, self.in_proj.weight.device)
             cache.check_step(batch, T, self.name)

@@ -556,6 +556,18 @@ def test_bad_input_dtypes_raise_clear_errors(name):
     assert y.shape == (2, 5, D_MODEL) and torch.isfinite(y.float()).all()
 
 
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_input_on_another_device_than_the_weights_is_refused(name):
+    # Found by an audit: x on the meta device failed deep in torch (Mamba: "unknown device type for
+    # autocast"), in a kernel's device check (linear attention's short conv) or ran on meta (attention).
+    settings = next(settings for mixer_name, settings in CONFIGS if mixer_name == name)
+    mixer = build_mixer(name, D_MODEL, **settings)  # float32 weights on the CPU
+    match = r"^" + name + r": x is on meta but the mixer's weights are on cpu: move x with x.to\('cpu'\)"
+    for cache in (None, mixer.allocate_cache(2, 8)):
+        with pytest.raises(ValueError, match=match):
+            mixer(torch.randn(2, 5, D_MODEL, device="meta"), cache=cache)
+
+
 def test_learned_positions_beyond_table_raise():
     mixer = Attention(D_MODEL, 4, pos_emb="learned", max_position=8).double()
     with pytest.raises(ValueError, match="max_position=8"):
