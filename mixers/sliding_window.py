@@ -17,6 +17,8 @@ import kernels
 from mixers.attention import Attention
 from mixers.common import MixerCache, check_positive_int
 
+_INT64_MAX = 2**63 - 1  # the kernels take the window as an int64
+
 
 @dataclasses.dataclass(kw_only=True)
 class RingKVCache(MixerCache):
@@ -52,7 +54,7 @@ class SlidingWindowAttention(Attention):
 
     Raises:
         TypeError: window is not an int.
-        ValueError: window <= 0, and everything `Attention` rejects.
+        ValueError: window <= 0 or beyond int64, and everything `Attention` rejects.
     """
 
     name = "sliding_window"
@@ -61,6 +63,11 @@ class SlidingWindowAttention(Attention):
     def __init__(self, d_model: int, num_heads: int, window: int, **kwargs):
         super().__init__(d_model, num_heads, **kwargs)
         self.window = check_positive_int(window, "window", self.name)
+        if window > _INT64_MAX:
+            raise ValueError(
+                f"{self.name}: window must be at most 2**63 - 1 (the kernels' int64), got {window}; a "
+                "window at least as long as the sequences excludes nothing: use the attention mixer"
+            )
         # The ring's slots depend on max_seqlen: its k and v end with (num_kv_heads, head_dim).
         self._cache_layout = dict.fromkeys(("k", "v"), (self.num_kv_heads, self.head_dim))
 

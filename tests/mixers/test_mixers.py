@@ -376,6 +376,16 @@ def test_registry_lists_the_four_mixers():
         ("sliding_window", dict(num_heads=4, window=0), ValueError, r"window must be > 0"),
         ("sliding_window", dict(num_heads=4, window=-3), ValueError, r"window must be > 0"),
         ("sliding_window", dict(num_heads=4, window=2.5), TypeError, r"window must be an int"),
+        # Found by an audit: built, then refused at the first forward by the kernels, whose message
+        # said to pass window=None, which the mixer does not take.
+        (
+            "sliding_window",
+            dict(num_heads=4, window=2**63),
+            ValueError,
+            r"^sliding_window: window must be at most 2\*\*63 - 1 \(the kernels' int64\), got "
+            r"9223372036854775808; a window at least as long as the sequences excludes nothing: use the "
+            r"attention mixer$",
+        ),
         ("linear_attention", dict(num_heads=4, feature_map="identity"), ValueError, r"normalize=True"),
         ("linear_attention", dict(num_heads=4, feature_map="cosine"), ValueError, r"unknown feature_map"),
         # The README's name of the map (a new-user check wrote feature_map=elu+1).
