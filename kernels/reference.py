@@ -60,6 +60,11 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def _check_tensor(name: str, x, ndim: int | tuple[int, ...], *, floating: bool = True) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.is_nested:
+        raise TypeError(
+            f"{name} must be a dense (strided) tensor, got a nested tensor; pass sequences of one length "
+            "(e.g. one call per length)"
+        )
     if x.layout is not torch.strided:
         raise TypeError(
             f"{name} must be a dense (strided) tensor, got layout {x.layout}; convert it with .to_dense()"

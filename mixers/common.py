@@ -29,13 +29,19 @@ def check_input(x: torch.Tensor, d_model: int, mixer: str, weight: torch.Tensor)
 
     Raises:
         TypeError: x is not a floating-point tensor (e.g. token ids, which go through the model's
-            embedding first), or, outside autocast for x's device, its dtype is not weight's.
+            embedding first) or is a nested one, or, outside autocast for x's device, its dtype is not
+            weight's.
         ValueError: x is not 3-D, its last dim is not d_model, T == 0, or x is on another device
             than weight (which failed deep in torch, or ran on the meta device).
     """
     expected = f"a floating-point tensor of shape (B, T, d_model={d_model})"
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{mixer}: x must be {expected}, got {type(x).__name__}")
+    if x.is_nested:
+        raise TypeError(
+            f"{mixer}: x must be {expected}, got a nested tensor; pass sequences of one length "
+            "(e.g. one call per length)"
+        )
     if not x.is_floating_point():
         raise TypeError(
             f"{mixer}: x must be {expected} in {weight.dtype}, got a {x.dtype} tensor of shape "

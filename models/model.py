@@ -175,6 +175,11 @@ def _check_input_ids(input_ids) -> None:
             f"input_ids must be a (batch, seqlen) integer tensor, got {type(input_ids).__name__}; "
             "wrap it, e.g. torch.tensor([[1, 2, 3]])"
         )
+    if input_ids.is_nested:
+        raise TypeError(
+            "input_ids must be a (batch, seqlen) integer tensor, got a nested tensor; pass sequences of one "
+            "length (e.g. one call per length)"
+        )
     dtype = input_ids.dtype
     if input_ids.ndim != 2 or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
         raise ValueError(
@@ -266,7 +271,7 @@ class LanguageModel(nn.Module):
             history when ``cache`` is given.
 
         Raises:
-            TypeError: ``input_ids`` not a tensor; a cache that is not this model's kind
+            TypeError: ``input_ids`` not a tensor or a nested one; a cache that is not this model's kind
                 (:meth:`_check_cache`, :func:`mixers.common.check_cache`).
             ValueError: ``input_ids`` not 2-D integer (bool is not), on another device than the
                 model, or token ids out of range; a cache of another model or of other mixer

@@ -828,6 +828,20 @@ def test_sparse_inputs_are_refused_by_name(backend):
         )
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged], ids=["strided", "jagged"])
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_nested_inputs_are_refused_by_name(backend, layout):
+    """Found by an audit: a nested tensor (sequences of several lengths) failed with torch's
+    "Internal error: NestedTensorImpl doesn't support sizes", or (jagged) was told to use .to_dense()."""
+    nested = torch.nested.nested_tensor([rand(4, 2, 16), rand(3, 2, 16)], layout=layout)
+    match = r"^k must be a dense \(strided\) tensor, got a nested tensor; pass sequences of one length"
+    with pytest.raises(TypeError, match=match):
+        kernels.flash_attention(rand(2, 4, 2, 16), nested, rand(2, 4, 2, 16), backend=backend)
+    with pytest.raises(TypeError, match=r"^q must be a dense \(strided\) tensor, got a nested tensor"):
+        kernels.linear_attention(nested, nested, nested, backend=backend)
+
+
 def _decode_steps():
     """Each decode step that writes a state in place: (call(state, backend), state) with float64
     inputs (the interpreter runs them too)."""

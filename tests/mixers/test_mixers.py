@@ -578,6 +578,18 @@ def test_input_on_another_device_than_the_weights_is_refused(name):
             mixer(torch.randn(2, 5, D_MODEL, device="meta"), cache=cache)
 
 
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_nested_input_is_refused(name):
+    # Found by an audit: torch's "Internal error: NestedTensorImpl doesn't support sizes" (strided
+    # layout) or errors from deep in the forward (jagged: "Permute is not supported on the batch dimension").
+    settings = next(settings for mixer_name, settings in CONFIGS if mixer_name == name)
+    mixer = build_mixer(name, D_MODEL, **settings)
+    x = torch.nested.nested_tensor([torch.randn(5, D_MODEL), torch.randn(3, D_MODEL)], layout=torch.jagged)
+    match = rf"^{name}: x must be a floating-point tensor of shape \(B, T, d_model=24\), got a nested tensor"
+    with pytest.raises(TypeError, match=match):
+        mixer(x)
+
+
 def test_learned_positions_beyond_table_raise():
     mixer = Attention(D_MODEL, 4, pos_emb="learned", max_position=8).double()
     with pytest.raises(ValueError, match="max_position=8"):

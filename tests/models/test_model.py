@@ -285,6 +285,7 @@ def test_cached_calls_run_without_autograd(mixer):
     torch.testing.assert_close(torch.cat(logits, dim=1), full.detach(), rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 def test_config_errors_are_clear():
     base = dict(
         vocab_size=10,
@@ -360,3 +361,10 @@ def test_config_errors_are_clear():
         model(torch.zeros(1, 3))
     with pytest.raises(ValueError, match=r"^input_ids has no tokens \(shape \(2, 0\)\); pass at least one"):
         model(torch.zeros(2, 0, dtype=torch.long))
+    # Found by an audit: torch's "Internal error: NestedTensorImpl doesn't support sizes" (strided
+    # layout), or (jagged) the first mixer's refusal of its x, with d_model.
+    message = r"^input_ids must be a \(batch, seqlen\) integer tensor, got a nested tensor"
+    for layout in (torch.strided, torch.jagged):
+        ids = torch.nested.nested_tensor([torch.arange(5), torch.arange(3)], layout=layout)
+        with pytest.raises(TypeError, match=message):
+            model(ids)
