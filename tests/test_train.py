@@ -1565,6 +1565,16 @@ def test_early_stopping_survives_a_run_cut_before_its_first_validation(tmp_path)
         ("trainer.limit_val_batches=0", ValueError, "trainer.limit_val_batches=0 turns validation off, but"),
         ("trainer.limit_val_batches=0.0", ValueError, "trainer.limit_val_batches=0.0 turns validation off"),
         ("trainer.limit_val_batches=abc", TypeError, "trainer.limit_val_batches must be a batch count (int)"),
+        # New-user checks: 0 trained no step, yet the run reported its untrained weights with status 0;
+        # Lightning failed on accumulate_grad_batches=0 with a ZeroDivisionError traceback, took 2.5
+        # silently, and failed on overfit_batches with a traceback.
+        ("+trainer.limit_train_batches=0", ValueError, "trainer.limit_train_batches=0 trains no batch; give"),
+        ("+trainer.limit_train_batches=x", TypeError, "trainer.limit_train_batches must be a batch count"),
+        ("+trainer.accumulate_grad_batches=0", ValueError, "trainer.accumulate_grad_batches must be >= 1"),
+        ("+trainer.accumulate_grad_batches=2.5", TypeError, "accumulate_grad_batches must be an integer"),
+        ("+trainer.overfit_batches=1", ValueError, "trainer.overfit_batches=1 is not supported: train.py's"),
+        # NaN from the second step, at any optim.lr (the divergence warning advised a lower one).
+        ("trainer.precision=16-true", ValueError, "keeps the weights and AdamW's state in float16, where"),
         ("seed=abc", TypeError, "seed must be an integer, got 'abc'"),
         ("seed=-1", ValueError, "seed must be in [0, 2**32) (numpy's seed range), got -1"),
         (

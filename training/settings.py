@@ -191,6 +191,16 @@ def check_logger_settings(logger: DictConfig) -> None:
 TRAINER_ARGS_SET_BY_TRAIN = frozenset({"default_root_dir", "logger", "callbacks", "plugins"})
 
 
+# A new-user check: the run's loss was NaN from its second step, and the divergence warning advised a
+# lower optim.lr. AdamW's eps (1e-8) rounds to 0 in float16, so a parameter whose gradient is 0 (the
+# embedding row of a token no batch holds yet) is updated by 0 / 0.
+FLOAT16_WEIGHTS_NAN = (
+    "trainer.precision=16-true keeps the weights and AdamW's state in float16, where its eps (1e-8) is 0: "
+    "a parameter without a gradient (the embedding of a token not in the batch) becomes NaN at the first "
+    "step; use trainer.precision=bf16-mixed (or 16-mixed on a GPU, bf16-true)"
+)
+
+
 def check_trainer_settings(cfg: DictConfig) -> None:
     """The ``trainer.*`` and ``seed`` settings that Lightning would reject late (after a step, with
     a traceback) or take silently in a wrong type, checked before anything starts.
@@ -208,6 +218,10 @@ def check_trainer_settings(cfg: DictConfig) -> None:
             ``trainer.check_val_every_n_epoch`` not null or >= 1, or a fractional interval with it
             null; ``trainer.precision`` none of :func:`lightning_precisions` (``bf17``);
             ``trainer.limit_val_batches`` <= 0 (no validation, so no best.ckpt and no records);
+            ``trainer.limit_train_batches`` <= 0 (no training step, yet the run reported success);
+            ``trainer.accumulate_grad_batches`` not an integer >= 1; ``trainer.overfit_batches``
+            other than 0 (Lightning cannot re-sample the resumable training loader);
+            ``trainer.precision=16-true`` (:data:`FLOAT16_WEIGHTS_NAN`);
             ``trainer.max_time`` neither ``DD:HH:MM:SS`` nor a mapping of ``datetime.timedelta``'s
             keywords, or not a positive duration (:func:`_check_max_time`).
     """
@@ -284,6 +298,29 @@ def check_trainer_settings(cfg: DictConfig) -> None:
                 "and gives the final metrics and result records; give a batch count >= 1 or a fraction "
                 "in (0, 1] (data.num_test_examples sets the validation sets' size)"
             )
+    train_limit = trainer.get("limit_train_batches")
+    if train_limit is not None:
+        if isinstance(train_limit, bool) or not isinstance(train_limit, (int, float)):
+            raise TypeError(
+                "trainer.limit_train_batches must be a batch count (int) or a fraction (float), "
+                f"got {train_limit!r}"
+            )
+        if train_limit <= 0:  # a new-user check: no step trained, and the run reported its records
+            raise ValueError(
+                f"trainer.limit_train_batches={train_limit} trains no batch; give a batch count >= 1 or a "
+                "fraction in (0, 1] (trainer.max_steps sets the run's length)"
+            )
+    accumulate = trainer.get("accumulate_grad_batches")
+    if accumulate is not None and integer("trainer.accumulate_grad_batches", accumulate) < 1:
+        # Lightning failed on 0 with a ZeroDivisionError traceback, and took 2.5 silently.
+        raise ValueError(f"trainer.accumulate_grad_batches must be >= 1, got {accumulate}")
+    if trainer.get("overfit_batches") not in (None, 0, 0.0):
+        # Lightning's replacement of the training sampler failed on the resumable loader, in a traceback.
+        raise ValueError(
+            f"trainer.overfit_batches={trainer.overfit_batches} is not supported: train.py's training "
+            "loader keeps its own order (for resume=) and Lightning cannot re-sample it; "
+            "+trainer.limit_train_batches=<count> shortens each epoch instead"
+        )
     max_time = trainer.get("max_time")
     # Lightning parses it only when the Trainer is built: in a sweep, after the jobs before it ran.
     if max_time is not None:
@@ -297,6 +334,8 @@ def check_trainer_settings(cfg: DictConfig) -> None:
         raise ValueError(
             f"trainer.precision must be one of Lightning's precisions ({named}), got {precision!r}"
         )
+    if precision == "16-true":
+        raise ValueError(FLOAT16_WEIGHTS_NAN)
     every = trainer.get("check_val_every_n_epoch")
     if every is not None and integer("trainer.check_val_every_n_epoch", every) < 1:
         raise ValueError(f"trainer.check_val_every_n_epoch must be null or >= 1, got {every}")
