@@ -1543,6 +1543,20 @@ def test_early_stopping_survives_a_run_cut_before_its_first_validation(tmp_path)
         ("trainer.max_steps=-1", ValueError, "max_epochs=-1 leave the run without a length"),
         ("early_stopping={monitor:val/acx}", ValueError, "early_stopping.monitor='val/acx': monitor one of"),
         ("early_stopping={monitor:val/acc,mode:up}", ValueError, "early_stopping.mode must be min or max"),
+        # New-user checks: EarlyStopping's default mode (min) stopped a val/acc run at its first
+        # validation, below the stopping_threshold, with status 0 and no line saying so.
+        (
+            "early_stopping={monitor:val/acc,stopping_threshold:0.99}",
+            ValueError,
+            "early_stopping.monitor=val/acc with no early_stopping.mode (min) would stop training once it "
+            "stops falling (with a stopping_threshold, at its first validation); "
+            "give +early_stopping.mode=max",
+        ),
+        (
+            "early_stopping={monitor:val/loss_T128_kv8,mode:max}",
+            ValueError,
+            "with early_stopping.mode=max would stop training once it stops rising (with a stopping",
+        ),
         (
             "early_stopping={monitor:val/acc,patience:1.5}",
             TypeError,

@@ -537,7 +537,9 @@ def check_early_stopping(settings: Any, slice_names: list[str]) -> None:
 
     Raises:
         ValueError: no ``monitor``, a ``monitor`` that is not a metric this run logs (listing them),
-            or a ``mode`` other than min / max.
+            a ``mode`` other than min / max, or one that counts an accuracy's rise (a loss's fall) as
+            no improvement: ``+early_stopping.monitor=val/acc`` with EarlyStopping's default mode,
+            min, stopped the run at its first validation (a new-user check).
     """
     if not settings:
         return
@@ -551,6 +553,15 @@ def check_early_stopping(settings: Any, slice_names: list[str]) -> None:
         )
     if mode not in ("min", "max"):
         raise ValueError(f"early_stopping.mode must be min or max, got {mode!r}")
+    better = "max" if monitor.startswith(("val/acc", "train/acc")) else "min"
+    if monitor != "train/tokens" and mode != better:
+        given = f"early_stopping.mode={mode}" if "mode" in settings else "no early_stopping.mode (min)"
+        fix = "early_stopping.mode" if "mode" in settings else "+early_stopping.mode"
+        direction = "falling" if better == "max" else "rising"
+        raise ValueError(
+            f"early_stopping.monitor={monitor} with {given} would stop training once it stops {direction} "
+            f"(with a stopping_threshold, at its first validation); give {fix}={better}"
+        )
 
 
 def check_monitor(monitor: Any, mode: Any, slice_names: list[str]) -> None:
