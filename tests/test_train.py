@@ -651,6 +651,9 @@ def test_train_help_lists_only_the_groups_train_py_takes(tmp_path):
         ("trainer.accelerator=tpu", "trainer settings: trainer.accelerator=tpu: a package it needs is not "
          "installed: Requirement 'torch_xla"),
         ("trainer.strategy=deepspeed", "trainer settings: trainer.strategy=deepspeed: To use the "),
+        # A new-user check: this was named as trainer.strategy=auto.
+        ("trainer.precision=transformer-engine", "trainer settings: trainer.precision=transformer-engine: a "
+         "package it needs is not installed: Requirement 'transformer_engine"),
         # A new-user check: ddp_spawn's processes kept the final validation and the records (train.json
         # was [], exit status 0).
         ("trainer.strategy=ddp_spawn", "trainer settings: trainer.strategy=ddp_spawn starts its processes by "

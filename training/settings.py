@@ -651,7 +651,8 @@ def trainer_settings_errors(trainer_cfg: Mapping[str, Any] | None = None) -> Ite
     (``trainer.devices=abc``: "`devices` selected with `CPUAccelerator` should be an int > 0") and
     the ModuleNotFoundError of an accelerator whose package is missing (``trainer.accelerator=tpu``:
     a traceback before). The setting the message is about (:func:`_named_trainer_key`; for a missing
-    package the accelerator, or else the strategy) is named first (``trainer.devices=abc: ...``).
+    package the one whose value names it, :func:`_key_naming_package`, else the accelerator, or else
+    the strategy) is named first (``trainer.devices=abc: ...``).
 
     Raises:
         TrainerSettingsError: the exception's message, prefixed with ``trainer settings``.
@@ -667,6 +668,8 @@ def trainer_settings_errors(trainer_cfg: Mapping[str, Any] | None = None) -> Ite
         key = _named_trainer_key(message, trainer_cfg or {})
         if isinstance(err, ModuleNotFoundError):  # torch_xla's requirement names no setting
             accelerator = str((trainer_cfg or {}).get("accelerator", "auto"))
+            # A new-user check: precision=transformer-engine (transformer_engine) was named as strategy=auto.
+            key = key or _key_naming_package(message, trainer_cfg or {})
             key = key or ("accelerator" if accelerator not in ("auto", "cpu", "gpu", "cuda") else "strategy")
             message = f"a package it needs is not installed: {message}"
         if key is not None and trainer_cfg is not None and key in trainer_cfg:
@@ -681,6 +684,17 @@ def _named_trainer_key(message: str, trainer_cfg: Mapping[str, Any]) -> str | No
     lowered = message.lower()
     found = {lowered.find(key.lower()): key for key in trainer_cfg if key.lower() in lowered}
     return found[min(found)] if found else None
+
+
+def _key_naming_package(message: str, trainer_cfg: Mapping[str, Any]) -> str | None:
+    """The ``trainer.*`` setting whose value names the package a ModuleNotFoundError's ``message``
+    asks for, ``-`` read as ``_`` (``precision=transformer-engine``: ``transformer_engine``); None
+    where no value (but ``auto``) does."""
+    lowered = message.lower()
+    for key, value in trainer_cfg.items():
+        if isinstance(value, str) and value != "auto" and value.lower().replace("-", "_") in lowered:
+            return key
+    return None
 
 
 def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
