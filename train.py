@@ -109,6 +109,18 @@ def no_validation_reason(val_check_interval: int | float) -> str:
     return f"its steps never reached a multiple of trainer.val_check_interval={val_check_interval}"
 
 
+def batch_val_check_interval(trainer_cfg: dict[str, Any]) -> dict[str, Any]:
+    """Lightning's Trainer arguments for ``trainer_cfg``, whose ``val_check_interval`` counts optimizer
+    steps (``conf/trainer/cpu.yaml``): Lightning counts training batches, so a step count is multiplied
+    by ``accumulate_grad_batches`` (a new-user check: ``val_check_interval=5`` with 2 batches a step
+    validated every 2.5 steps, and ``max_steps=10`` left its last steps unvalidated)."""
+    interval = trainer_cfg.get("val_check_interval")
+    accumulate = trainer_cfg.get("accumulate_grad_batches") or 1
+    if isinstance(interval, bool) or not isinstance(interval, int) or accumulate == 1:
+        return trainer_cfg
+    return {**trainer_cfg, "val_check_interval": interval * accumulate}
+
+
 def build_meta_model(cfg: DictConfig, model_config: dict[str, Any]) -> LanguageModel:
     """The model of ``model_config`` on the meta device (no weights allocated), built so that the
     mixers check their settings' values (``pos_emb=ropee``, ``num_heads=0``) before anything runs.
@@ -303,7 +315,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         callbacks.append(EarlyStopping(**early_stopping))
     with trainer_settings_errors(trainer_cfg):
         trainer = L.Trainer(
-            **trainer_cfg,
+            **batch_val_check_interval(trainer_cfg),
             default_root_dir=str(run_dir),
             logger=loggers or False,
             callbacks=callbacks,
@@ -382,12 +394,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                         "checkpoint is the last one"
                     )
                 elif not own_best:
+                    # The setting, in optimizer steps (Lightning's counts batches: batch_val_check_interval).
+                    interval = trainer_cfg.get("val_check_interval") or trainer.val_check_interval
                     log.info(
                         "training was interrupted before its first validation: "
                         "the best checkpoint is the last one"
                         if interrupted
                         else "no validation ran during this run "
-                        f"({no_validation_reason(trainer.val_check_interval)}): the best checkpoint is the "
+                        f"({no_validation_reason(interval)}): the best checkpoint is the "
                         "last one"
                     )
                 elif last_validated is not None and trainer.global_step > last_validated:

@@ -723,6 +723,20 @@ def test_a_run_without_validation_says_so_without_lightnings_warning(tmp_path, m
     assert read_checkpoint(out["best_ckpt"])["global_step"] == 20
 
 
+def test_val_check_interval_counts_optimizer_steps_with_accumulated_batches(tmp_path, monkeypatch, caplog):
+    # A new-user check: Lightning counts the interval in batches, so 5 with 2 batches a step validated
+    # every 2.5 steps (4 times in 10 steps), where conf/trainer/cpu.yaml says optimizer steps.
+    accumulate = ["+trainer.accumulate_grad_batches=2", "trainer.max_steps=10"]
+    with train_log_heard(monkeypatch, caplog):
+        out = run_train(tmp_path / "five", [*accumulate, "trainer.val_check_interval=5"])
+    assert len(logged(out["run_dir"], "val/loss")) == 2 + 1  # steps 5 and 10, and the final validation
+    assert read_checkpoint(out["last_ckpt"])["global_step"] == 10 and "not validated" not in caplog.text
+    caplog.clear()
+    with train_log_heard(monkeypatch, caplog):
+        run_train(tmp_path / "never", [*accumulate, "trainer.val_check_interval=11"])
+    assert "its steps never reached a multiple of trainer.val_check_interval=11)" in caplog.text
+
+
 def test_the_reason_no_validation_ran_follows_the_kind_of_interval():
     # A new-user check: a run stopped by max_steps inside its first epoch (val_check_interval=1.0,
     # once an epoch) was told its steps never reached a multiple of the interval.
