@@ -456,7 +456,9 @@ def check_sweep_job(cfg: DictConfig) -> None:
     """What :func:`train` would refuse in a sweep's job before it draws or reads any data:
     :func:`training.settings.check_settings`, the data module's arguments, the model's settings (built
     on the meta device with :data:`STAND_IN_VOCAB_SIZE`), a learned position table long enough for the
-    slices (:func:`training.settings.check_learned_positions`), the text corpus's files
+    slices (:func:`training.settings.check_learned_positions`), the metrics ``early_stopping`` and
+    ``data.monitor`` name (:func:`training.settings.check_early_stopping`,
+    :func:`training.settings.check_monitor`), the text corpus's files
     (:func:`data.text.local_corpus_files`) and the process count Lightning resolves
     (:func:`training.settings.resolved_world_size`), so that ``-m optim.lr=1e-3,abc`` or
     ``mixer.settings.mamba.d_state=8,0`` is refused before the first job trains; and a ``run_dir``
@@ -478,8 +480,13 @@ def check_sweep_job(cfg: DictConfig) -> None:
     # The slices' lengths come from the settings (a new-user check: a later job's learned position
     # table too short for them was refused only when that job started, after the first had trained).
     seqlen = int(data_cfg["seqlen"])
-    slice_seqlens = slice_lengths(dm, list(getattr(dm, "slice_names", ["val"])), seqlen)
+    slice_names = list(getattr(dm, "slice_names", ["val"]))
+    slice_seqlens = slice_lengths(dm, slice_names, seqlen)
     check_learned_positions(model, max([seqlen, *slice_seqlens.values()]))
+    # The metrics they name (a new-user check: -m +early_stopping.monitor=val/loss,val/accc refused its
+    # second job after the first had trained).
+    check_early_stopping(cfg.get("early_stopping"), slice_names)
+    check_monitor(data_cfg.get("monitor"), data_cfg.get("monitor_mode"), slice_names)
     if data_cfg.get("path") is not None:  # a missing corpus was found only when its job started
         local_corpus_files(data_cfg["path"])
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)

@@ -921,6 +921,13 @@ def test_an_evaluation_refuses_a_misspelt_setting_in_one_line_before_hydra(tmp_p
          "the sweep's job with trainer.devices=0: trainer settings: trainer.devices=0: `Trainer(devices=0)`"),
         (["+trainer.max_time=00:00:05:00,abc"],
          "the sweep's job with +trainer.max_time=abc: trainer.max_time must be DD:HH:MM:SS, e.g. "),
+        # A new-user check: the metrics a monitor names were checked only as their job started.
+        (["+early_stopping.monitor=val/loss,val/accc"],
+         "the sweep's job with +early_stopping.monitor=val/accc: early_stopping.monitor='val/accc': "),
+        (["+early_stopping.monitor=val/loss,val/acc", "+early_stopping.mode=min"],
+         "the sweep's job with +early_stopping.monitor=val/acc: early_stopping.monitor=val/acc with "),
+        (["data.monitor=val/acc,val/accc"],
+         "the sweep's job with data.monitor=val/accc: data.monitor='val/accc': monitor one of the metrics"),
     ],
 )  # fmt: skip
 def test_a_sweeps_bad_value_is_refused_before_any_job_runs(argv, message):
