@@ -36,6 +36,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
@@ -107,6 +108,22 @@ def no_validation_reason(val_check_interval: int | float) -> str:
             f"{val_check_interval!r} validates"
         )
     return f"its steps never reached a multiple of trainer.val_check_interval={val_check_interval}"
+
+
+def interval_past_epoch(trainer_cfg: dict[str, Any], epoch_batches: int) -> str:
+    """The settings error for an int ``trainer.val_check_interval`` (optimizer steps) longer than an
+    epoch of ``epoch_batches`` training batches while ``trainer.check_val_every_n_epoch`` is set
+    (Lightning then validates within each epoch, and refuses such an interval as fit starts)."""
+    accumulate = trainer_cfg.get("accumulate_grad_batches") or 1
+    steps = epoch_batches // accumulate
+    return (
+        f"trainer.val_check_interval={trainer_cfg.get('val_check_interval')} steps is longer than an epoch "
+        f"({epoch_batches} training batches"
+        + (f", {steps} steps of {accumulate} batches" if accumulate > 1 else "")
+        + f") with trainer.check_val_every_n_epoch={trainer_cfg.get('check_val_every_n_epoch')}, which "
+        f"validates within each epoch; give trainer.val_check_interval of at most {max(steps, 1)}, or "
+        "trainer.check_val_every_n_epoch=null to count the steps across epochs"
+    )
 
 
 def batch_val_check_interval(trainer_cfg: dict[str, Any]) -> dict[str, Any]:
@@ -213,7 +230,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         ValueError: invalid model, mixer or data settings, with the offending key named; a top-level
             setting conf/train.yaml does not define and nothing reads
             (:func:`eval.cli.check_known_settings`); a group of settings replaced by a value
-            (``optim=5``).
+            (``optim=5``); an int ``trainer.val_check_interval`` longer than an epoch while
+            ``trainer.check_val_every_n_epoch`` is set, found as fit starts (:func:`interval_past_epoch`).
     """
     check_settings(cfg)
     run_dir = Path(cfg.run_dir).resolve()
@@ -338,6 +356,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         with sigterm_as_keyboard_interrupt(), numpy_scalars_loadable():
             try:
                 trainer.fit(lit, datamodule=dm, ckpt_path=resume)
+            except (ValueError, MisconfigurationException) as err:  # a ValueError in Lightning 2.6
+                if lit.first_step is not None or not str(err).strip().startswith("`val_check_interval`"):
+                    raise
+                # Lightning checks the interval against an epoch's batches only here, as fit starts: a
+                # new-user check got its message naming its own arguments (limit_val_batches=0, which
+                # mixerlab refuses) and kept the folder with the loggers' first files.
+                run_folders.TRAINED_NOTHING.add(run_dir)
+                note_trained_nothing(run_dir)
+                raise ValueError(interval_past_epoch(trainer_cfg, trainer.num_training_batches)) from err
             except SystemExit:
                 # Lightning answers Ctrl+C (and SIGTERM, made one above) with a graceful shutdown,
                 # then sys.exit(1). One process can still save and evaluate what it trained; DDP's

@@ -805,6 +805,29 @@ def test_train_cli_refuses_bad_settings_in_one_line_and_leaves_no_folder(tmp_pat
     assert [p.name for p in tmp_path.rglob("*")] == ["work"]  # no outputs/, nor any other folder
 
 
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_an_interval_longer_than_an_epoch_is_refused_in_one_line_and_leaves_no_folder(tmp_path, accumulate):
+    """A new-user check: with trainer.check_val_every_n_epoch set, Lightning refuses an interval longer
+    than an epoch only as fit starts, in its own terms (limit_val_batches to 0, which mixerlab refuses),
+    and the loggers' first files (csv/hparams.yaml) kept the run's folder. Now one line naming the
+    trainer.* settings, in steps of accumulate_grad_batches batches, status 2, the folder undone."""
+    (tmp_path / "work").mkdir()
+    # 640 examples in batches of 32: 20 batches an epoch
+    overrides = ["trainer.val_check_interval=30", "trainer.check_val_every_n_epoch=1", "logger=csv",
+                 f"+trainer.accumulate_grad_batches={accumulate}"]  # fmt: skip
+    result = cli([str(REPO_ROOT / "train.py"), *TINY, *MQAR_TINY, *overrides], cwd=tmp_path / "work")
+    assert result.returncode == 2, result.stderr[-3000:]
+    steps = "20 training batches" if accumulate == 1 else "20 training batches, 10 steps of 2 batches"
+    assert result.stderr.splitlines()[-1] == (
+        f"error: trainer.val_check_interval=30 steps is longer than an epoch ({steps}) with "
+        "trainer.check_val_every_n_epoch=1, which validates within each epoch; give "
+        f"trainer.val_check_interval of at most {20 // accumulate}, or trainer.check_val_every_n_epoch=null "
+        "to count the steps across epochs"
+    ), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert [p.name for p in tmp_path.rglob("*")] == ["work"]  # no outputs/, nor any other folder
+
+
 def test_train_cli_refuses_a_mismatched_resume_first_and_leaves_no_folder(jamba_run, tmp_path):
     # Found by a review: the refusal came after Lightning's "Seed set to 0", and a run started in a
     # folder without outputs/ left an empty outputs/ behind (Hydra makes the run directory's parents).
