@@ -1404,6 +1404,11 @@ def linear_attention(
         o_t = scale q_t . (S_0 + sum_{s<=t} k_s v_s^T)
         with normalize: o_t /= scale q_t . (z_0 + sum_{s<=t} k_s) + eps
 
+    Non-finite values follow IEEE arithmetic in the chunked product, as in the Triton kernel: a NaN or
+    infinite entry of v at position s also reaches the rows t < s of its chunk (0 * NaN in the masked
+    ``tril(q k^T) v``), not only the rows t >= s of the formula above; one of k reaches only those
+    (the scores are masked with a select, not a product).
+
     Args:
         q: (B, T, H, K) feature-mapped queries.
         k: (B, T, H, K) feature-mapped keys, same dtype as q.

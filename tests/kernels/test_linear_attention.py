@@ -697,6 +697,25 @@ def test_raw_mode_without_final_state_use():
     torch.testing.assert_close(dk, v.sum(-1, keepdim=True).expand_as(k), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
+def test_non_finite_key_and_value_reach_the_rows_documented(normalize, backend):
+    # kernels.reference.linear_attention's docstring: a NaN in k at position s reaches rows t >= s only
+    # (the scores are masked with a select); one in v also the rows t < s of its chunk (0 * NaN in the
+    # masked product), in both backends alike. An audit found the v case undocumented.
+    seqlen, pos = 70, 40
+    chunk = la.chunk_size(torch.float32) if backend == "triton" else reference._LINEAR_ATTENTION_CHUNK_SIZE
+    start = pos // chunk * chunk  # the first row of the NaN's chunk
+    rows = torch.arange(seqlen, device=DEVICE)
+    for name, want in (("k", rows >= pos), ("v", rows >= start)):
+        q, k, v, _ = make_inputs(1, seqlen, 2, 16, 16, torch.float32, normalize=normalize, init=False)
+        {"k": k, "v": v}[name][0, pos, 1, 3] = math.nan
+        o = kernels.linear_attention(q, k, v, normalize=normalize, backend=backend)
+        assert torch.equal(o[0, :, 1].isnan().any(-1), want), name
+        assert not o[0, :, 0].isnan().any(), name  # the other head
+
+
 @pytest.mark.parametrize("normalize", [True, False], ids=["norm", "raw"])
 def test_empty_sequence_and_batch(normalize):
     for batch, seqlen in ((2, 0), (0, 5)):
