@@ -138,6 +138,28 @@ def batch_val_check_interval(trainer_cfg: dict[str, Any]) -> dict[str, Any]:
     return {**trainer_cfg, "val_check_interval": interval * accumulate}
 
 
+class NotedEarlyStopping(EarlyStopping):
+    """Lightning's ``EarlyStopping`` that notes the step and the reason when it stops this run, for
+    train.py's one line about it (Lightning says so only with ``verbose``, which also logs every
+    improvement; ended by early stopping, a run otherwise finished before trainer.max_steps without a
+    word). ``stopped_at``: (global step, Lightning's reason), or None while it has not stopped this run;
+    its reason restored from a resumed checkpoint does not count."""
+
+    stopped_at: tuple[int, str] | None = None
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._noted(trainer, super().on_validation_end, pl_module)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._noted(trainer, super().on_train_epoch_end, pl_module)
+
+    def _noted(self, trainer: L.Trainer, hook, pl_module: L.LightningModule) -> None:
+        stopping = trainer.should_stop
+        hook(trainer, pl_module)
+        if trainer.should_stop and not stopping and self.stopping_reason_message:
+            self.stopped_at = (trainer.global_step, self.stopping_reason_message)
+
+
 def build_meta_model(cfg: DictConfig, model_config: dict[str, Any]) -> LanguageModel:
     """The model of ``model_config`` on the meta device (no weights allocated), built so that the
     mixers check their settings' values (``pos_emb=ropee``, ``num_heads=0``) before anything runs.
@@ -330,7 +352,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         # validating once an epoch stopped mid-epoch (max_steps, max_time) before its first
         # validation, with the metric not logged yet.
         early_stopping.setdefault("strict", False)
-        callbacks.append(EarlyStopping(**early_stopping))
+        callbacks.append(NotedEarlyStopping(**early_stopping))
     with trainer_settings_errors(trainer_cfg):
         trainer = L.Trainer(
             **batch_val_check_interval(trainer_cfg),
@@ -388,6 +410,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     f"training interrupted at step {trainer.global_step}: "
                     "saving and evaluating the best checkpoint"
                 )
+        stopper = next((c for c in callbacks if isinstance(c, NotedEarlyStopping)), None)
+        if stopper is not None and stopper.stopped_at is not None and trainer.is_global_zero:
+            step, reason = stopper.stopped_at
+            reason = reason.removesuffix(" Signaling Trainer to stop.")
+            log.info(f"early stopping ended training at step {step}: {reason}")
         # The final save and evaluation take seconds and are what an interrupted run exists to
         # keep: a Ctrl+C or SIGTERM now is noted and acted on after them.
         with defer_stop_signals(trainer):

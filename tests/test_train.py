@@ -1562,6 +1562,26 @@ def test_an_interrupt_before_the_first_step_undoes_the_run_folder(tmp_path, fold
     assert tree(tmp_path) == before
 
 
+def test_early_stopping_says_when_it_ends_a_run(tmp_path, monkeypatch, caplog):
+    # A new-user check: a run that early stopping ended before trainer.max_steps finished without a
+    # word (Lightning says so only with verbose, which logs every improvement too). A resumed run does
+    # not repeat the reason restored from the checkpoint it continues.
+    stop = "early_stopping={monitor:val/acc,mode:max,stopping_threshold:0.0}"
+    with train_log_heard(monkeypatch, caplog):
+        out = run_train(tmp_path / "a", ["trainer.val_check_interval=5", stop])
+    assert read_checkpoint(out["last_ckpt"])["global_step"] == 5
+    assert re.search(r"early stopping ended training at step 5: Stopping threshold reached: val/acc = "
+                     r"[0-9.e-]+ > 0\.0\.$", caplog.text, re.M), caplog.text  # fmt: skip
+    caplog.clear()
+    keep_going = "early_stopping={monitor:val/acc,mode:max,stopping_threshold:1.5,patience:100}"
+    with train_log_heard(monkeypatch, caplog):
+        resumed = run_train(
+            tmp_path / "b", ["trainer.val_check_interval=5", keep_going, f"resume={out['last_ckpt']}"]
+        )
+    assert read_checkpoint(resumed["last_ckpt"])["global_step"] == 20
+    assert "early stopping" not in caplog.text
+
+
 def test_early_stopping_survives_a_run_cut_before_its_first_validation(tmp_path):
     # Validation once an epoch, the run cut mid-epoch by max_steps: Lightning's strict check raised
     # "Early stopping conditioned on metric `val/acc` which is not available" (a new-user check found
