@@ -2120,20 +2120,28 @@ def test_resume_continues_steps_tokens_and_schedule(tmp_path):
     assert {r["train_tokens"] for r in records} == {30 * 32 * 64}
 
 
+@contextlib.contextmanager
+def stopped_after_step(monkeypatch, step: int) -> Iterator[None]:
+    """Within the block, a run stops after its optimizer step ``step``, as trainer.max_time stops it
+    (Lightning's Timer sets trainer.should_stop after a step): not interrupted, mid-epoch."""
+    on_train_batch_end = LitLM.on_train_batch_end
+
+    def stopping(self, outputs, batch, batch_idx):
+        on_train_batch_end(self, outputs, batch, batch_idx)
+        if self.global_step == step:
+            self.trainer.should_stop = True
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LitLM, "on_train_batch_end", stopping)
+        yield
+
+
 def test_a_resume_on_another_max_steps_notes_the_recomputed_schedule(tmp_path, monkeypatch, caplog):
     """A new-user check: resumed at step 12 of a 40-step run with trainer.max_steps=16, the cosine
     schedule was recomputed over 16 steps without a word (its floor at step 16, not 40). The run
     resumes (training on for longer, or less, is legitimate) and says so once, with the rates."""
     settings = ["model.n_layers=2", "trainer.val_check_interval=4", "optim.warmup_steps=4"]
-    on_train_batch_end = LitLM.on_train_batch_end
-
-    def stopped_after_step_12(self, outputs, batch, batch_idx):
-        on_train_batch_end(self, outputs, batch, batch_idx)
-        if self.global_step == 12:
-            self.trainer.should_stop = True
-
-    with monkeypatch.context() as patch:
-        patch.setattr(LitLM, "on_train_batch_end", stopped_after_step_12)
+    with stopped_after_step(monkeypatch, 12):
         part = run_train(tmp_path / "part", [*settings, "trainer.max_steps=40"])
     assert read_checkpoint(part["last_ckpt"])["callbacks"]["ScheduleRecord"] == {
         "total": 40, "warmup": 4, "interval": "step"
@@ -2209,15 +2217,7 @@ def test_a_session_stopped_mid_epoch_resumes_on_the_uninterrupted_batches(tmp_pa
     # 20, then on its next epoch's.
     settings = ["model.n_layers=2", "trainer.max_steps=30", "trainer.val_check_interval=10"]
     full = run_train(tmp_path / "full", settings)
-    on_train_batch_end = LitLM.on_train_batch_end
-
-    def time_is_up_after_step_10(self, outputs, batch, batch_idx):
-        on_train_batch_end(self, outputs, batch, batch_idx)
-        if self.global_step == 10:
-            self.trainer.should_stop = True
-
-    with monkeypatch.context() as patch:
-        patch.setattr(LitLM, "on_train_batch_end", time_is_up_after_step_10)
+    with stopped_after_step(monkeypatch, 10):
         part = run_train(tmp_path / "part", settings)
     assert not part["interrupted"] and read_checkpoint(part["last_ckpt"])["global_step"] == 10
     resumed = run_train(tmp_path / "resumed", [*settings, f"resume={part['last_ckpt']}"])
