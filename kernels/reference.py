@@ -489,14 +489,14 @@ def flash_attention(
     # Non-finite queries: IEEE arithmetic makes the row of a query with a NaN or infinite entry NaN
     # (its scores are NaN or +-inf), as the Triton kernel computes it, but PyTorch's fused CPU call
     # returns 0 there (torch 2.13, float64 too) and the masked softmax an lse of -inf or +inf: such
-    # rows that see a key are set to NaN below. All-finite queries on CPU skip the flags.
+    # rows that see a key are set to NaN below. On CPU one sum of q, k and v (one read back) decides
+    # whether any flag is needed.
     bad_rows = None  # (B, Tq, Hkv): the row sees a non-finite key or value entry
-    bad_queries = None  # (B, Tq, Hq): the query holds a non-finite entry and its row sees a key
     with torch.no_grad():  # flags, not part of the function
-        guard = q.device.type != "cpu" or not bool(torch.isfinite(k.sum() + v.sum()))
+        guard = q.device.type != "cpu" or not bool(torch.isfinite(q.sum() + k.sum() + v.sum()))
         bad_keys = _has_non_finite(k) | _has_non_finite(v) if guard else None  # (B, Tk, Hkv)
-        if q.device.type != "cpu" or not bool(torch.isfinite(q.sum())):
-            bad_queries = _has_non_finite(q) & (end > start)[:, None]
+        # (B, Tq, Hq): the query holds a non-finite entry and its row sees a key
+        bad_queries = _has_non_finite(q) & (end > start)[:, None] if guard else None
     if guard:
         bad_rows = _any_in_ranges(bad_keys, start, end)
         q_in, k_in, v_in = _ConfineNonFinite.apply(q_in, k_in, v_in, bad_rows, start, end)
