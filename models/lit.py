@@ -50,6 +50,15 @@ def logged_metrics(slice_names: Sequence[str]) -> set[str]:
     return {*TRAIN_METRICS, "val/loss", "val/acc", "val/ppl"} | per_slice
 
 
+def improving_mode(metric: str) -> str | None:
+    """How a metric of :func:`logged_metrics` improves: ``"max"`` for the accuracies (``train/acc``,
+    ``val/acc``, ``val/acc_<slice>``), ``"min"`` for the losses and ``val/ppl``, None for
+    ``train/tokens`` (a count). The direction early stopping and best.ckpt's selection must take."""
+    if metric == "train/tokens":
+        return None
+    return "max" if metric.split("/", 1)[-1].startswith("acc") else "min"
+
+
 DEFAULT_OPTIM = {
     "lr": 1e-3,
     "weight_decay": 0.1,

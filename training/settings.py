@@ -41,7 +41,7 @@ from data.mqar import parse_slice_name
 from eval.cli import check_known_settings, closest_settings, override_value, pasteable
 from eval.records import WANDB_KEYS, check_flag, check_wandb_settings
 from mixers import MIXERS, setting_names
-from models.lit import check_optim, logged_metrics
+from models.lit import check_optim, improving_mode, logged_metrics
 
 
 def check_settings(cfg: DictConfig) -> None:
@@ -553,8 +553,8 @@ def check_early_stopping(settings: Any, slice_names: list[str]) -> None:
         )
     if mode not in ("min", "max"):
         raise ValueError(f"early_stopping.mode must be min or max, got {mode!r}")
-    better = "max" if monitor.startswith(("val/acc", "train/acc")) else "min"
-    if monitor != "train/tokens" and mode != better:
+    better = improving_mode(monitor)
+    if better is not None and mode != better:
         given = f"early_stopping.mode={mode}" if "mode" in settings else "no early_stopping.mode (min)"
         fix = "early_stopping.mode" if "mode" in settings else "+early_stopping.mode"
         direction = "falling" if better == "max" else "rising"
@@ -582,7 +582,7 @@ def check_monitor(monitor: Any, mode: Any, slice_names: list[str]) -> None:
         )
     if mode not in ("min", "max"):
         raise ValueError(f"data.monitor_mode must be min or max, got {mode!r}")
-    if mode == "max" and monitor.startswith(("val/loss", "val/ppl", "train/loss")):
+    if mode == "max" and improving_mode(monitor) == "min":
         raise ValueError(
             f"data.monitor={monitor} with data.monitor_mode=max would keep the highest-loss checkpoint as "
             "best.ckpt; add data.monitor_mode=min"
