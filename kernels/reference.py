@@ -215,7 +215,7 @@ def _check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
         )
 
 
-_INT64_MAX = 2**63 - 1
+MAX_WINDOW = 2**63 - 1  # the largest window the kernels take: they hold it as an int64
 
 
 def _check_window(window, causal: bool = True) -> None:
@@ -225,7 +225,7 @@ def _check_window(window, causal: bool = True) -> None:
         raise TypeError(f"window must be a positive int or None, got {window!r}; pass int(window)")
     if window <= 0:
         raise ValueError(f"window must be > 0 (it counts the current token), got {window}")
-    if window > _INT64_MAX:
+    if window > MAX_WINDOW:
         raise ValueError(
             f"window must be at most 2**63 - 1 (the kernels' int64), got {window}; a window at least as "
             "long as the sequence excludes nothing: pass window=None"

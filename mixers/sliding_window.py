@@ -17,8 +17,6 @@ import kernels
 from mixers.attention import Attention
 from mixers.common import MixerCache, check_positive_int
 
-_INT64_MAX = 2**63 - 1  # the kernels take the window as an int64
-
 
 @dataclasses.dataclass(kw_only=True)
 class RingKVCache(MixerCache):
@@ -63,7 +61,7 @@ class SlidingWindowAttention(Attention):
     def __init__(self, d_model: int, num_heads: int, window: int, **kwargs):
         super().__init__(d_model, num_heads, **kwargs)
         self.window = check_positive_int(window, "window", self.name)
-        if window > _INT64_MAX:
+        if window > kernels.reference.MAX_WINDOW:
             raise ValueError(
                 f"{self.name}: window must be at most 2**63 - 1 (the kernels' int64), got {window}; a "
                 "window at least as long as the sequences excludes nothing: use the attention mixer"
