@@ -68,6 +68,7 @@ from training.run_folders import (
     remove_unused_run_dir,
 )
 from training.settings import (
+    TrainerSettingsError,
     check_logger_settings,
     check_run_dir,
     check_settings,
@@ -2607,12 +2608,29 @@ def test_resume_accepts_a_process_count_record_of_numpy_integers(jamba_run, tmp_
     ],
     ids=["cpu-auto", "cpu-string", "cpu-ddp-string", "two-nodes", "auto-auto"],
 )
-def test_resolved_world_size_is_the_trainers(settings, capfd):
+def test_resolved_world_size_is_the_trainers(settings, capfd, monkeypatch):
     """train.py resolves the process count before seeding (so that a resume on another count is
     refused first): the count the Trainer then runs with, printing nothing of its own."""
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")  # two nodes meet there (see the test below)
     world_size = resolved_world_size(settings)
     assert capfd.readouterr() == ("", "")
     assert world_size == L.Trainer(**settings, logger=False, enable_progress_bar=False).world_size
+
+
+def test_several_nodes_need_an_address_to_meet_at(monkeypatch):
+    """Found by a new-user check: trainer.num_nodes=2 on one machine waited for the second node at
+    the first rendezvous, silently and past SIGTERM. Without a cluster manager and MASTER_ADDR it is
+    refused, saying how to launch on several nodes; with MASTER_ADDR (set on every node) it runs."""
+    for name in ("MASTER_ADDR", "SLURM_NTASKS", "SLURM_JOB_NAME", "TORCHELASTIC_RUN_ID", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    settings = {"accelerator": "cpu", "devices": 1, "num_nodes": 2, "strategy": "ddp"}
+    message = (r"^trainer settings: trainer.num_nodes=2 would wait for 1 more node\(s\) with no address to "
+               r"meet them at \(MASTER_ADDR is not set.*NODE_RANK=<0 to 1>.*use trainer.num_nodes=1$")  # fmt: skip
+    with pytest.raises(TrainerSettingsError, match=message):
+        resolved_world_size(settings)
+    assert resolved_world_size({**settings, "num_nodes": 1}) == 1
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    assert resolved_world_size(settings) == 2
 
 
 def test_resume_refusals_paste_back_as_overrides(jamba_run, tmp_path):

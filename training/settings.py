@@ -711,8 +711,11 @@ def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
         TrainerSettingsError: the settings the Trainer would refuse (``trainer.devices=-1`` on CPU,
             an unavailable accelerator, ``trainer.strategy=bogus``), named by
             :func:`trainer_settings_errors`; a strategy that spawns or forks its processes
-            (``ddp_spawn``, ``ddp_fork``, ``ddp_notebook``), whose results train.py would not see.
+            (``ddp_spawn``, ``ddp_fork``, ``ddp_notebook``), whose results train.py would not see;
+            ``trainer.num_nodes`` > 1 with no cluster manager and no ``MASTER_ADDR`` (the run would
+            wait for nodes that cannot reach it).
     """
+    from lightning.fabric.plugins.environments import LightningEnvironment
     from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 
     arguments = inspect.signature(_AcceleratorConnector).parameters
@@ -732,6 +735,25 @@ def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
             f"trainer settings: {given} starts its processes by {connector.strategy._start_method}, and what "
             "they compute (the final validation, the records) does not come back to train.py; use "
             "trainer=ddp (trainer.strategy=ddp: each process runs train.py)"
+        )
+    # A new-user check: trainer.num_nodes=2 on one machine waited for the second node at the first
+    # rendezvous, without a word and past SIGTERM. Without a cluster manager (SLURM, torchrun, ...)
+    # Lightning's own environment meets the other nodes at MASTER_ADDR, which defaults to this
+    # machine's loopback address, where no other node can reach it.
+    nodes = trainer_cfg.get("num_nodes", 1)
+    if (
+        isinstance(nodes, int)
+        and nodes > 1
+        and isinstance(connector.cluster_environment, LightningEnvironment)
+        and "MASTER_ADDR" not in os.environ
+    ):
+        given = pasteable(f"trainer.num_nodes={override_value(nodes)}")
+        raise TrainerSettingsError(
+            f"trainer settings: {given} would wait for {nodes - 1} more node(s) with no address to meet them "
+            "at (MASTER_ADDR is not set, and no cluster manager such as SLURM or torchrun started this "
+            f"run); on each node run this command with MASTER_ADDR=<node 0's address> MASTER_PORT=<a free "
+            f"port> NODE_RANK=<0 to {nodes - 1}>, or launch it through your cluster manager; on this "
+            "machine alone use trainer.num_nodes=1"
         )
     # The connector runs for a stated count too: it checks what the Trainer would (strategy=bogus,
     # an accelerator whose package is missing) before the seeding, not after it.
