@@ -160,6 +160,26 @@ class NotedEarlyStopping(EarlyStopping):
             self.stopped_at = (trainer.global_step, self.stopping_reason_message)
 
 
+class StepLearningRateMonitor(LearningRateMonitor):
+    """Lightning's ``LearningRateMonitor(logging_interval="step")`` that logs once per optimizer step.
+
+    Lightning's logs at the start of every training batch whose step is due, and with
+    ``trainer.accumulate_grad_batches`` > 1 the batches of one step share it: the CSV log had one lr
+    row per batch, the same step repeated (a new-user check). The learning rate cannot change between
+    them (the scheduler steps with the optimizer), so the first batch of a step logs it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging_interval="step")
+        self._step_seen: int | None = None
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped  # the step Lightning's logs at
+        if step != self._step_seen:
+            self._step_seen = step
+            super().on_train_batch_start(trainer, *args, **kwargs)
+
+
 def build_meta_model(cfg: DictConfig, model_config: dict[str, Any]) -> LanguageModel:
     """The model of ``model_config`` on the meta device (no weights allocated), built so that the
     mixers check their settings' values (``pos_emb=ropee``, ``num_heads=0``) before anything runs.
@@ -344,7 +364,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     )
     loggers = _loggers(cfg, run_dir, run_name)
     callbacks = [checkpoint_cb, WorldSizeRecord(), ScheduleRecord(), StopDDPOnSigterm(), StopWhenSweepStops()]
-    callbacks += [LearningRateMonitor(logging_interval="step")] if loggers else []
+    callbacks += [StepLearningRateMonitor()] if loggers else []
     if cfg.get("early_stopping"):
         early_stopping = OmegaConf.to_container(cfg.early_stopping, resolve=True)
         # Not strict unless asked: the monitor was checked against the metrics this run logs

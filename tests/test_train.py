@@ -731,6 +731,9 @@ def test_val_check_interval_counts_optimizer_steps_with_accumulated_batches(tmp_
     with train_log_heard(monkeypatch, caplog):
         out = run_train(tmp_path / "five", [*accumulate, "trainer.val_check_interval=5"])
     assert len(logged(out["run_dir"], "val/loss")) == 2 + 1  # steps 5 and 10, and the final validation
+    # One learning-rate row a step (Lightning's monitor wrote one a batch, each step twice).
+    lr_steps = [row["step"] for row in metrics_rows(out["run_dir"]) if row.get("lr-AdamW/pg1")]
+    assert lr_steps == [str(step) for step in range(10)], lr_steps
     assert read_checkpoint(out["last_ckpt"])["global_step"] == 10 and "not validated" not in caplog.text
     caplog.clear()
     with train_log_heard(monkeypatch, caplog):
