@@ -45,6 +45,7 @@ from helpers import dtype_id, forced_config, gpu, record_step_plans, same_layout
 
 import kernels
 from kernels import reference
+from kernels._host import sm_count
 
 # ``kernels.linear_attention`` is the public function (it shadows the submodule's name on the
 # package), so the kernel module is taken from sys.modules.
@@ -52,6 +53,10 @@ la = sys.modules["kernels.linear_attention"]
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F64 = torch.float64
+# Five fp32 chunks, the last ragged: T 70 under the interpreter (chunks of 16), 134 on CUDA (32). The
+# tests of the segment and z-program layouts count on five (a plain T 70 made three on a GPU, where
+# their layout checks failed: 2026-12-07, H100).
+FIVE_CHUNKS = 4 * la.chunk_size(torch.float32) + 6
 
 
 # ----------------------------------------------------------------------------------------------
@@ -791,15 +796,18 @@ def test_fused_forward_normaliser_paths(monkeypatch, chunk_z, v_dim, layout):
     # K 80 pads to 128: in fp32 the normalised fused forward loads each chunk's z from the segment
     # kernel's z programs and the chunk-z kernel (and stores the states at the end of a chunk), unless
     # CHUNK_Z_MIN_K says otherwise. Both against the float64 reference, with an initial state, forward
-    # and backward, at B1 H1 T70 (5 chunks) in (V tiles, segments) = layout under the interpreter's 4
-    # SMs: the segment sums, the z programs and the states at segment boundaries all take part.
+    # and backward, at B1 H1 and 5 chunks (T 70 under the interpreter) in (V tiles, segments) = layout
+    # under the interpreter's 4 SMs (on a GPU its own tiles and SMs, and more than one segment): the
+    # segment sums, the z programs and the states at segment boundaries all take part.
     monkeypatch.setattr(la, "CHUNK_Z_MIN_K", 128 if chunk_z else 1 << 30)
     assert la.loads_chunk_z(torch.float32, 80) == chunk_z
-    n_chunks = -(-70 // la.chunk_size(torch.float32))
+    n_chunks = -(-FIVE_CHUNKS // la.chunk_size(torch.float32))
     e_tiles = -(-v_dim // la.fused_config(torch.float32)[0])
-    per_segment = -(-n_chunks // la.num_segments(e_tiles, n_chunks, la.INTERPRET_SMS))
-    assert (n_chunks, e_tiles, -(-n_chunks // per_segment)) == (5, *layout)
-    q, k, v, state = make_inputs(1, 70, 1, 80, v_dim, torch.float32, normalize=True, init=True)
+    sms = sm_count(torch.device(DEVICE), la.INTERPRET_SMS)
+    per_segment = -(-n_chunks // la.num_segments(e_tiles, n_chunks, sms))
+    n_segments = -(-n_chunks // per_segment)
+    assert n_chunks == 5 and ((e_tiles, n_segments) == layout if DEVICE == "cpu" else n_segments > 1)
+    q, k, v, state = make_inputs(1, FIVE_CHUNKS, 1, 80, v_dim, torch.float32, normalize=True, init=True)
     assert_linear_accuracy(q, k, v, state, normalize=True)
 
 
@@ -810,7 +818,7 @@ def test_chunk_z_steps(monkeypatch, z_step):
     # against the float64 reference with an initial state, forward and backward.
     monkeypatch.setattr(la, "CHUNK_Z_STEP", z_step)
     assert la.loads_chunk_z(torch.float32, 80)
-    q, k, v, state = make_inputs(1, 70, 1, 80, 24, torch.float32, normalize=True, init=True)
+    q, k, v, state = make_inputs(1, FIVE_CHUNKS, 1, 80, 24, torch.float32, normalize=True, init=True)
     assert_linear_accuracy(q, k, v, state, normalize=True)
 
 
@@ -837,7 +845,7 @@ class _Launches:
 def test_chunk_z_parts(monkeypatch, part_chunks, z_step, below_heads, batch, num_heads, n_parts, block_c):
     # Below CHUNK_Z_PARTS_BELOW_HEADS batch * heads the z programs walk parts of CHUNK_Z_PART_CHUNKS
     # chunks in parallel and the chunk-z kernel adds the earlier parts' sums and the initial z: 5
-    # chunks (T 70, a ragged last chunk) in parts of one (a step past every part), two (a ragged last
+    # chunks (FIVE_CHUNKS, a ragged last chunk) in parts of one (a step past every part), two (a ragged last
     # part) and three, over two heads or two batches, and parts of three in chunk-z programs of two
     # chunks (CHUNK_Z_BLOCK_C: a part in two programs, the last part's second one empty). From it on,
     # one walk writes z itself, with no chunk-z kernel, even with parts of two chunks. Against the
@@ -852,9 +860,10 @@ def test_chunk_z_parts(monkeypatch, part_chunks, z_step, below_heads, batch, num
     monkeypatch.setattr(la, "linear_attention_segment_kernel", segment)
     monkeypatch.setattr(la, "linear_attention_chunk_z_kernel", chunk_z)
     assert la.loads_chunk_z(torch.float32, 80)
-    n_chunks = -(-70 // la.chunk_size(torch.float32))
+    n_chunks = -(-FIVE_CHUNKS // la.chunk_size(torch.float32))
     assert n_chunks == 5 and la.chunk_z_parts(n_chunks, batch * num_heads)[1] == n_parts
-    q, k, v, state = make_inputs(batch, 70, num_heads, 80, 24, torch.float32, normalize=True, init=True)
+    q, k, v, state = make_inputs(batch, FIVE_CHUNKS, num_heads, 80, 24, torch.float32, normalize=True,
+                                 init=True)  # fmt: skip
     assert_linear_accuracy(q, k, v, state, normalize=True)
     kwargs = dict(normalize=True, initial_state=state, output_final_state=True, backend="triton")
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
