@@ -751,7 +751,7 @@ def resolved_world_size(trainer_cfg: Mapping[str, Any]) -> int:
         raise TrainerSettingsError(
             f"trainer settings: {given} would wait for {nodes - 1} more node(s) with no address to meet them "
             "at (MASTER_ADDR is not set, and no cluster manager such as SLURM or torchrun started this "
-            f"run); on each node run this command with MASTER_ADDR=<node 0's address> MASTER_PORT=<a free "
+            "run); on each node run this command with MASTER_ADDR=<node 0's address> MASTER_PORT=<a free "
             f"port> NODE_RANK=<0 to {nodes - 1}>, or launch it through your cluster manager; on this "
             "machine alone use trainer.num_nodes=1"
         )
