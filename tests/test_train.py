@@ -2627,8 +2627,9 @@ def test_several_nodes_need_an_address_to_meet_at(monkeypatch):
     for name in ("MASTER_ADDR", "SLURM_NTASKS", "SLURM_JOB_NAME", "TORCHELASTIC_RUN_ID", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     settings = {"accelerator": "cpu", "devices": 1, "num_nodes": 2, "strategy": "ddp"}
-    message = (r"^trainer settings: trainer.num_nodes=2 would wait for 1 more node\(s\) with no address to "
-               r"meet them at \(MASTER_ADDR is not set.*NODE_RANK=<0 to 1>.*use trainer.num_nodes=1$")  # fmt: skip
+    message = (r"^trainer settings: trainer.num_nodes=2 would wait for 1 more node\(s\) with no address "
+               r"to meet them at \(MASTER_ADDR is not set.*NODE_RANK=<0 to 1>.*"
+               r"use trainer.num_nodes=1$")  # fmt: skip
     with pytest.raises(TrainerSettingsError, match=message):
         resolved_world_size(settings)
     assert resolved_world_size({**settings, "num_nodes": 1}) == 1
