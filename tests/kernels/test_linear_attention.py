@@ -883,8 +883,9 @@ def test_chunk_z_parts(monkeypatch, part_chunks, z_step, below_heads, batch, num
 @pytest.mark.parametrize("k_dim", [16, 80], ids=["K16", "K80"])
 def test_forward_without_grad_matches_training_forward(normalize, k_dim):
     # Without autograd the fused forward skips the per-chunk states; the output and final state
-    # must be bitwise those of the forward that stores them (T = 70: 5 chunks in 3 segments).
-    q, k, v, state = make_inputs(1, 70, 1, k_dim, 24, torch.float32, normalize=normalize, init=True)
+    # must be bitwise those of the forward that stores them (5 chunks: 3 segments under the
+    # interpreter, 5 on a GPU).
+    q, k, v, state = make_inputs(1, FIVE_CHUNKS, 1, k_dim, 24, torch.float32, normalize=normalize, init=True)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     kwargs = dict(normalize=normalize, initial_state=state, output_final_state=True, backend="triton")
     o_train, s_train = kernels.linear_attention(*leaves, **kwargs)
