@@ -365,6 +365,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     loggers = _loggers(cfg, run_dir, run_name)
     callbacks = [checkpoint_cb, WorldSizeRecord(), ScheduleRecord(), StopDDPOnSigterm(), StopWhenSweepStops()]
     callbacks += [StepLearningRateMonitor()] if loggers else []
+    stopper = None
     if cfg.get("early_stopping"):
         early_stopping = OmegaConf.to_container(cfg.early_stopping, resolve=True)
         # Not strict unless asked: the monitor was checked against the metrics this run logs
@@ -372,7 +373,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         # validating once an epoch stopped mid-epoch (max_steps, max_time) before its first
         # validation, with the metric not logged yet.
         early_stopping.setdefault("strict", False)
-        callbacks.append(NotedEarlyStopping(**early_stopping))
+        stopper = NotedEarlyStopping(**early_stopping)
+        callbacks.append(stopper)
     with trainer_settings_errors(trainer_cfg):
         trainer = L.Trainer(
             **batch_val_check_interval(trainer_cfg),
@@ -430,7 +432,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     f"training interrupted at step {trainer.global_step}: "
                     "saving and evaluating the best checkpoint"
                 )
-        stopper = next((c for c in callbacks if isinstance(c, NotedEarlyStopping)), None)
         if stopper is not None and stopper.stopped_at is not None and trainer.is_global_zero:
             step, reason = stopper.stopped_at
             reason = reason.removesuffix(" Signaling Trainer to stop.")
