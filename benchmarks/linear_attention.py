@@ -14,6 +14,10 @@ Three parts, each in bf16 unless ``--dtype fp16``, on one process and GPU:
    - ``ours_norm``: the same with ``normalize=True`` (the issue's target: within 1.15x of ``ours``);
    - ``fla``: fla-core's ``chunk_linear_attn(q, k, v, scale=K**-0.5, normalize=False)`` (same layout
      (B, T, H, K), same formula), ``n/a`` when fla-core is not installed;
+   - ``fla_norm``: the same with ``normalize=True`` (fla-core's default), the public baseline of
+     ``ours_norm``: fla divides the unnormalised output by q . cumsum(k) formed in separate passes
+     (a cumulative sum of K in K's dtype, then PyTorch elementwise ops), where ours forms the
+     denominator inside the chunked kernels;
    - ``flash``: our causal FlashAttention ``kernels.flash_attention(q, k, v, causal=True)`` with
      head dim K (``n/a`` when K != V), the exact attention the linear form replaces.
 
@@ -103,7 +107,8 @@ SWEEP_HEADS = 16
 SWEEP_DIM = 128
 DECODE = (256, 16, 128, 128)  # (B, H, K, V)
 QUICK_SEQLENS = (1024, 4096)
-PROVIDERS = ("ours", "ours_norm", "fla", "flash")
+PROVIDERS = ("ours", "ours_norm", "fla", "fla_norm", "flash")
+NORMALISED = ("ours_norm", "fla_norm")  # providers computing the normalised op
 DIRECTIONS = ("fwd", "bwd")
 # ours is flagged when its max abs error exceeds this multiple of fla's (DESIGN.md's tolerances).
 SUSPECT_FACTOR = {"fwd": 2.0, "bwd": 3.0}
@@ -184,7 +189,7 @@ def table_header() -> list[str]:
     """The printed table's column names (times in ms, ratios, max abs errors)."""
     return [
         "part", "shape", "dir", *(f"{p} ms" for p in PROVIDERS), "x fla", "x flash", "norm/raw",
-        "err ours", "err fla",
+        "norm x fla_norm", "err ours", "err fla",
     ]  # fmt: skip
 
 
@@ -211,18 +216,21 @@ def table_row(row: dict[str, Any], timing: str = "ms") -> list[str]:
         fmt_ratio(speedup["vs_fla"]),
         fmt_ratio(speedup["vs_flash"]),
         fmt_ratio(speedup["norm_over_raw"]),
+        fmt_ratio(speedup["norm_vs_fla_norm"]),
         err_ours,
         fmt_sci(row["max_abs_err"].get("fla")),
     ]
 
 
 def speedups(ms: dict[str, float | None]) -> dict[str, float | None]:
-    """ours' speedup over fla and flash (their time over ours') and the normalised-over-raw time
-    (a slowdown) from one row's provider -> ms; None where a time is missing."""
+    """ours' speedup over fla and flash (their time over ours'), the normalised-over-raw time
+    (a slowdown) and ours_norm's speedup over fla_norm from one row's provider -> ms; None where a
+    time is missing."""
     return {
         "vs_fla": ratio(ms.get("fla"), ms.get("ours")),
         "vs_flash": ratio(ms.get("flash"), ms.get("ours")),
         "norm_over_raw": ratio(ms.get("ours_norm"), ms.get("ours")),
+        "norm_vs_fla_norm": ratio(ms.get("fla_norm"), ms.get("ours_norm")),
     }
 
 
@@ -268,14 +276,14 @@ def make_provider(name: str, k_dim: int, v_dim: int) -> Callable:
         return functools.partial(
             kernels.linear_attention, scale=scale, normalize=name == "ours_norm", backend="triton"
         )
-    if name == "fla":
+    if name in ("fla", "fla_norm"):
         try:
             from fla.ops.linear_attn import chunk_linear_attn
         except ImportError as exc:
             raise NotApplicable(f"fla-core is not installed ({exc})") from exc
 
         def fla(q, k, v):
-            return chunk_linear_attn(q, k, v, scale=scale, normalize=False)[0]
+            return chunk_linear_attn(q, k, v, scale=scale, normalize=name == "fla_norm")[0]
 
         return fla
     if name == "flash":
@@ -289,7 +297,7 @@ def reference_fn(name: str, k_dim: int) -> Callable:
     """The fp32 reference of provider ``name``'s op."""
     if name == "flash":
         return functools.partial(reference.flash_attention, causal=True)
-    return functools.partial(reference.linear_attention, scale=k_dim**-0.5, normalize=name == "ours_norm")
+    return functools.partial(reference.linear_attention, scale=k_dim**-0.5, normalize=name in NORMALISED)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,7 +324,7 @@ class Check:
 
     def expected(self, provider: str) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """(output, (dq, dk, dv)) of the provider's reference op on the slice."""
-        key = "flash" if provider == "flash" else ("norm" if provider == "ours_norm" else "raw")
+        key = "flash" if provider == "flash" else ("norm" if provider in NORMALISED else "raw")
         if key not in self._cache:
             leaves = [x.clone().requires_grad_() for x in self.inputs]
             out = reference_fn(provider, self.k_dim)(*leaves)
@@ -686,7 +694,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "per round, then the median"
         ),
         "check": "max abs error vs the fp32 reference of each provider's op on (last batch, heads 0 and H-1)",
-        "speedup": "X's ms over ours' ms (> 1: ours faster); norm_over_raw = ours_norm ms / ours ms",
+        "speedup": (
+            "X's ms over ours' ms (> 1: ours faster); norm_over_raw = ours_norm ms / ours ms; "
+            "norm_vs_fla_norm = fla_norm ms / ours_norm ms"
+        ),
     }
     configs = [("shape", s) for s in args.shapes]
     if not args.no_sweep:
@@ -724,7 +735,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_json(path, record)
 
     print(f"\nms ({args.dtype}; lower is better); x X = X's ms over ours' (ours' speedup); norm/raw = ours")
-    print("normalised over unnormalised; err = max abs error vs the fp32 reference of the provider's op")
+    print("normalised over unnormalised; norm x fla_norm = fla_norm's ms over ours_norm's; err = max abs")
+    print("error vs the fp32 reference of the provider's op")
     print("(fwd: output, bwd: dq/dk/dv); '!' = ours beyond 2x/3x fla's\n")
     print(format_table(table_header(), [table_row(r) for r in rows]))
     if not args.no_graph:

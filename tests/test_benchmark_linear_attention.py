@@ -18,6 +18,7 @@ from benchmarks.linear_attention import (
     graph_backward_rounds,
     parse_args,
     parse_shape,
+    reference_fn,
     speedups,
     sweep_crossovers,
     table_header,
@@ -68,7 +69,13 @@ def test_crossover_edge_cases():
 
 
 def _row(part, seqlen, direction, ours, flash, **extra):
-    ms = {"ours": ours, "ours_norm": extra.get("norm"), "fla": extra.get("fla"), "flash": flash}
+    ms = {
+        "ours": ours,
+        "ours_norm": extra.get("norm"),
+        "fla": extra.get("fla"),
+        "fla_norm": extra.get("fla_norm"),
+        "flash": flash,
+    }
     status = {p: "ok" if ms[p] is not None else "n/a: fla-core is not installed" for p in PROVIDERS}
     return {
         "part": part,
@@ -80,20 +87,12 @@ def _row(part, seqlen, direction, ours, flash, **extra):
         "direction": direction,
         "ms": ms,
         "status": status,
-        "speedup": {
-            "vs_fla": None if ms["fla"] is None else ms["fla"] / ours,
-            "vs_flash": flash / ours,
-            "norm_over_raw": None if ms["ours_norm"] is None else ms["ours_norm"] / ours,
-        },
-        "max_abs_err": {"ours": 0.01, "ours_norm": 0.001, "fla": 0.002, "flash": 0.003},
+        "speedup": speedups(ms),
+        "max_abs_err": {"ours": 0.01, "ours_norm": 0.001, "fla": 0.002, "fla_norm": 0.004, "flash": 0.003},
         "ours_err_suspect": True,
         # GPU times: half the eager ones (the host's share gone), flash's not measured
         "graph_ms": {p: None if v is None or p == "flash" else v / 2 for p, v in ms.items()},
-        "graph_speedup": {
-            "vs_fla": None if ms["fla"] is None else ms["fla"] / ours,
-            "vs_flash": None,
-            "norm_over_raw": None if ms["ours_norm"] is None else ms["ours_norm"] / ours,
-        },
+        "graph_speedup": speedups({**ms, "flash": None}),
     }
 
 
@@ -116,8 +115,20 @@ def test_sweep_crossovers_per_direction_and_total():
 
 
 def test_speedups_are_the_others_time_over_ours():
-    got = speedups({"ours": 0.5, "ours_norm": 0.6, "fla": 1.0, "flash": None})
-    assert got == {"vs_fla": 2.0, "vs_flash": None, "norm_over_raw": pytest.approx(1.2)}
+    got = speedups({"ours": 0.5, "ours_norm": 0.6, "fla": 1.0, "fla_norm": 1.5, "flash": None})
+    assert got == {
+        "vs_fla": 2.0,
+        "vs_flash": None,
+        "norm_over_raw": pytest.approx(1.2),
+        "norm_vs_fla_norm": pytest.approx(2.5),
+    }
+    assert speedups({"ours": 0.5, "ours_norm": None, "fla_norm": 1.5})["norm_vs_fla_norm"] is None
+
+
+def test_each_provider_is_checked_against_its_own_op():
+    for name, normalize in (("ours", False), ("fla", False), ("ours_norm", True), ("fla_norm", True)):
+        assert reference_fn(name, 64).keywords == {"scale": 64**-0.5, "normalize": normalize}
+    assert reference_fn("flash", 64).keywords == {"causal": True}
 
 
 def test_graph_backward_rounds_subtract_the_forward_per_round():
@@ -127,7 +138,7 @@ def test_graph_backward_rounds_subtract_the_forward_per_round():
 
 
 def test_table_row_renders_a_result_row():
-    row = _row("shape", 8192, "bwd", 0.8, 2.4, norm=0.88, fla=0.924)
+    row = _row("shape", 8192, "bwd", 0.8, 2.4, norm=0.88, fla=0.924, fla_norm=1.76)
     row["status"]["fla"] = "failed: RuntimeError: boom"
     header, cells = table_header(), table_row(row)
     assert len(header) == len(cells)
@@ -135,14 +146,16 @@ def test_table_row_renders_a_result_row():
     assert got["shape"] == "B2 T8192 H16 D128" and got["dir"] == "bwd"
     assert got["ours ms"] == "0.800" and got["ours_norm ms"] == "0.880" and got["fla ms"] == "fail"
     assert got["x fla"] == "1.16x" and got["x flash"] == "3.00x" and got["norm/raw"] == "1.10x"
+    assert got["fla_norm ms"] == "1.760" and got["norm x fla_norm"] == "2.00x"
     assert got["err ours"] == "1.0e-02!" and got["err fla"] == "2.0e-03"
     missing = _row("sweep", 1024, "fwd", 1.0, 0.5)
     missing["k_dim"] = 273
     got = dict(zip(header, table_row(missing), strict=True))
+    assert got["fla_norm ms"] == "n/a" and got["norm x fla_norm"] == "-"
     assert got["fla ms"] == "n/a" and got["x fla"] == "-" and got["shape"] == "B2 T1024 H16 K273 V128"
     # --providers ours ours_norm: the rows hold no status for the providers not asked for
     subset = _row("shape", 8192, "fwd", 1.0, 0.5, norm=1.1)
-    del subset["status"]["fla"], subset["status"]["flash"]
+    del subset["status"]["fla"], subset["status"]["fla_norm"], subset["status"]["flash"]
     got = dict(zip(header, table_row(subset), strict=True))
     assert got["fla ms"] == "n/a" and got["flash ms"] == "n/a" and got["ours_norm ms"] == "1.100"
     # The GPU-time line of the same row: its own times and ratios, "-" where none was measured.
