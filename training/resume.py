@@ -428,16 +428,24 @@ def schedule_note(
         setting = f"trainer.max_steps={trainer.max_steps}"
     else:
         setting = f"from trainer.max_epochs={trainer.max_epochs}"
-    floor = sched.base_lrs[0] * sched.lr_lambdas[0](total)
+    last = sched.base_lrs[0] * sched.lr_lambdas[0](total)  # the floor, or the peak when all is warmup
     before = f", not the checkpoint's {saved['total']}" if known else ""
     end = f" ({unit} {saved['total']} before)" if known else ""
-    warmup = ""
-    if known and saved["warmup"] != current["warmup"]:
-        warmup = f"; its warmup ends at {unit} {current['warmup']} ({unit} {saved['warmup']} before)"
+    if current["warmup"] >= total:
+        # models.lit cuts the warmup to the run's length: a run no longer than optim.warmup_steps
+        # only warms up, and its last rate is the peak, not the floor (a new-user check).
+        ending = (
+            f"it warms up over the whole run (optim.warmup_steps >= {total} {unit}s), to {last:.3g} at "
+            f"{unit} {total}{end}, with no cosine decay"
+        )
+    else:
+        ending = f"it reaches its floor {last:.3g} at {unit} {total}{end}"
+        if known and saved["warmup"] != current["warmup"]:
+            ending += f"; its warmup ends at {unit} {current['warmup']} ({unit} {saved['warmup']} before)"
     return (
         f"note: resumed at {unit} {at}, the learning-rate schedule (warmup, then cosine decay) is recomputed "
         f"over this run's {total} {unit}s ({setting}){before}: the lr at {unit} {at} is {now:.3g} ({was:.3g} "
-        f"on the checkpoint's schedule), and it reaches its floor {floor:.3g} at {unit} {total}{end}{warmup}"
+        f"on the checkpoint's schedule), and {ending}"
     )
 
 

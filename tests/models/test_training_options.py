@@ -10,6 +10,7 @@ import torch
 
 from models import LanguageModel, ModelConfig
 from models.lit import LitLM, check_optim
+from training.resume import schedule_note
 
 BASE = dict(
     vocab_size=23,
@@ -94,3 +95,30 @@ def test_step_schedule_spans_the_estimated_steps():
 def test_epoch_schedule_needs_max_epochs(max_epochs):
     with pytest.raises(ValueError, match="set trainer.max_epochs"):
         _schedule({"schedule_interval": "epoch"}, max_epochs)
+
+
+def test_resume_note_of_a_run_that_only_warms_up_names_no_floor():
+    """A new-user check: resumed at step 20 with trainer.max_steps=30 under optim.warmup_steps=50, the
+    note said the lr "reaches its floor 0.003 at step 30", the peak: a run no longer than its warmup
+    never decays."""
+    out = _schedule({"lr": 0.003, "warmup_steps": 50, "min_lr_ratio": 0.1}, None, stepping_batches=30)
+    sched = out["lr_scheduler"]["scheduler"]
+    for _ in range(20):
+        sched.optimizer.step(), sched.step()
+    trainer = SimpleNamespace(
+        lr_scheduler_configs=[SimpleNamespace(scheduler=sched)], max_steps=30, max_epochs=None
+    )
+    current = {"total": 30, "warmup": 30, "interval": "step"}
+    note = schedule_note(trainer, current, {"total": 20, "warmup": 20})
+    assert note.endswith(
+        "it warms up over the whole run (optim.warmup_steps >= 30 steps), to 0.003 at step 30 (step 20 "
+        "before), with no cosine decay"
+    )
+    assert "floor" not in note
+    # With a warmup shorter than the run, the floor is min_lr_ratio * lr at the run's last step.
+    out = _schedule({"lr": 0.003, "warmup_steps": 10, "min_lr_ratio": 0.1}, None, stepping_batches=30)
+    trainer.lr_scheduler_configs = [SimpleNamespace(scheduler=out["lr_scheduler"]["scheduler"])]
+    current = {"total": 30, "warmup": 10, "interval": "step"}
+    assert schedule_note(trainer, current, {"total": 20, "warmup": 5}).endswith(
+        "its floor 0.0003 at step 30 (step 20 before); its warmup ends at step 10 (step 5 before)"
+    )
