@@ -261,8 +261,8 @@ def read_record_file(path: Path) -> list[dict[str, Any]] | None:
     holds valid JSON that is not a list of records (a dict, a list of other things).
 
     Raises:
-        ValueError: unreadable or invalid JSON, a list mixing records (dicts with ``metric`` and
-            ``value``) with other items, a record without ``run`` or ``mixer``, a ``value`` neither
+        ValueError: unreadable or invalid JSON, train.py's ``results/train.json`` not a list, a list
+            mixing records (dicts with ``metric`` and ``value``) with other items, a record without ``run`` or ``mixer``, a ``value`` neither
             a number nor null (NaN or inf written as strict JSON: read as NaN), a ``value`` of a :data:`NON_NEGATIVE_METRICS` metric (tokens/s, bytes) that
             is not a finite non-negative number, or a field of :data:`NON_NEGATIVE_FIELDS` that is
             not a finite non-negative number or null; the message names the file and the item.
@@ -272,6 +272,11 @@ def read_record_file(path: Path) -> list[dict[str, Any]] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"cannot read result records from {path}: {err}") from err
     if not isinstance(data, list):
+        if path.name == "train.json" and path.parent.name == "results":
+            # train.py's own record file: anything else there is a damaged run, not another tool's
+            # JSON to pass over (a new-user check: {} there dropped the run from the report silently)
+            held = type(data).__name__
+            raise ValueError(f"{path}: train.py writes a JSON list of records there, but it holds a {held}")
         return None
     is_record = [isinstance(item, dict) and "metric" in item and "value" in item for item in data]
     if data and not any(is_record):

@@ -1100,6 +1100,12 @@ def test_corrupt_record_file_errors_or_is_skipped(runs, tmp_path, capsys):
     bad.write_text(json.dumps([{"run": "bad-run", "metric": "val/loss", "value": 1.0}]))
     with pytest.raises(ValueError, match=r"train\.json: record 0 lacks \['mixer'\]"):
         make_report(dirs, tmp_path / "out")
+    # A new-user check: valid JSON that is not a record list in train.py's own file dropped the run
+    # without a word (other JSON beside a run's files is passed over, as benchmark.json in test_tables).
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match=r"bad-run/results/train\.json: train\.py writes a JSON list of records "
+                       r"there, but it holds a dict \(fix or delete the file, or pass skip_invalid=true"):  # fmt: skip
+        make_report(dirs, tmp_path / "out")
 
 
 @pytest.mark.parametrize(
