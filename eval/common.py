@@ -34,6 +34,7 @@ from data.mqar import IGNORE_INDEX
 from eval.cli import check_known_settings, override_value, pasteable
 from eval.records import (
     check_output,
+    check_same_writer,
     check_sweep_output,
     check_wandb_settings,
     git_sha,
@@ -164,6 +165,7 @@ def check_settings(
             raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
     if cfg.output:
         check_output(cfg.output, f"{name}.json")
+        check_same_writer(cfg.output, "checkpoint")
         check_replaceable(cfg.output)
         check_sweep_output(cfg.output)
 

@@ -62,6 +62,7 @@ from eval.cli import check_known_settings, run_command_line, user_errors
 from eval.common import check_lengths, check_replaceable, is_out_of_memory, resolve_device
 from eval.records import (
     check_output,
+    check_same_writer,
     check_sweep_output,
     check_wandb_settings,
     git_sha,
@@ -307,6 +308,7 @@ def check_writable(output: Path, option: str) -> None:
         ValueError: naming the file and the fix.
     """
     check_output(output, "decode.json", option=option)
+    check_same_writer(output, "decode", option=option)
     check_replaceable(output, option=option)
     check_replaceable(output.with_suffix(".png"), option="the plot beside it,")
 

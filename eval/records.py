@@ -213,6 +213,39 @@ def check_output(path: str | os.PathLike, example: str, *, option: str = "output
     check_writable_dir(ancestor, f"{name} cannot be written", fix, target=path.parent)
 
 
+def check_same_writer(path: str | os.PathLike, writer: str, *, option: str = "output") -> None:
+    """Refuse, before any work, an existing record file at ``path`` that another tool wrote: writing
+    there would replace its records (a new-user check: ``eval/recall.py output=<run>/results/train.json``
+    replaced train.py's records). ``writer`` is ``"checkpoint"`` (an evaluation of a checkpoint, whose
+    records carry ``checkpoint``) or ``"decode"`` (eval/decode.py's, ``task: decode``). A missing,
+    unreadable or empty file, or one holding no records, is left to the other checks.
+
+    Raises:
+        ValueError: every record of the file is another tool's; the message names the tool and the fix.
+    """
+    try:
+        records = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return
+    if not isinstance(records, list):
+        return
+    records = [r for r in records if isinstance(r, dict) and "metric" in r]
+    ours = (lambda r: "checkpoint" in r) if writer == "checkpoint" else (lambda r: r.get("task") == "decode")
+    if not records or any(ours(r) for r in records):
+        return
+    if all(r.get("task") == "decode" for r in records):
+        other = "eval/decode.py"
+    elif all("checkpoint" not in r and r.get("split") == "val" for r in records):
+        other = "train.py"
+    else:
+        other = "another tool"
+    name = f"output={path}" if option == "output" else f"{option} {path}"
+    raise ValueError(
+        f"{name} holds {len(records)} records of {other}, which this run would replace; give output= "
+        "a path of its own (an evaluation's records are read beside the others by eval/report.py)"
+    )
+
+
 def check_writable_dir(directory: Path, what: str, fix: str, *, target: Path | None = None) -> None:
     """Create and remove a probe file in ``directory``, so that a run fails before its work, not
     when it writes its results (the atomic writers create their temporary file there too).
