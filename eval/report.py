@@ -1081,6 +1081,13 @@ def build_report(cfg: DictConfig) -> Report:
             "(test) table only; the (val) table holds the runs without any (train.py's validation)"
         )
     notes += split_sweep_notes(groups)
+    interrupted = sorted({r["run"] for r in records if r.get("interrupted") is True})
+    if interrupted:  # a new-user check: a run cut at step 2 of 60 was ranked beside finished ones unmarked
+        notes.append(
+            f"{len(interrupted)} run(s) were stopped before their end (Ctrl+C or SIGTERM; their records say "
+            f"interrupted) and are tabled and ranked as they stood: {', '.join(interrupted)}; resume one with "
+            "train.py resume=<its run folder>/checkpoints/last.ckpt to finish it"
+        )
     if any(g.by_loss for g in groups):
         lossless = sorted(s.run for g in groups if g.by_loss for s in g.runs if s.loss is None)
         missing = f"; runs without a val/loss record rank last: {', '.join(lossless)}" if lossless else ""

@@ -149,7 +149,8 @@ def _task_title(r: dict[str, Any]) -> str:
 
 
 def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
-    """The report's tables: ``Runs`` (one row per run and mixer: layout, params, tasks, record files)
+    """The report's tables: ``Runs`` (one row per run and mixer: layout, params, tasks, record files,
+    and ``interrupted`` where any run's records say it was stopped by Ctrl+C or SIGTERM)
     and one table per task and split with a row per run, mixer, seqlen, slice, dtype and batch (the
     last two where the task's records carry them: eval/decode.py's; ``max_batches`` where a record
     of eval/perplexity.py covers only that many batches of the split) and record file: params,
@@ -165,12 +166,16 @@ def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
         )
         row["tasks"][_task_title(r)] = None
         row["files"][r["record_file"]] = None
+        row["interrupted"] = row.get("interrupted") or r.get("interrupted") is True
+    # train.py's records of a run stopped by Ctrl+C or SIGTERM say so: a column where any does
+    stopped = any(v["interrupted"] for v in runs.values())
     tables = [
         Table(
             "Runs",
-            ["run", "mixer", "layout", "params", "tasks", "record files"],
+            ["run", "mixer", "layout", "params", "tasks", "record files", *(["interrupted"] if stopped else [])],
             [
-                [run, mixer, v["layout"], v["params"], ", ".join(v["tasks"]), len(v["files"])]
+                [run, mixer, v["layout"], v["params"], ", ".join(v["tasks"]), len(v["files"]),
+                 *(["yes" if v["interrupted"] else ""] if stopped else [])]  # fmt: skip
                 for (run, mixer), v in sorted(runs.items())
             ],
         )

@@ -9,6 +9,7 @@ import math
 import random
 import re
 import runpy
+import shutil
 import sys
 import warnings
 from html.parser import HTMLParser
@@ -842,6 +843,23 @@ def test_tables(report):
     val = tables["Results: mqar (val)"]
     assert "val/acc" in val.columns and not any("_T128" in c for c in val.columns)
     assert report.sources.ignored == [Path(report.sources.searched[3]) / "benchmark.json"]
+
+
+def test_interrupted_runs_are_marked_in_the_runs_table_and_noted(runs, tmp_path, report):
+    # A new-user check: a run stopped by Ctrl+C at step 2 of 60 was tabled and ranked beside the
+    # finished ones, and "interrupted" appeared nowhere in report.md.
+    assert "interrupted" not in {t.title: t for t in report.tables}["Runs"].columns  # none was
+    shutil.copytree(runs / "att-run", tmp_path / "att-run")
+    train_json = tmp_path / "att-run" / "results" / "train.json"
+    write_json(train_json, [{**r, "interrupted": True} for r in json.loads(train_json.read_text())])
+    rep = make_report(f"[{tmp_path / 'att-run'},{runs / 'mamba-run'}]", tmp_path / "out")
+    table = {t.title: t for t in rep.tables}["Runs"]
+    assert table.columns[-1] == "interrupted"
+    assert [(row[0], row[-1]) for row in table.rows] == [("att-run", "yes"), ("mamba-run", "")]
+    note = ("1 run(s) were stopped before their end (Ctrl+C or SIGTERM; their records say interrupted) and are "
+            "tabled and ranked as they stood: att-run; resume one with train.py resume=")  # fmt: skip
+    assert any(n.startswith(note) for n in rep.notes)
+    assert any(n.startswith(note) for n in Page(rep.html.read_text()).notes)
 
 
 def test_decode_measurements_of_two_dtypes_keep_their_own_rows():
