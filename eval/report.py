@@ -262,8 +262,9 @@ def read_record_file(path: Path) -> list[dict[str, Any]] | None:
 
     Raises:
         ValueError: unreadable or invalid JSON, train.py's ``results/train.json`` not a list, a list
-            mixing records (dicts with ``metric`` and ``value``) with other items, a record without ``run`` or ``mixer``, a ``value`` neither
-            a number nor null (NaN or inf written as strict JSON: read as NaN), a ``value`` of a :data:`NON_NEGATIVE_METRICS` metric (tokens/s, bytes) that
+            mixing records (dicts with ``metric`` and ``value``) with other items, a record without
+            ``run`` or ``mixer``, a ``value`` neither a number nor null (NaN or inf written as strict
+            JSON: read as NaN), a ``value`` of a :data:`NON_NEGATIVE_METRICS` metric (tokens/s, bytes) that
             is not a finite non-negative number, or a field of :data:`NON_NEGATIVE_FIELDS` that is
             not a finite non-negative number or null; the message names the file and the item.
     """
@@ -1084,9 +1085,9 @@ def build_report(cfg: DictConfig) -> Report:
     interrupted = sorted({r["run"] for r in records if r.get("interrupted") is True})
     if interrupted:  # a new-user check: a run cut at step 2 of 60 was ranked beside finished ones unmarked
         notes.append(
-            f"{len(interrupted)} run(s) were stopped before their end (Ctrl+C or SIGTERM; their records say "
-            f"interrupted) and are tabled and ranked as they stood: {', '.join(interrupted)}; resume one with "
-            "train.py resume=<its run folder>/checkpoints/last.ckpt to finish it"
+            f"{len(interrupted)} run(s) were stopped before their end (Ctrl+C or SIGTERM; their records "
+            f"say interrupted) and are tabled and ranked as they stood: {', '.join(interrupted)}; resume "
+            "one with train.py resume=<its run folder>/checkpoints/last.ckpt to finish it"
         )
     if any(g.by_loss for g in groups):
         lossless = sorted(s.run for g in groups if g.by_loss for s in g.runs if s.loss is None)

@@ -169,10 +169,13 @@ def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
         row["interrupted"] = row.get("interrupted") or r.get("interrupted") is True
     # train.py's records of a run stopped by Ctrl+C or SIGTERM say so: a column where any does
     stopped = any(v["interrupted"] for v in runs.values())
+    columns = ["run", "mixer", "layout", "params", "tasks", "record files"]
+    if stopped:
+        columns.append("interrupted")
     tables = [
         Table(
             "Runs",
-            ["run", "mixer", "layout", "params", "tasks", "record files", *(["interrupted"] if stopped else [])],
+            columns,
             [
                 [run, mixer, v["layout"], v["params"], ", ".join(v["tasks"]), len(v["files"]),
                  *(["yes" if v["interrupted"] else ""] if stopped else [])]  # fmt: skip

@@ -224,9 +224,9 @@ class LanguageModel(nn.Module):
             self.shared_after = [i for i in range(config.n_layers) if (i + 1) % every == 0]
             if not self.shared_after:
                 raise ValueError(
-                    f"shared_block.every={every} exceeds n_layers={config.n_layers}: the shared block would never "
-                    f"run; set mixer.shared_block.every <= model.n_layers on the command line (e.g. "
-                    f"mixer.shared_block.every={config.n_layers}) or give more layers"
+                    f"shared_block.every={every} exceeds n_layers={config.n_layers}: the shared block "
+                    "would never run; set mixer.shared_block.every <= model.n_layers on the command line "
+                    f"(e.g. mixer.shared_block.every={config.n_layers}) or give more layers"
                 )
             name = config.shared_block.mixer
             shared_mixer = mixers.build_mixer(name, d_model=d_model, **config.settings_for(name))

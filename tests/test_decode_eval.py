@@ -85,15 +85,16 @@ def test_decode_eval_refuses_an_unwritable_default_output_before_measuring(tmp_p
 def test_decode_eval_refuses_an_output_holding_an_evaluations_records(tmp_path, monkeypatch):
     monkeypatch.setattr(decode_module, "copy_bandwidth", lambda device: pytest.fail("measuring started"))
     recall = tmp_path / "last.ckpt.recall.json"
-    recall.write_text(json.dumps([{"run": "r", "mixer": "mamba", "task": "mqar", "metric": "accuracy", "value": 0.5,
-                                   "checkpoint": "/x/last.ckpt", "split": "test"}]))  # fmt: skip
+    record = {"run": "r", "mixer": "mamba", "task": "mqar", "metric": "accuracy", "value": 0.5}
+    recall.write_text(json.dumps([{**record, "checkpoint": "/x/last.ckpt", "split": "test"}]))
+    settings = ("mixer=attention", "context_lengths=[8]", "device=cpu", f"output={recall}")
     with pytest.raises(ValueError, match=r"holds 1 records of another tool, which this run would replace"):
-        decode_eval(compose_decode("mixer=attention", "context_lengths=[8]", "device=cpu", f"output={recall}"))
+        decode_eval(compose_decode(*settings))
     # Its own kind of file is replaced, as before (said when written).
     recall.write_text(json.dumps([{"run": "d", "mixer": "mamba", "task": "decode", "metric": "state_bytes",
                                    "value": 8.0}]))  # fmt: skip
     monkeypatch.undo()
-    decode_eval(compose_decode("mixer=attention", "context_lengths=[8]", "device=cpu", f"output={recall}"))
+    decode_eval(compose_decode(*settings))
     assert {r["mixer"] for r in json.loads(recall.read_text())} == {"attention"}
 
 

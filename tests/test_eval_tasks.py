@@ -841,22 +841,24 @@ def test_unwritable_output_is_refused_before_evaluating(copy_run, tmp_path, monk
     assert sorted(p.name for p in read_only.iterdir()) == ["copy.ckpt"]
 
 
-def test_an_output_holding_another_tools_records_is_refused_before_evaluating(copy_run, tmp_path, monkeypatch):
+def test_an_output_holding_another_tools_records_is_refused_before_evaluating(copy_run, tmp_path,
+                                                                              monkeypatch):  # fmt: skip
     # A new-user check: output=<run>/results/train.json replaced train.py's records with the
     # evaluation's, and output=decode-mamba-tiny.json eval/decode.py's, with only a "replacing" line.
     monkeypatch.setattr(copying_module, "build_datamodule", lambda *a, **k: pytest.fail("evaluation started"))
+    settings = [f"ckpt={copy_run['last_ckpt']}", "device=cpu"]
     train_json = Path(copy_run["run_dir"]) / "results" / "train.json"
     before = train_json.read_bytes()
     n = len(json.loads(before))
-    with pytest.raises(ValueError, match=rf"^output={re.escape(str(train_json))} holds {n} records of train\.py, "
-                       r"which this run would replace; give output= a path of its own"):  # fmt: skip
-        copying_eval(compose_eval("copying", [f"ckpt={copy_run['last_ckpt']}", "device=cpu", f"output={train_json}"]))
+    refusal = rf"^output={re.escape(str(train_json))} holds {n} records of train\.py, which this run would "
+    with pytest.raises(ValueError, match=refusal + r"replace; give output= a path of its own"):
+        copying_eval(compose_eval("copying", [*settings, f"output={train_json}"]))
     assert train_json.read_bytes() == before
     decode_json = tmp_path / "decode-mamba-tiny.json"
-    decode_json.write_text(json.dumps([{"run": "d", "mixer": "mamba", "task": "decode", "metric": "state_bytes",
-                                        "value": 8.0}]))  # fmt: skip
+    record = {"run": "d", "mixer": "mamba", "task": "decode", "metric": "state_bytes", "value": 8.0}
+    decode_json.write_text(json.dumps([record]))
     with pytest.raises(ValueError, match=r"holds 1 records of eval/decode\.py, which this run would replace"):
-        copying_eval(compose_eval("copying", [f"ckpt={copy_run['last_ckpt']}", "device=cpu", f"output={decode_json}"]))
+        copying_eval(compose_eval("copying", [*settings, f"output={decode_json}"]))
 
 
 def test_an_output_file_that_cannot_be_replaced_is_told_apart_from_its_folder(copy_run, tmp_path,

@@ -856,8 +856,8 @@ def test_interrupted_runs_are_marked_in_the_runs_table_and_noted(runs, tmp_path,
     table = {t.title: t for t in rep.tables}["Runs"]
     assert table.columns[-1] == "interrupted"
     assert [(row[0], row[-1]) for row in table.rows] == [("att-run", "yes"), ("mamba-run", "")]
-    note = ("1 run(s) were stopped before their end (Ctrl+C or SIGTERM; their records say interrupted) and are "
-            "tabled and ranked as they stood: att-run; resume one with train.py resume=")  # fmt: skip
+    note = ("1 run(s) were stopped before their end (Ctrl+C or SIGTERM; their records say interrupted) "
+            "and are tabled and ranked as they stood: att-run; resume one with train.py resume=")  # fmt: skip
     assert any(n.startswith(note) for n in rep.notes)
     assert any(n.startswith(note) for n in Page(rep.html.read_text()).notes)
 
@@ -1121,8 +1121,8 @@ def test_corrupt_record_file_errors_or_is_skipped(runs, tmp_path, capsys):
     # A new-user check: valid JSON that is not a record list in train.py's own file dropped the run
     # without a word (other JSON beside a run's files is passed over, as benchmark.json in test_tables).
     bad.write_text("{}")
-    with pytest.raises(ValueError, match=r"bad-run/results/train\.json: train\.py writes a JSON list of records "
-                       r"there, but it holds a dict \(fix or delete the file, or pass skip_invalid=true"):  # fmt: skip
+    refusal = r"bad-run/results/train\.json: train\.py writes a JSON list of records there, but it holds a "
+    with pytest.raises(ValueError, match=refusal + r"dict \(fix or delete the file, or pass skip_invalid"):
         make_report(dirs, tmp_path / "out")
 
 

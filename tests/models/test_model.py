@@ -317,8 +317,10 @@ def test_config_errors_are_clear():
     with pytest.raises(ValueError, match="shared_block.every"):
         ModelConfig(**{**base, "shared_block": {"every": 0}})
     # A new-user check: train.py mixer=hybrid_zamba model.n_layers=3 named no setting to change.
-    message = "shared_block.every=4 exceeds n_layers=3: the shared block would never run; set mixer.shared_block."
-    with pytest.raises(ValueError, match="^" + re.escape(message) + r"every <= model.n_layers .*every=3\)"):
+    message = "shared_block.every=4 exceeds n_layers=3: the shared block would never run; set "
+    message += "mixer.shared_block.every <= model.n_layers on the command line (e.g. "
+    message += "mixer.shared_block.every=3)"
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
         LanguageModel({**base, "n_layers": 3, "shared_block": {"every": 4}})
     # Found by an audit: non-finite or mistyped values gave NaN logits or errors from deep in torch.
     for field, value in [("norm_eps", -1.0), ("norm_eps", math.nan), ("norm_eps", "1e-5"),
