@@ -162,11 +162,12 @@ def summary_tables(records: list[dict[str, Any]]) -> list[Table]:
     for r in records:
         row = runs.setdefault(
             (r["run"], r["mixer"]),
-            {"layout": compact_layout(r.get("layout"), r.get("shared_block")), "params": r.get("params"), "tasks": {}, "files": {}},
+            {"layout": compact_layout(r.get("layout"), r.get("shared_block")), "params": r.get("params"), "tasks": {}, "files": {},
+             "interrupted": False},  # fmt: skip
         )
         row["tasks"][_task_title(r)] = None
         row["files"][r["record_file"]] = None
-        row["interrupted"] = row.get("interrupted") or r.get("interrupted") is True
+        row["interrupted"] |= r.get("interrupted") is True
     # train.py's records of a run stopped by Ctrl+C or SIGTERM say so: a column where any does
     stopped = any(v["interrupted"] for v in runs.values())
     columns = ["run", "mixer", "layout", "params", "tasks", "record files"]
